@@ -1,0 +1,345 @@
+"""The public functions: map, submit, create_job, recover, jobs, local, cluster."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from . import paths, serial
+from .clusters.base import Cluster
+from .errors import ConfigError, JobNotFound
+from .job import Job, create_store, new_job_meta
+from .registry import Registry
+from .states import JobState
+from .store import JobStore
+
+
+def local(cores: int | None = None, **options: Any) -> Cluster:
+    """Worker processes on this machine (the default cluster).
+
+    ``cores``: how many cores a job may use (default: the free ones);
+    ``cores_per_task``: cores each task gets; ``idle_timeout_s``: how long
+    workers stay warm after a job.
+    """
+    from .clusters.local import LocalCluster
+
+    return LocalCluster(cores, **options)
+
+
+def cluster(name: str, **overrides: Any) -> Cluster:
+    """The cluster a profile describes (``[profiles.NAME]`` in config.toml)."""
+    from .profiles import load_profile
+
+    return load_profile(name, **overrides)
+
+
+def _resolve(on: Cluster | str | None) -> Cluster:
+    if on is None:
+        return local()
+    if isinstance(on, Cluster):
+        return on
+    if isinstance(on, str):
+        if on == "local":
+            return local()
+        return cluster(on)
+    raise ConfigError(f"on= takes a cluster (e.g. ew.local()) or a profile name, not {on!r}")
+
+
+def _is_dataframe(x: Any) -> bool:
+    t = type(x)
+    return t.__name__ == "DataFrame" and t.__module__.startswith("pandas")
+
+
+def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], bool]:
+    """One entry per task, and whether entries are plain argument tuples.
+
+    Zipped iterables give argument tuples; a DataFrame gives one
+    ``(None, (), row_as_kwargs)`` triple per row.
+    """
+    if not iterables:
+        raise ConfigError("give at least one iterable of inputs (one task per element)")
+    if len(iterables) == 1 and _is_dataframe(iterables[0]):
+        df = iterables[0]
+        return [(None, (), {str(k): v for k, v in row.items()}) for row in df.to_dict("records")], False
+    for i, it in enumerate(iterables):
+        if isinstance(it, (str, bytes)) or not hasattr(it, "__iter__"):
+            raise ConfigError(
+                f"input {i} is not an iterable of task inputs (got {type(it).__name__}); "
+                "wrap a single value in a list"
+            )
+    return list(zip(*iterables)), True
+
+
+def _default_name(fn: Any) -> str:
+    base = getattr(fn, "__name__", "job")
+    if not base.isidentifier():
+        base = "job"
+    return f"{base}-{secrets.token_hex(3)}"
+
+
+def create_job(
+    on: Cluster | str | None = None,
+    *,
+    name: str | None = None,
+    tag: str = "",
+    seed: int | None = None,
+    retries: int = 0,
+    files: Iterable[str | os.PathLike[str]] | None = None,
+    job_data: Any = None,
+    env: dict[str, str] | None = None,
+    storage: str | os.PathLike[str] | None = None,
+    _fn: Any = None,
+    _stream: bool = False,
+) -> Job:
+    """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
+
+    Args:
+        on: the cluster (default ``ew.local()``) or a profile name.
+        name: unique among running jobs; default the function name plus a random suffix.
+        tag: free text kept with the job.
+        seed: task i runs with ``random`` and NumPy seeded from seed + i; default
+            a random seed (recorded). ``False`` turns per-task seeding off (saves
+            about 4 us per task, for floods of tiny tasks that draw no random numbers).
+        retries: how many times a task whose worker vanished is run again.
+        files: files and folders copied into the job (they sit in the task's
+            working directory when the caller's is not there, and are on ``sys.path``).
+        job_data: sent once per worker; tasks read it as ``ew.task().job_data``.
+        env: environment variables set while the tasks run.
+        storage: folder for the job folder (default: the cluster's, else ``<home>/jobs``).
+    """
+    cl = _resolve(on)
+    if name is not None and (not isinstance(name, str) or not name.strip() or "/" in name or "\0" in name):
+        raise ConfigError(f"a job name must be a non-empty string without '/', not {name!r}")
+    if not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries must be a non-negative integer, not {retries!r}")
+    if seed is None:
+        seed = secrets.randbits(31)
+    elif seed is False:
+        seed = None  # no per-task seeding: for floods of tiny tasks that use no randomness
+    elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, None (random) or False (off), not {seed!r}")
+    root = Path(storage).expanduser().absolute() if storage else (cl.storage or paths.default_storage())
+    job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
+    meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl, seed=seed, tag=tag,
+                        retries=retries, env=env, stream=_stream)
+    store = create_store(root, meta, retries=retries, stream=_stream)
+    if files:
+        _copy_files(store, files)
+    job = Job(store, cl, meta)
+    job._job_data = job_data
+    return job
+
+
+def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> None:
+    import shutil
+
+    dest = store.path / "files"
+    dest.mkdir(mode=0o700, exist_ok=True)
+    for f in files:
+        src = Path(f).expanduser()
+        if not src.exists():
+            shutil.rmtree(store.path, ignore_errors=True)
+            raise ConfigError(f"files=: {str(f)!r} does not exist (looked in {Path.cwd()})")
+        target = dest / src.name
+        if src.is_dir():
+            shutil.copytree(src, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+
+
+def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, args_only: bool = False) -> None:
+    """Write the payload, register the job, hand it to its cluster."""
+    from .payload import PayloadWriter
+
+    store = job.store
+    entries: list[Any] = list(tasks or [])
+    if job._staged:
+        if args_only:
+            entries = [(None, a, {}) for a in entries]
+            args_only = False
+        entries += job._staged
+    try:
+        with PayloadWriter(store.path / "payload.log") as w:
+            try:
+                w.write_common(fn, job._job_data)
+                if entries:
+                    w.write_tasks(0, entries, args_only=args_only)
+            except Exception:
+                triples = [(None, e, {}) for e in entries] if args_only else entries
+                serial.check_serialisable(fn, [(a, k) for _, a, k in triples])
+                for i, (f, _, _) in enumerate(triples):
+                    if f is not None and serial.find_offender(f, f"the function of task {i}"):
+                        serial.check_serialisable(f, [])
+                if serial.find_offender(job._job_data, "job_data"):
+                    where, bad, e2 = serial.find_offender(job._job_data, "job_data")  # type: ignore[misc]
+                    from .errors import SerializationError
+
+                    raise SerializationError(f"cannot serialise {where}: {serial.describe(bad)}: {e2}") from e2
+                raise
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(store.path, ignore_errors=True)
+        raise
+    n = len(entries)
+    job._staged = []
+    meta = store.update_meta(n_tasks=n, submitted=time.time()) if not job._meta.get("stream") else \
+        store.update_meta(submitted=time.time())
+    job._meta = meta
+    with store.locked_queue() as q:
+        q["n"] = n if not meta.get("stream") else q["n"]
+    reg = Registry()
+    try:
+        reg.add(meta, store.path, _still_running)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(store.path, ignore_errors=True)
+        raise
+    job.cluster.submit_independent(job)
+    job._dirty()
+
+
+def _still_running(row: dict[str, Any]) -> bool:
+    path = Path(row["path"])
+    if not (path / "job.json").exists():
+        Registry().remove(row["id"])
+        return False
+    try:
+        job = _open(path)
+        st = job.state
+    except Exception:
+        return False
+    Registry().set_state(row["id"], st.value)
+    return not st.done
+
+
+def submit(
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    name: str | None = None,
+    **options: Any,
+) -> Job:
+    """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
+
+    A single pandas DataFrame gives one task per row, its columns as keyword
+    arguments. Options are those of :func:`create_job` (seed, retries, tag,
+    files, job_data, env, storage). The tasks run detached: they go on if
+    this process ends, and ``ew.recover(name)`` finds the job again.
+    """
+    if not callable(fn):
+        raise ConfigError(f"submit needs a callable first, not {fn!r}")
+    tasks, args_only = tasks_from_inputs(iterables)
+    job = create_job(on, name=name, _fn=fn, **options)
+    _write_and_submit(job, fn, tasks, args_only)
+    return job
+
+
+def map(  # noqa: A001 - mirrors the built-in on purpose
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    errors: str = "raise",
+    timeout: float | None = None,
+    progress: bool | None = None,
+    keep: bool = False,
+    combine: bool = False,
+    **options: Any,
+) -> list[Any]:
+    """Like the built-in ``map``, but tasks run on a cluster; returns a list.
+
+    ``submit`` + ``wait`` + results + ``purge`` in one call (dMod2's
+    ``wait = TRUE``). ``errors="raise"`` (default) raises the first task's
+    error (a TaskError, and an instance of the original type where it can be
+    rebuilt); ``errors="return"`` puts TaskError values in the list.
+    ``keep=True`` keeps the job (name it to recover it); ``combine=True``
+    combines results like ``job.get()`` (lists concatenated, DataFrames
+    row-bound).
+    """
+    from .job import combine as combine_values
+    from .job import raise_first_error
+
+    if errors not in ("raise", "return"):
+        raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
+    job = submit(fn, *iterables, on=on, **options)
+    ok = False
+    try:
+        job.wait(timeout=timeout, progress=progress)
+        values = job.results()
+        ok = True
+    finally:
+        if not keep:
+            if not ok:
+                try:
+                    job.cancel()
+                except Exception:
+                    pass
+            job.purge()
+        else:
+            Registry().set_state(job.id, job.state.value)
+    if errors == "raise":
+        raise_first_error(values)
+    return combine_values(values) if combine else values
+
+
+def _open(path: Path) -> Job:
+    from .clusters import from_description
+
+    store = JobStore(path)
+    meta = store.meta()
+    return Job(store, from_description(meta["cluster"]), meta)
+
+
+def recover(name_or_id: str) -> Job:
+    """The job of that name (the newest one) or id, from the registry."""
+    rows = Registry().find(name_or_id)
+    for row in rows:
+        path = Path(row["path"])
+        if (path / "job.json").exists():
+            return _open(path)
+    if rows:
+        raise JobNotFound(f"job {name_or_id!r} is registered but its folder is gone ({rows[0]['path']})")
+    raise JobNotFound(f"no job named {name_or_id!r} (see ew.jobs() or `elsewhere jobs`)")
+
+
+def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
+    """The registry: one dict per job (name, id, state, counts, cluster, created, path)."""
+    from .states import TaskState
+
+    out = []
+    reg = Registry()
+    for row in reg.all():
+        entry = {
+            "name": row["name"], "id": row["id"], "state": row["state"], "cluster": row["cluster"],
+            "created": row["created"], "n_tasks": row["n_tasks"], "path": row["path"], "counts": {},
+        }
+        path = Path(row["path"])
+        if refresh and (path / "job.json").exists():
+            try:
+                job = _open(path)
+                snap = job._snapshot(fresh=True)
+                counts = snap.counts()
+                from .states import derive_job_state
+
+                st = derive_job_state(counts)
+                entry["counts"] = {s.value: n for s, n in counts.items() if n}
+                entry["n_tasks"] = snap.n
+                if st.value != row["state"]:
+                    reg.set_state(row["id"], st.value, snap.n)
+                entry["state"] = st.value
+            except Exception as exc:  # a damaged folder must not hide the others
+                entry["state"] = f"unreadable: {exc}"
+        elif not (path / "job.json").exists():
+            entry["state"] = "missing"
+        _ = TaskState
+        out.append(entry)
+    return out
+
+
+__all__ = ["cluster", "create_job", "jobs", "local", "map", "recover", "submit"]
+_ = JobState

@@ -1,0 +1,62 @@
+"""Backends: where tasks run.
+
+Built-in kinds are looked up by name; a user's own scheduler is a class
+registered under the entry-point group ``elsewhere.schedulers`` or named by
+``"module:Class"`` (in a profile, ``scheduler = "mypkg.sched:MyScheduler"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Cluster
+
+_BUILTIN = {
+    "local": "elsewhere.clusters.local:LocalCluster",
+}
+
+
+def register_builtin(kind: str, target: str) -> None:
+    """Name a built-in backend (used by backend modules of this package)."""
+    _BUILTIN[kind] = target
+
+
+def _load(target: str) -> type[Cluster]:
+    mod, _, attr = target.partition(":")
+    try:
+        obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the cluster class {target!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, Cluster)):
+        raise ConfigError(f"{target!r} is not a subclass of elsewhere.Cluster")
+    return obj
+
+
+def cluster_class(kind: str) -> type[Cluster]:
+    """The class of a backend: built-in name, entry point, or "module:Class"."""
+    if kind in _BUILTIN:
+        return _load(_BUILTIN[kind])
+    if ":" in kind:
+        return _load(kind)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="elsewhere.schedulers"):
+        if ep.name == kind:
+            cls = ep.load()
+            if isinstance(cls, type) and issubclass(cls, Cluster):
+                return cls
+            raise ConfigError(f"entry point {kind!r} of elsewhere.schedulers is not a Cluster class")
+    known = sorted(_BUILTIN) + sorted(ep.name for ep in entry_points(group="elsewhere.schedulers"))
+    raise ConfigError(f"unknown cluster kind {kind!r}; known: {', '.join(known)} (or 'module:Class')")
+
+
+def from_description(desc: dict[str, Any]) -> Cluster:
+    """Rebuild a cluster from ``Cluster.describe()``."""
+    desc = dict(desc)
+    kind = desc.pop("kind")
+    return cluster_class(kind).from_settings(desc)
+
+
+__all__ = ["Cluster", "cluster_class", "from_description", "register_builtin"]

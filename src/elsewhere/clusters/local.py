@@ -1,0 +1,302 @@
+"""The local backend: detached worker processes on this machine.
+
+Workers are kept warm between jobs in a *pool* folder per interpreter and
+elsewhere version (``<home>/local/<key>/``)::
+
+    idle/<wid>    exists while worker <wid> waits for a job
+    fifo/<wid>    the worker's FIFO: a job folder path + newline hands it a job
+    pool.log      what workers print outside any job
+
+Hand-over without a lock: a client *takes* an idle worker by unlinking its
+``idle/<wid>`` marker (only one unlink can succeed), then writes the job's
+path into ``fifo/<wid>``. A worker that times out unlinks its own marker
+before exiting; if that unlink fails, a client took it, and it waits for the
+message. A worker that died leaves a FIFO with no reader: the client's
+non-blocking open fails with ENXIO, and it cleans up and tries the next.
+
+When no idle worker is left, new ones are started detached (own session,
+so they survive the client), by the absolute path of this interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import paths
+from ..errors import ConfigError
+from ..store import lock_is_free, reap
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..job import Job
+
+_DISPATCH_GRACE_S = 15.0
+
+
+def machine_cores() -> int:
+    """Cores this process may use (CPU affinity where the OS has it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def free_cores() -> int:
+    """Cores not busy right now: usable cores minus the 1-minute load, at least 1."""
+    total = machine_cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(total, round(total - load)))
+
+
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+class LocalCluster(Cluster):
+    """Worker processes on this machine, detached from the client.
+
+    Args:
+        cores: how many of this machine's cores a job may use; default its
+            free cores (cores minus the current load). More than the machine
+            has is allowed, with a warning.
+        cores_per_task: cores each task gets; a job runs
+            ``cores // cores_per_task`` tasks at once.
+        idle_timeout_s: how long a worker stays warm after its last job.
+        python: the interpreter for workers; default this one.
+    """
+
+    kind = "local"
+
+    def __init__(
+        self,
+        cores: int | None = None,
+        *,
+        cores_per_task: int = 1,
+        idle_timeout_s: float = 120.0,
+        python: str | None = None,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)
+        if cores is not None and (not isinstance(cores, int) or cores < 1):
+            raise ConfigError(f"cores must be a positive integer or None, not {cores!r}")
+        if idle_timeout_s < 0:
+            raise ConfigError(f"idle_timeout_s must be >= 0, not {idle_timeout_s!r}")
+        self.cores = cores
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.python = python or sys.executable
+        self.post_construct()
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "idle_timeout_s": self.idle_timeout_s,
+            "python": self.python,
+            **super().settings(),
+        }
+
+    def post_construct(self) -> None:
+        have = machine_cores()
+        if self.cores is not None and self.cores > have:
+            warnings.warn(
+                f"local cluster asked for {self.cores} cores, but this machine has {have}: "
+                "tasks will share cores",
+                stacklevel=3,
+            )
+        if self.cores_per_task > have:
+            warnings.warn(
+                f"cores_per_task={self.cores_per_task} is more than this machine's {have} cores",
+                stacklevel=3,
+            )
+        if not os.path.exists(self.python):
+            raise ConfigError(f"the python for local workers does not exist: {self.python}")
+
+    def usable_cores(self) -> int:
+        """The cores a job may use now."""
+        return self.cores if self.cores is not None else free_cores()
+
+    def max_workers(self, n_tasks: int) -> int:
+        return max(1, min(n_tasks, max(1, self.usable_cores() // self.cores_per_task)))
+
+    # -- the pool -------------------------------------------------------------
+    def pool_dir(self) -> Path:
+        """The folder of warm workers for this interpreter and elsewhere version."""
+        from .. import __version__
+
+        key = hashlib.sha256(f"{self.python}\0{__version__}\0{_package_root()}".encode()).hexdigest()[:12]
+        d = paths.home() / "local" / key
+        if not (d / "fifo").is_dir():
+            for sub in ("idle", "fifo"):
+                (d / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        return d
+
+    def _take_idle(self, pool: Path) -> list[tuple[str, int]]:
+        """Take idle workers: [(wid, fifo fd)]; each is ours alone."""
+        taken = []
+        try:
+            names = os.listdir(pool / "idle")
+        except FileNotFoundError:
+            return []
+        for wid in names:
+            try:
+                os.unlink(pool / "idle" / wid)
+            except FileNotFoundError:
+                continue  # another client, or the worker itself, was first
+            try:
+                fd = os.open(pool / "fifo" / wid, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                # No reader: the worker died. Clean up after it.
+                try:
+                    os.unlink(pool / "fifo" / wid)
+                except OSError:
+                    pass
+                continue
+            taken.append((wid, fd))
+        return taken
+
+    def dispatch(self, job: Job, count: int) -> list[str]:
+        """Give ``job`` up to ``count`` more workers: warm ones first, then new ones."""
+        if count <= 0:
+            return []
+        pool = self.pool_dir()
+        started: list[str] = []
+        msg = (str(job.store.path) + "\n").encode()
+        idle = self._take_idle(pool)
+        use, spare = idle[:count], idle[count:]
+        with job.store.locked_queue() as q:
+            d = q.setdefault("dispatched", {})
+            now = time.time()
+            for wid, _ in use:
+                d[wid] = now
+            new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
+            for wid in new:
+                d[wid] = now
+        for wid, fd in use:
+            try:
+                os.write(fd, msg)
+                started.append(wid)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        for wid, fd in spare:
+            # Taken but not needed: put back.
+            os.close(fd)
+            try:
+                fd2 = os.open(pool / "idle" / wid, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.close(fd2)
+            except OSError:
+                pass
+        for wid in new:
+            self._spawn(pool, wid, job)
+            started.append(wid)
+        return started
+
+    def _spawn(self, pool: Path, wid: str, job: Job) -> None:
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("PYTHONUNBUFFERED", "0")
+        log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            subprocess.Popen(
+                [self.python, "-m", "elsewhere.worker", "--pool", str(pool), "--wid", wid,
+                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                start_new_session=True, close_fds=True, cwd="/",
+            )
+        finally:
+            os.close(log)
+
+    def shutdown(self) -> int:
+        """Ask this pool's idle workers to exit now; returns how many were asked."""
+        stopped = 0
+        for _wid, fd in self._take_idle(self.pool_dir()):
+            try:
+                os.write(fd, b"exit\n")
+                stopped += 1
+            except OSError:
+                pass
+            os.close(fd)
+        return stopped
+
+    # -- plugin operations ----------------------------------------------------
+    def submit_independent(self, job: Job) -> None:
+        n = job.n_tasks
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["max_workers"] = self.max_workers(n) if q.get("closed", True) else max(
+                1, self.usable_cores() // self.cores_per_task)
+            want = min(q["max_workers"], max(1, n - q["next"])) if n else 0
+        self.dispatch(job, want)
+
+    def poll(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            if not q.get("submitted") or q.get("cancelled"):
+                return
+            reap(job.store, q)
+            now = time.time()
+            d = q.setdefault("dispatched", {})
+            for wid, t in list(d.items()):
+                if now - t > _DISPATCH_GRACE_S:
+                    del d[wid]
+            live = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
+            work = len(q["retry"]) + q["n"] - q["next"]
+            want = min(q.get("max_workers", 1), work) - live - len(d)
+        if want > 0:
+            self.dispatch(job, want)
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+            q["retry"] = []
+            for m in q["members"].values():
+                if m.get("state") in ("active", "waiting"):
+                    _kill(m)
+                    m["state"] = "dead"
+
+    def cancel_task(self, job: Job, index: int) -> None:
+        with job.store.locked_queue() as q:
+            ct = set(q.get("cancelled_tasks", []))
+            ct.add(index)
+            q["cancelled_tasks"] = sorted(ct)
+            if index in q["retry"]:
+                q["retry"].remove(index)
+            for wid, m in q["members"].items():
+                if m.get("state") == "active" and job.store.read_running(wid)[0] == index:
+                    _kill(m)
+            reap(job.store, q)
+
+    def delete_job(self, job: Job) -> None:
+        q = job.store.queue()
+        if any(m.get("state") in ("active", "waiting") and not lock_is_free(m.get("lock", ""))
+               for m in q.get("members", {}).values()):
+            self.cancel_job(job)
+
+
+def _kill(member: dict[str, Any]) -> None:
+    """Kill a worker and everything it started (it leads its own session)."""
+    pid = int(member.get("pid", 0))
+    if pid <= 0 or lock_is_free(member.get("lock", "")):
+        return  # already gone; its pid may belong to someone else by now
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,82 @@
+"""The context of a running task: ``ew.task()``.
+
+Kept free of heavy imports: the worker imports it at start-up.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "elsewhere_task", default=None
+)
+
+
+@dataclass
+class TaskContext:
+    """What a running task knows about itself.
+
+    Attributes:
+        index: the task's 0-based index in its job.
+        job: the job's name.
+        job_id: the job's id.
+        cores: the cores this task was given (``cores_per_task`` of the cluster).
+        seed: the seed ``random`` and NumPy were seeded with (job seed + index).
+        job_seed: the seed of the whole job.
+        attempt: 0 on the first run, 1 on the first retry, ...
+        host: the host name of the worker.
+        rank, size, comm: for communicating (MPI) jobs, the rank, the number of
+            ranks and an mpi4py communicator; ``None`` in independent jobs.
+    """
+
+    index: int
+    job: str
+    job_id: str
+    cores: int
+    seed: int
+    job_seed: int
+    attempt: int = 0
+    host: str = ""
+    rank: int | None = None
+    size: int | None = None
+    _job_data: Callable[[], Any] | None = field(default=None, repr=False)
+    _comm: Any = field(default=None, repr=False)
+
+    @property
+    def job_data(self) -> Any:
+        """The job's ``job_data`` (sent once per worker, not once per task)."""
+        return self._job_data() if self._job_data is not None else None
+
+    @property
+    def comm(self) -> Any:
+        """An mpi4py communicator over the job's ranks (communicating jobs only)."""
+        if self._comm is None and self.rank is not None:
+            from mpi4py import MPI  # noqa: PLC0415 - only communicating jobs need it
+
+            self._comm = MPI.COMM_WORLD
+        return self._comm
+
+    @property
+    def rng(self) -> Any:
+        """A NumPy Generator seeded for this task (independent streams per task)."""
+        import numpy as np
+
+        return np.random.default_rng(np.random.SeedSequence(self.job_seed, spawn_key=(self.index,)))
+
+
+def task() -> TaskContext:
+    """The context of the task that is running now.
+
+    Raises RuntimeError when called outside a task.
+    """
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError("elsewhere.task() was called outside a running task")
+    return ctx
+
+
+def set_current(ctx: TaskContext | None) -> contextvars.Token:
+    """Install ``ctx`` as the running task's context (used by the worker)."""
+    return _current.set(ctx)

@@ -1,0 +1,672 @@
+"""Jobs and tasks as the user sees them.
+
+A :class:`Job` is a view of a job folder plus the cluster that runs it.
+Nothing important lives only in this object: a job recovered by name in a
+new process (``ew.recover``) is the same job.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import select
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import records
+from .clusters.base import Cluster
+from .errors import ConfigError, JobError, TaskError, TimeoutError
+from .records import Kind
+from .states import JobState, TaskState, count_states, derive_job_state
+from .store import CONTROL, JobStore, JournalReader, new_queue, read_body, read_log
+
+_KIND_STATE = {
+    Kind.OK: TaskState.FINISHED,
+    Kind.ERROR: TaskState.FAILED,
+    Kind.LOST: TaskState.FAILED,
+    Kind.CANCELLED: TaskState.CANCELLED,
+}
+
+
+@dataclass
+class Snapshot:
+    """What is known about a job's tasks at one moment.
+
+    ``reasons`` maps a task index to a short text from the backend (e.g. a
+    scheduler's "pending: Resources"); ``running`` maps a running task to
+    (worker id, since).
+    """
+
+    n: int
+    submitted: bool
+    cancelled: bool
+    final: dict[int, tuple[str, records.Record]]
+    running: dict[int, tuple[str, float]]
+    cancelled_tasks: set[int]
+    kind_counts: dict[int, int] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+    note: str = ""
+
+    def task_state(self, i: int) -> TaskState:
+        f = self.final.get(i)
+        if f is not None:
+            return _KIND_STATE[Kind(f[1].kind)]
+        if self.cancelled or i in self.cancelled_tasks:
+            return TaskState.CANCELLED
+        if i in self.running:
+            return TaskState.RUNNING
+        return TaskState.QUEUED if self.submitted else TaskState.PENDING
+
+    def counts(self) -> dict[TaskState, int]:
+        c = dict.fromkeys(TaskState, 0)
+        if self.kind_counts:
+            for k, v in self.kind_counts.items():
+                c[_KIND_STATE[Kind(k)]] += v
+        else:
+            for _, r in self.final.values():
+                c[_KIND_STATE[Kind(r.kind)]] += 1
+        rest = self.n - len(self.final)
+        if self.cancelled:
+            c[TaskState.CANCELLED] += rest
+            return c
+        final = self.final
+        cancelled = sum(1 for i in self.cancelled_tasks if i not in final)
+        running = sum(1 for i in self.running if i not in final)
+        c[TaskState.CANCELLED] += cancelled
+        c[TaskState.RUNNING] += running
+        c[TaskState.QUEUED if self.submitted else TaskState.PENDING] += max(0, rest - cancelled - running)
+        return c
+
+
+class Status:
+    """The answer of ``job.check()``: counts per state; true once nothing runs.
+
+    ``status.counts`` maps each state name to a count; ``status.state`` is the
+    job's state; ``status.reasons`` holds backend notes (e.g. why tasks pend).
+    """
+
+    def __init__(self, job: Job, counts: dict[TaskState, int], state: JobState, note: str = "",
+                 reasons: dict[int, str] | None = None) -> None:
+        self.job = job.name
+        self.counts = {s.value: n for s, n in counts.items()}
+        self.state = state
+        self.note = note
+        self.reasons = reasons or {}
+
+    def __bool__(self) -> bool:
+        return self.state.done
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+    def __getattr__(self, name: str) -> int:
+        counts = self.__dict__.get("counts", {})
+        if name in counts:
+            return counts[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
+        text = f"<job {self.job!r}: {self.state.value}; {parts or 'no tasks'}>"
+        if self.note:
+            text += f"  ({self.note})"
+        return text
+
+    __str__ = __repr__
+
+
+class Task:
+    """One task of a job: its state, where it ran, its result and log."""
+
+    def __init__(self, job: Job, index: int) -> None:
+        self.job = job
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<Task {self.index} of {self.job.name!r}: {self.state.value}>"
+
+    def _final(self) -> tuple[str, records.Record] | None:
+        return self.job._snapshot().final.get(self.index)
+
+    @property
+    def state(self) -> TaskState:
+        """The task's state now."""
+        return self.job._snapshot().task_state(self.index)
+
+    @property
+    def host(self) -> str:
+        """The host the task ran (or runs) on; "" if not started."""
+        wid = self._wid()
+        return self.job.store.worker_info(wid).get("host", "") if wid else ""
+
+    def _wid(self) -> str | None:
+        snap = self.job._snapshot()
+        f = snap.final.get(self.index)
+        if f is not None:
+            if f[0] == CONTROL:
+                return self.job.store.queue().get("lost_by", {}).get(str(self.index))
+            return f[0]
+        r = snap.running.get(self.index)
+        return r[0] if r else None
+
+    @property
+    def started(self) -> float | None:
+        """Unix time the task started; None if it has not."""
+        f = self._final()
+        if f is not None:
+            return f[1].t_start or None
+        r = self.job._snapshot().running.get(self.index)
+        return r[1] if r else None
+
+    @property
+    def finished(self) -> float | None:
+        """Unix time the task ended; None if it has not."""
+        f = self._final()
+        return f[1].t_end if f is not None else None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the task ran."""
+        f = self._final()
+        return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
+
+    @property
+    def result(self) -> Any:
+        """The task's value, or its TaskError; raises JobError while unfinished."""
+        return self.job._value(self.index)
+
+    def log(self) -> str:
+        """The task's captured stdout and stderr."""
+        return self.job.log(self.index)
+
+    def cancel(self) -> None:
+        """Cancel this task only."""
+        self.job.cluster.cancel_task(self.job, self.index)
+        self.job._dirty()
+
+
+class Job:
+    """A job: tasks that run on a cluster, kept in a job folder.
+
+    Made by :func:`elsewhere.submit`, :func:`elsewhere.create_job` or
+    :func:`elsewhere.recover`; not constructed directly.
+    """
+
+    def __init__(self, store: JobStore, cluster: Cluster, meta: dict[str, Any] | None = None) -> None:
+        self.store = store
+        self.cluster = cluster
+        self._meta = meta if meta is not None else store.meta()
+        self._reader = JournalReader(store)
+        self._snap: Snapshot | None = None
+        self._snap_at = 0.0
+        self._cache: dict[tuple[str, int], list[Any]] = {}
+        self._staged: list[tuple[Any, tuple, dict]] = []
+        self._common_fn: Any = None
+        self._job_data: Any = None
+
+    # -- properties -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The job's name (unique among running jobs)."""
+        return self._meta["name"]
+
+    @property
+    def id(self) -> str:
+        """The job's id (unique forever)."""
+        return self._meta["id"]
+
+    @property
+    def user(self) -> str:
+        return self._meta.get("user", "")
+
+    @property
+    def tag(self) -> str:
+        return self._meta.get("tag", "")
+
+    @property
+    def seed(self) -> int:
+        """The job's seed; task i runs with seed + i."""
+        return int(self._meta.get("seed") or 0)
+
+    @property
+    def created(self) -> float:
+        return self._meta.get("created", 0.0)
+
+    @property
+    def submitted(self) -> float | None:
+        return self._meta.get("submitted")
+
+    @property
+    def started(self) -> float | None:
+        """When the first task started."""
+        snap = self._snapshot()
+        times = [r.t_start for _, r in snap.final.values() if r.t_start]
+        times += [t for _, t in snap.running.values()]
+        return min(times) if times else None
+
+    @property
+    def finished(self) -> float | None:
+        """When the last task ended, once the job is done."""
+        snap = self._snapshot()
+        if not self.state.done:
+            return None
+        times = [r.t_end for _, r in snap.final.values()]
+        return max(times) if times else None
+
+    @property
+    def path(self) -> Path:
+        """The job folder."""
+        return self.store.path
+
+    @property
+    def n_tasks(self) -> int:
+        if self._meta.get("stream"):
+            return int(self.store.queue().get("n", 0))
+        return int(self._meta.get("n_tasks", 0)) + len(self._staged)
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The job's tasks, in order."""
+        return [Task(self, i) for i in range(self.n_tasks)]
+
+    @property
+    def state(self) -> JobState:
+        """The job's state now."""
+        return derive_job_state(self._snapshot(fresh=True).counts())
+
+    def __repr__(self) -> str:
+        return f"<Job {self.name!r} ({self.id}) on {self.cluster.kind}: {self.state.value}, {self.n_tasks} tasks>"
+
+    def __len__(self) -> int:
+        return self.n_tasks
+
+    # -- building ---------------------------------------------------------------
+    def add_task(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task:
+        """Add a task ``fn(*args, **kwargs)``; only before ``submit()``."""
+        if self._meta.get("submitted"):
+            raise JobError(f"job {self.name!r} is already submitted; tasks can only be added before")
+        if not callable(fn):
+            raise ConfigError(f"add_task needs a callable first, not {fn!r}")
+        self._staged.append((fn, args, kwargs))
+        return Task(self, self.n_tasks - 1)
+
+    def submit(self) -> Job:
+        """Write the staged tasks and hand the job to its cluster; returns at once."""
+        from . import api
+
+        if self._meta.get("submitted"):
+            raise JobError(f"job {self.name!r} was already submitted")
+        api._write_and_submit(self)
+        return self
+
+    # -- following ---------------------------------------------------------------
+    def _dirty(self) -> None:
+        self._snap = None
+
+    def _snapshot(self, fresh: bool = False) -> Snapshot:
+        now = time.monotonic()
+        if self._snap is not None and not fresh and now - self._snap_at < 0.05:
+            return self._snap
+        self._reader.refresh()
+        q = self.store.queue()
+        running: dict[int, tuple[str, float]] = {}
+        for wid, m in q.get("members", {}).items():
+            if m.get("state") == "active" and m.get("claim"):
+                idx, since, _ = self.store.read_running(wid)
+                if idx >= 0 and idx not in self._reader.final:
+                    running[idx] = (wid, since)
+        n = int(q.get("n", 0)) if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
+        snap = Snapshot(
+            n=n,
+            submitted=bool(q.get("submitted")),
+            cancelled=bool(q.get("cancelled")),
+            final=self._reader.final,
+            running=running,
+            cancelled_tasks=set(q.get("cancelled_tasks", [])),
+            kind_counts=dict(self._reader.kind_counts),
+        )
+        if snap.submitted and not snap.cancelled and len(snap.final) < n:
+            snap = self.cluster.job_state(self, snap)
+        self._snap, self._snap_at = snap, now
+        return snap
+
+    def check(self) -> Status:
+        """Counts of tasks per state; true once nothing runs or waits.
+
+        Also finds workers that vanished (their running task becomes
+        failed/"lost", or is retried) and starts replacements.
+        """
+        if self._meta.get("submitted"):
+            self.cluster.poll(self)
+        snap = self._snapshot(fresh=True)
+        counts = snap.counts()
+        return Status(self, counts, derive_job_state(counts), snap.note, snap.reasons)
+
+    def _done(self, snap: Snapshot) -> bool:
+        return derive_job_state(snap.counts()).done
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        state: str | JobState = "finished",
+        progress: bool | None = None,
+        poll_interval_s: float = 0.5,
+    ) -> Job:
+        """Block until the job reaches ``state`` (default: done), or ``timeout`` seconds.
+
+        ``state`` follows MATLAB's ``waitForState``: "queued", "running" or
+        "finished" (any end: finished, failed, cancelled). A progress bar
+        shows on a terminal after a couple of seconds (``progress=False``
+        turns it off). Raises :class:`elsewhere.TimeoutError` when the time
+        runs out; the job goes on running.
+        """
+        target = JobState(state) if not isinstance(state, JobState) else state
+        if not self._meta.get("submitted") and target.rank > JobState.PENDING.rank:
+            raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
+        from .progress import Progress
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = _open_notify(self.store)
+        bar = Progress(self.name, enabled=progress)
+        last_poll = time.monotonic()
+        interval = poll_interval_s
+        try:
+            while True:
+                snap = self._snapshot(fresh=True)
+                counts = snap.counts()
+                st = derive_job_state(counts)
+                bar.update(counts, snap.n)
+                if st.rank >= target.rank:
+                    return self
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError(
+                        f"job {self.name!r} did not reach {target.value} within {timeout} s "
+                        f"(now {st.value}: {_fmt_counts(counts)}); it goes on running"
+                    )
+                if now - last_poll >= interval:
+                    self.cluster.poll(self)
+                    last_poll = now
+                    interval = min(interval * 1.5, 5.0)
+                left = interval - (now - last_poll)
+                if deadline is not None:
+                    left = min(left, deadline - now)
+                if fd >= 0:
+                    r, _, _ = select.select([fd], [], [], max(0.0, left))
+                    if r:
+                        _drain(fd)
+                        interval = poll_interval_s
+                else:
+                    time.sleep(min(max(0.0, left), 0.05))
+        finally:
+            bar.close()
+            if fd >= 0:
+                os.close(fd)
+
+    # -- results ------------------------------------------------------------------
+    def _value(self, index: int) -> Any:
+        snap = self._snapshot()
+        f = snap.final.get(index)
+        if f is None:
+            st = snap.task_state(index)
+            if st is TaskState.CANCELLED:
+                return TaskError("the task was cancelled before it finished", type_name="Cancelled",
+                                 index=index, job=self.name, reason="cancelled", seed=self.seed + index)
+            raise JobError(f"task {index} of job {self.name!r} has no result yet (it is {st.value})")
+        wid, rec = f
+        if rec.kind == Kind.LOST:
+            return self._lost_error(index, rec)
+        if rec.kind == Kind.CANCELLED:
+            return TaskError("the task was cancelled", type_name="Cancelled", index=index,
+                             job=self.name, reason="cancelled", seed=rec.seed)
+        value = read_body(self.store, wid, rec, self._cache)
+        if rec.kind == Kind.ERROR:
+            return _task_error(value, self.name, rec)
+        return value
+
+    def _lost_error(self, index: int, rec: records.Record) -> TaskError:
+        wid = self.store.queue().get("lost_by", {}).get(str(index), "")
+        info = self.store.worker_info(wid) if wid else {}
+        host = info.get("host", "")
+        tail = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
+        tail = "\n".join(tail.strip().splitlines()[-8:])
+        msg = (f"the worker running it (pid {info.get('pid', '?')}) vanished: it crashed or was "
+               "killed (out of memory? a segfault in compiled code? a kill signal?)")
+        if tail:
+            msg += f"; its last output:\n{tail}"
+        return TaskError(msg, type_name="WorkerLost", host=host, index=index, seed=self.seed + index,
+                         job=self.name, reason="lost")
+
+    def results(self, *, partial: bool = False) -> list[Any]:
+        """One entry per task, in task order; a failed task's entry is a TaskError.
+
+        Raises JobError while tasks are unfinished, unless ``partial=True``
+        (then unfinished tasks give None).
+        """
+        snap = self._snapshot(fresh=True)
+        out: list[Any] = []
+        missing = 0
+        final = snap.final
+        ok = int(Kind.OK)
+        cache = self._cache
+        store = self.store
+        get = final.get
+        append = out.append
+        for i in range(snap.n):
+            f = get(i)
+            if f is not None and f[1][0] == ok:
+                rec = f[1]
+                values = cache.get((f[0], rec.res_off))
+                append(values[rec.item] if values is not None else read_body(store, f[0], rec, cache))
+            elif f is not None or snap.task_state(i) is TaskState.CANCELLED:
+                out.append(self._value(i))
+            else:
+                missing += 1
+                out.append(None)
+        if missing and not partial:
+            raise JobError(
+                f"job {self.name!r} has {missing} of {snap.n} tasks without a result yet; "
+                "call job.wait() first, or results(partial=True)"
+            )
+        return out
+
+    def get(self, *, errors: str = "raise", partial: bool = False) -> Any:
+        """The results combined (dMod2's ``get``).
+
+        Lists are concatenated, pandas DataFrames row-bound, anything else
+        returned as a list. ``errors="raise"`` (default) raises the first
+        task error; ``errors="return"`` keeps TaskError values in place.
+        """
+        if errors not in ("raise", "return"):
+            raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
+        values = self.results(partial=partial)
+        if errors == "raise":
+            raise_first_error(values)
+        return combine(values)
+
+    def log(self, index: int) -> str:
+        """The captured stdout and stderr of task ``index``."""
+        if not 0 <= index < self.n_tasks:
+            raise IndexError(f"job {self.name!r} has no task {index} (it has {self.n_tasks})")
+        snap = self._snapshot(fresh=True)
+        f = snap.final.get(index)
+        if f is not None:
+            wid, rec = f
+            if wid == CONTROL:
+                wid = self.store.queue().get("lost_by", {}).get(str(index), "")
+            return read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
+        r = snap.running.get(index)
+        if r is not None:
+            _, _, off = self.store.read_running(r[0])
+            return read_log(self.store, r[0], off, -1)
+        return ""
+
+    # -- control -----------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop what runs; nothing new starts (dMod2's terminate)."""
+        if not self._meta.get("submitted"):
+            with self.store.locked_queue() as q:
+                q["cancelled"] = True
+        else:
+            self.cluster.cancel_job(self)
+        self._dirty()
+        from .registry import Registry
+
+        Registry().set_state(self.id, self.state.value)
+
+    def retry(self, **resources: Any) -> Job:
+        """Run the failed and cancelled tasks again (the others keep their results).
+
+        Backends that take resources (batch schedulers) accept them here, e.g.
+        ``job.retry(mem="8G", walltime="02:00:00")``.
+        """
+        snap = self._snapshot(fresh=True)
+        again = [i for i in range(snap.n) if snap.task_state(i) in (TaskState.FAILED, TaskState.CANCELLED)]
+        if not again:
+            return self
+        retry = getattr(self.cluster, "retry_tasks", None)
+        if retry is not None:
+            retry(self, again, **resources)
+        else:
+            if resources:
+                raise ConfigError(f"the {self.cluster.kind} cluster takes no resources for retry: {resources}")
+            with self.store.locked_queue() as q:
+                q["cancelled"] = False
+                q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in again]
+                for i in again:
+                    f = snap.final.get(i)
+                    q["attempts"][str(i)] = (f[1].attempt + 1) if f else q["attempts"].get(str(i), 0) + 1
+                q["retry"] = sorted(set(q["retry"]) | set(again))
+            self.cluster.poll(self)
+        self._dirty()
+        return self
+
+    def purge(self, **options: Any) -> None:
+        """Delete the job: stop it, remove its folder and its registry entry."""
+        from .registry import Registry
+
+        try:
+            self.cluster.delete_job(self, **options) if options else self.cluster.delete_job(self)
+        finally:
+            shutil.rmtree(self.store.path, ignore_errors=True)
+            Registry().remove(self.id)
+
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _open_notify(store: JobStore) -> int:
+    try:
+        return os.open(store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
+    except OSError:
+        return -1
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _fmt_counts(counts: dict[TaskState, int]) -> str:
+    return ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no tasks"
+
+
+def _task_error(value: dict[str, Any], job: str, rec: records.Record) -> TaskError:
+    exc = None
+    if value.get("exception"):
+        try:
+            import pickle
+
+            exc = pickle.loads(value["exception"])
+        except Exception:
+            exc = None
+    return TaskError(
+        value.get("message", ""),
+        type_name=value.get("type", "Exception"),
+        traceback=value.get("traceback", ""),
+        host=value.get("host", ""),
+        index=rec.task,
+        seed=rec.seed,
+        job=job,
+        reason="error",
+        exception=exc,
+    )
+
+
+def raise_first_error(values: Iterable[Any]) -> None:
+    """Raise the first TaskError among ``values``, as its original type where possible."""
+    if isinstance(values, list) and TaskError not in set(map(type, values)) and not any(
+        isinstance(v, TaskError) for v in {type(v): v for v in values}.values()
+    ):
+        return
+    for v in values:
+        if isinstance(v, TaskError):
+            err = v.as_original_type()
+            raise err from v.__cause__
+
+
+def combine(values: list[Any]) -> Any:
+    """Concatenate lists, row-bind DataFrames, else return the list."""
+    if values and all(isinstance(v, list) for v in values):
+        return [x for v in values for x in v]
+    pd = sys.modules.get("pandas")
+    if values and pd is not None and all(isinstance(v, pd.DataFrame) for v in values):
+        return pd.concat(values, ignore_index=True)
+    return list(values)
+
+
+def new_job_meta(
+    *,
+    name: str,
+    job_id: str,
+    cluster: Cluster,
+    seed: int | None,
+    tag: str,
+    retries: int,
+    env: dict[str, str] | None,
+    stream: bool = False,
+    communicating: bool = False,
+) -> dict[str, Any]:
+    """The metadata of a new job, as written to job.json."""
+    cwd = os.getcwd()
+    return {
+        "format": 1,
+        "id": job_id,
+        "name": name,
+        "user": getpass.getuser(),
+        "tag": tag,
+        "created": time.time(),
+        "submitted": None,
+        "cluster": cluster.describe(),
+        "seed": seed,
+        "retries": retries,
+        "cores_per_task": cluster.cores_per_task,
+        "n_tasks": 0,
+        "stream": stream,
+        "communicating": communicating,
+        "cwd": cwd,
+        "sys_path": [os.path.abspath(p) if p else cwd for p in sys.path],
+        "env": dict(env or {}),
+        "client": {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable},
+    }
+
+
+def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool) -> JobStore:
+    """Make the job folder with metadata and an empty queue."""
+    from .store import write_json
+
+    store = JobStore.create(root / meta["id"], meta)
+    write_json(store.path / "queue.json", new_queue(0, closed=not stream, retries=retries), fsync=False)
+    return store

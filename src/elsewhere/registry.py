@@ -1,0 +1,124 @@
+"""The registry of jobs: name -> job folder, cached state.
+
+A SQLite file in the home folder (``<home>/registry.sqlite``), in WAL mode
+with a busy timeout, so two processes submitting at once both succeed and
+never corrupt it. The job folder stays the source of truth; the registry
+only finds folders and caches their last known state.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .errors import NameInUse
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    cluster TEXT NOT NULL,
+    user TEXT,
+    tag TEXT,
+    created REAL,
+    n_tasks INTEGER,
+    state TEXT,
+    updated REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+"""
+
+_DONE = ("finished", "failed", "cancelled")
+
+
+class Registry:
+    """Access to the job registry (one short connection per call)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else paths.registry_path()
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        con.row_factory = sqlite3.Row
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.executescript(_SCHEMA)
+        return con
+
+    def add(self, meta: dict[str, Any], path: Path, still_running: Callable[[dict[str, Any]], bool]) -> None:
+        """Register a job; raise NameInUse if a running job has the same name.
+
+        ``still_running(row)`` decides, from the job folder, whether an older
+        job of the same name still runs (the cached state may be stale).
+        """
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            rows = con.execute(
+                "SELECT * FROM jobs WHERE name = ? AND (state IS NULL OR state NOT IN (?, ?, ?))",
+                (meta["name"], *_DONE),
+            ).fetchall()
+            for row in rows:
+                if still_running(dict(row)):
+                    con.execute("ROLLBACK")
+                    raise NameInUse(
+                        f"a job named {meta['name']!r} is still running (id {row['id']}, "
+                        f"folder {row['path']}); wait for it, cancel it "
+                        f"(elsewhere cancel {meta['name']}), or choose another name"
+                    )
+            con.execute(
+                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (meta["id"], meta["name"], str(path), json.dumps(meta["cluster"]), meta.get("user"),
+                 meta.get("tag"), meta.get("created"), meta.get("n_tasks", 0), "queued", time.time()),
+            )
+            con.execute("COMMIT")
+        finally:
+            con.close()
+
+    def set_state(self, job_id: str, state: str, n_tasks: int | None = None) -> None:
+        """Cache a job's state."""
+        con = self._connect()
+        try:
+            if n_tasks is None:
+                con.execute("UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), job_id))
+            else:
+                con.execute("UPDATE jobs SET state=?, n_tasks=?, updated=? WHERE id=?",
+                            (state, n_tasks, time.time(), job_id))
+        finally:
+            con.close()
+
+    def remove(self, job_id: str) -> None:
+        """Forget a job."""
+        con = self._connect()
+        try:
+            con.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+        finally:
+            con.close()
+
+    def find(self, name_or_id: str) -> list[dict[str, Any]]:
+        """Jobs whose id or name matches, newest first."""
+        con = self._connect()
+        try:
+            rows = con.execute(
+                "SELECT * FROM jobs WHERE id = ? OR name = ? ORDER BY created DESC",
+                (name_or_id, name_or_id),
+            ).fetchall()
+        finally:
+            con.close()
+        return [dict(r) for r in rows]
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every registered job, oldest first."""
+        con = self._connect()
+        try:
+            rows = con.execute("SELECT * FROM jobs ORDER BY created").fetchall()
+        finally:
+            con.close()
+        return [dict(r) for r in rows]

@@ -1,0 +1,164 @@
+"""Serialisation of functions, inputs and results.
+
+cloudpickle (protocol 5) for functions and closures; large contiguous buffers
+(NumPy arrays) go out of band so they are written straight from the caller's
+memory and read straight into the worker's, never pickled into a big bytes
+object; the pickle stream itself is compressed with zstandard.
+
+When something cannot be serialised, :func:`find_offender` walks the object
+(arguments, closure cells, referenced globals, container items, attributes)
+to name the part that fails, so the error says *which* object is to blame.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+#: Buffers at least this large travel out of band; smaller ones stay in the pickle.
+OOB_MIN_BYTES = 64 * 1024
+
+
+def dumps(obj: Any, *, by_value: bool = False) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``obj`` with cloudpickle; large buffers are returned out of band."""
+    import cloudpickle
+
+    buffers: list[memoryview] = []
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        view = buf.raw()
+        if view.nbytes < OOB_MIN_BYTES:
+            return True  # a true value keeps the buffer in band
+        buffers.append(view)
+        return False
+
+    data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
+    return data, buffers
+
+
+def dumps_plain(obj: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle a result: the fast standard pickler, cloudpickle as the fallback."""
+    buffers: list[memoryview] = []
+
+    def keep(buf: pickle.PickleBuffer) -> bool:
+        view = buf.raw()
+        if view.nbytes < OOB_MIN_BYTES:
+            return True
+        buffers.append(view)
+        return False
+
+    try:
+        return pickle.dumps(obj, protocol=5, buffer_callback=keep), buffers
+    except Exception:
+        buffers.clear()
+        return dumps(obj)
+
+
+def loads(data: bytes | memoryview, buffers: list[Any] | None = None) -> Any:
+    """Unpickle what :func:`dumps` or :func:`dumps_plain` produced."""
+    return pickle.loads(data, buffers=buffers or ())
+
+
+def compress(data: bytes, level: int = 3) -> bytes:
+    """zstd-compress ``data`` (one frame with its content size)."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level).compress(data)
+
+
+def decompress(data: bytes | memoryview) -> bytes:
+    """Undo :func:`compress`."""
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(data)
+
+
+def describe(obj: Any) -> str:
+    """A short description of an object for an error message."""
+    tname = type(obj).__qualname__
+    mod = type(obj).__module__
+    if mod not in ("builtins", None):
+        tname = f"{mod}.{tname}"
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{tname}>"
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (type {tname})"
+
+
+def _fails(obj: Any) -> BaseException | None:
+    import cloudpickle
+
+    try:
+        cloudpickle.dumps(obj, protocol=5, buffer_callback=lambda b: False)
+    except BaseException as exc:  # noqa: BLE001 - any failure means "not serialisable"
+        return exc
+    return None
+
+
+def _children(obj: Any) -> list[tuple[str, Any]]:
+    """Parts of ``obj`` that a pickler would visit, with a path label each."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(obj, dict):
+        out += [(f"[{k!r}]", v) for k, v in obj.items()]
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        out += [(f"[{i}]", v) for i, v in enumerate(obj)]
+    elif callable(obj) and hasattr(obj, "__code__"):
+        code = obj.__code__
+        cells = obj.__closure__ or ()
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                out.append((f" (closure variable {name!r})", cell.cell_contents))
+            except ValueError:
+                pass
+        glb = getattr(obj, "__globals__", {})
+        for name in code.co_names:
+            if name in glb:
+                out.append((f" (global {name!r})", glb[name]))
+        if getattr(obj, "__defaults__", None):
+            out += [(f" (default {i})", v) for i, v in enumerate(obj.__defaults__)]
+    elif isinstance(getattr(obj, "__self__", None), object) and hasattr(obj, "__func__"):
+        out.append((".__self__", obj.__self__))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        out += [(f".{k}", v) for k, v in vars(obj).items()]
+    return out
+
+
+def find_offender(obj: Any, label: str, depth: int = 6) -> tuple[str, Any, BaseException] | None:
+    """The innermost part of ``obj`` that cannot be pickled, or None if all can.
+
+    Returns (path label, the object, the error it raised).
+    """
+    exc = _fails(obj)
+    if exc is None:
+        return None
+    if depth > 0:
+        for sub_label, child in _children(obj):
+            found = find_offender(child, label + sub_label, depth - 1)
+            if found is not None:
+                return found
+    return label, obj, exc
+
+
+def check_serialisable(fn: Callable[..., Any] | None, tasks: list[tuple[tuple, dict]]) -> None:
+    """Raise SerializationError naming the first part that cannot be serialised."""
+    from .errors import SerializationError
+
+    candidates: list[tuple[str, Any]] = []
+    if fn is not None:
+        candidates.append((f"the function {getattr(fn, '__qualname__', fn)!r}", fn))
+    for i, (args, kwargs) in enumerate(tasks):
+        for j, a in enumerate(args):
+            candidates.append((f"argument {j} of task {i}", a))
+        for k, v in kwargs.items():
+            candidates.append((f"argument {k!r} of task {i}", v))
+    for label, obj in candidates:
+        found = find_offender(obj, label)
+        if found is not None:
+            where, bad, exc = found
+            raise SerializationError(
+                f"cannot serialise {where}: {describe(bad)}: {type(exc).__name__}: {exc}"
+            ) from exc

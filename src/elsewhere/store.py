@@ -1,0 +1,396 @@
+"""The job folder: the single source of truth about a job.
+
+Layout (``docs/job-folder.md`` explains each file)::
+
+    <job>/job.json            metadata; written by the client, atomically
+    <job>/payload.log         function, job data and task inputs, in chunks
+    <job>/queue.json          which tasks are claimed, by whom; under queue.lock
+    <job>/queue.lock          flock(2) guard of queue.json
+    <job>/cluster.json        the backend's own data (scheduler ids, hosts, pids)
+    <job>/journal/<w>.rec     per-worker append-only journal of task outcomes
+    <job>/results/<w>.bin     per-worker result bodies the journal points into
+    <job>/logs/<w>.log        per-worker captured stdout+stderr
+    <job>/workers/<w>.json    who a worker is (host, pid, python), written at join
+    <job>/workers/<w>.cur     the task a worker runs now (shared memory, see worker.py)
+    <job>/notify.fifo         a worker writes a byte here after new results
+    <job>/files/              files attached with ``files=``
+
+Every file has one writer, or is guarded by ``queue.lock``. Whole-file
+writes go to a temporary name and are renamed; appends are whole,
+checksummed frames.
+
+This module is imported by the worker: keep its imports light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import records
+from .records import Kind, Record
+
+META = "job.json"
+PAYLOAD = "payload.log"
+QUEUE = "queue.json"
+QUEUE_LOCK = "queue.lock"
+CLUSTER = "cluster.json"
+NOTIFY = "notify.fifo"
+CONTROL = "_control"  # pseudo-worker id of records written by reapers and cancel
+
+CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
+
+
+def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` via a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
+    """Atomically write ``obj`` as JSON."""
+    atomic_write(path, json.dumps(obj, separators=(",", ":"), default=str).encode(), fsync=fsync)
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON file."""
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def writev_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """Write all ``parts`` to ``fd`` (handles short writes and the iovec limit)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views[:512])
+        while n:
+            first = views[0]
+            if n >= first.nbytes:
+                n -= first.nbytes
+                views.pop(0)
+            else:
+                views[0] = first[n:]
+                n = 0
+
+
+class JobStore:
+    """Access to one job folder."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"JobStore({str(self.path)!r})"
+
+    # -- creation ---------------------------------------------------------
+    @classmethod
+    def create(cls, path: Path, meta: dict[str, Any]) -> JobStore:
+        """Make a new job folder (mode 0700) with its metadata."""
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+        for sub in ("journal", "results", "logs", "workers"):
+            (path / sub).mkdir(mode=0o700)
+        store = cls(path)
+        write_json(path / META, meta)
+        (path / QUEUE_LOCK).touch(mode=0o600)
+        os.mkfifo(path / NOTIFY, 0o600)
+        return store
+
+    # -- metadata ---------------------------------------------------------
+    def meta(self) -> dict[str, Any]:
+        """The job's metadata."""
+        return read_json(self.path / META)
+
+    def update_meta(self, **changes: Any) -> dict[str, Any]:
+        """Change metadata fields (the client is the only writer)."""
+        meta = self.meta()
+        meta.update(changes)
+        write_json(self.path / META, meta)
+        return meta
+
+    def cluster_data(self) -> dict[str, Any]:
+        """What the backend stored with ``set_job_cluster_data``."""
+        try:
+            return read_json(self.path / CLUSTER)
+        except FileNotFoundError:
+            return {}
+
+    def set_cluster_data(self, data: dict[str, Any]) -> None:
+        """Store the backend's own data (scheduler ids, hosts, pids)."""
+        write_json(self.path / CLUSTER, data)
+
+    # -- the queue ----------------------------------------------------------
+    @contextlib.contextmanager
+    def locked_queue(self) -> Iterator[dict[str, Any]]:
+        """The queue state under its lock; changes are written back on exit."""
+        fd = os.open(self.path / QUEUE_LOCK, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                q = read_json(self.path / QUEUE)
+            except FileNotFoundError:
+                q = new_queue(0)
+            before = json.dumps(q, sort_keys=True)
+            yield q
+            if json.dumps(q, sort_keys=True) != before:
+                write_json(self.path / QUEUE, q, fsync=False)
+        finally:
+            os.close(fd)  # releases the lock
+
+    def queue(self) -> dict[str, Any]:
+        """A snapshot of the queue state (no lock: the file is replaced atomically)."""
+        try:
+            return read_json(self.path / QUEUE)
+        except FileNotFoundError:
+            return new_queue(0)
+
+    def notify(self) -> None:
+        """Wake a client waiting on this job, if any (never blocks)."""
+        try:
+            fd = os.open(self.path / NOTIFY, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return  # no reader (ENXIO) or no fifo: nobody waits
+        try:
+            os.write(fd, b"!")
+        except OSError:
+            pass  # full (EAGAIN): the reader is awake anyway
+        finally:
+            os.close(fd)
+
+    # -- journals and results -----------------------------------------------
+    def journal_path(self, wid: str) -> Path:
+        return self.path / "journal" / f"{wid}.rec"
+
+    def results_path(self, wid: str) -> Path:
+        return self.path / "results" / f"{wid}.bin"
+
+    def log_path(self, wid: str) -> Path:
+        return self.path / "logs" / f"{wid}.log"
+
+    def workers(self) -> list[str]:
+        """Ids of every worker that has written a journal."""
+        try:
+            names = os.listdir(self.path / "journal")
+        except FileNotFoundError:
+            return []
+        return [n[:-4] for n in names if n.endswith(".rec")]
+
+    def append_control(self, recs: list[Record]) -> None:
+        """Append records written by a reaper or by cancel (caller holds the queue lock)."""
+        fd = os.open(self.journal_path(CONTROL), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, records.pack_frame(recs))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_running(self, wid: str) -> tuple[int, float, int]:
+        """(task index, since, log offset) of what worker ``wid`` runs now; index -1 if none."""
+        try:
+            with open(self.path / "workers" / f"{wid}.cur", "rb") as f:
+                data = f.read(CUR.size)
+        except FileNotFoundError:
+            return -1, 0.0, 0
+        if len(data) < CUR.size:
+            return -1, 0.0, 0
+        idx, since, log_off = CUR.unpack(data)
+        return int(idx), float(since), int(log_off)
+
+    def worker_info(self, wid: str) -> dict[str, Any]:
+        try:
+            return read_json(self.path / "workers" / f"{wid}.json")
+        except (FileNotFoundError, ValueError):
+            return {}
+
+
+def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:
+    """A fresh queue state for ``n`` tasks."""
+    return {
+        "n": n,
+        "next": 0,
+        "closed": closed,
+        "cancelled": False,
+        "retry": [],
+        "attempts": {},
+        "max_workers": max_workers,
+        "retries": retries,
+        "members": {},
+        "cancelled_tasks": [],
+        "submitted": False,
+    }
+
+
+class JournalReader:
+    """Reads every worker's journal incrementally: only what is new each time."""
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._offsets: dict[str, int] = {}
+        self.final: dict[int, tuple[str, Record]] = {}  # the outcome that counts, per task
+        self.kind_counts: dict[int, int] = dict.fromkeys((int(k) for k in Kind), 0)
+
+    def refresh(self) -> int:
+        """Read what is new; return how many new outcomes were found."""
+        new = 0
+        for wid in self.store.workers():
+            off = self._offsets.get(wid, 0)
+            path = self.store.journal_path(wid)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(off)
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            if not data:
+                continue
+            recs, used = records.parse_frames(data)
+            self._offsets[wid] = off + used
+            final = self.final
+            counts = self.kind_counts
+            for r in recs:
+                old = final.get(r.task)
+                if old is None:
+                    final[r.task] = (wid, r)
+                    counts[r.kind] += 1
+                    new += 1
+                elif r.attempt > old[1].attempt or (
+                    r.attempt == old[1].attempt
+                    and old[1].kind in (Kind.LOST, Kind.CANCELLED)
+                    and r.kind in (Kind.OK, Kind.ERROR)
+                ):
+                    # A later attempt (a retry) wins; so does a real result that
+                    # arrives after its task was written off. Duplicates are dropped.
+                    final[r.task] = (wid, r)
+                    new += 1
+        return new
+
+
+def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int], list[Any]]) -> Any:
+    """The value (or error description) of one task, from its result body."""
+    key = (wid, rec.res_off)
+    values = cache.get(key)
+    if values is None:
+        with open(store.results_path(wid), "rb") as f:
+            f.seek(rec.res_off)
+            buf = bytearray(rec.res_len)
+            f.readinto(buf)
+        pickled, bufs = records.unpack_body(buf)
+        from . import serial
+
+        values = serial.loads(pickled, bufs)
+        cache[key] = values
+    return values[rec.item]
+
+
+def read_log(store: JobStore, wid: str, off: int, length: int) -> str:
+    """Bytes ``off .. off+length`` of a worker's log, as text."""
+    try:
+        with open(store.log_path(wid), "rb") as f:
+            f.seek(off)
+            data = f.read(length) if length >= 0 else f.read()
+    except FileNotFoundError:
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def lock_is_free(path: str) -> bool:
+    """True when nobody holds ``path``'s flock: the worker that held it is gone."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # also drops the lock if we got it
+    return True
+
+
+def resulted_by(store: JobStore, wid: str) -> set[int]:
+    """Every task that worker ``wid`` wrote an outcome for."""
+    try:
+        with open(store.journal_path(wid), "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return set()
+    recs, _ = records.parse_frames(data)
+    return {r.task for r in recs}
+
+
+def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> list[str]:
+    """Write off the workers of ``q`` that have vanished (caller holds the queue lock).
+
+    A member counts as gone when it is in ``dead`` or, by default, when its
+    lock is free. The task it was running is failed as "lost", or put back
+    for a retry while its budget lasts; the rest of its claim goes back to
+    the queue untouched. Returns the ids of the workers written off.
+    """
+    gone: list[str] = []
+    lost: list[Record] = []
+    for wid, m in q["members"].items():
+        if m.get("state") not in ("active", "waiting"):
+            continue
+        if dead is not None:
+            if wid not in dead:
+                continue
+        elif not lock_is_free(m.get("lock", "")):
+            continue
+        gone.append(wid)
+        m["state"] = "dead"
+        claim = m.get("claim") or []
+        m["claim"] = []
+        if not claim or q.get("cancelled"):
+            continue
+        done = resulted_by(store, wid)
+        running, since, log_off = store.read_running(wid)
+        back: list[int] = []
+        for idx in records.iter_ranges(claim):
+            if idx in done:
+                continue
+            if idx != running:
+                back.append(idx)
+                continue
+            attempts = q["attempts"].get(str(idx), 0) + 1
+            q["attempts"][str(idx)] = attempts
+            if attempts <= q.get("retries", 0):
+                back.append(idx)
+            else:
+                log_len = max(0, _log_size(store, wid) - log_off)
+                lost.append(
+                    records.make_record(
+                        Kind.LOST, idx, attempts - 1, log_off=log_off, log_len=log_len,
+                        t_start=since, t_end=time.time(),
+                    )
+                )
+                q.setdefault("lost_by", {})[str(idx)] = wid
+        q["retry"][:0] = back
+    if lost:
+        store.append_control(lost)
+    return gone
+
+
+def _log_size(store: JobStore, wid: str) -> int:
+    try:
+        return os.path.getsize(store.log_path(wid))
+    except OSError:
+        return 0
+

@@ -1,0 +1,692 @@
+"""``python -m elsewhere.worker``: what every backend starts on the other side.
+
+A worker joins a job folder, claims tasks in batches, runs them and appends
+their outcomes to its own journal, then leaves::
+
+    client ──writes──> job.json, payload.log, queue.json
+       ^                         │
+       │ notify.fifo             │ claim (flock on queue.lock)
+       │                         v
+    worker ──appends──> results/<w>.bin, journal/<w>.rec, logs/<w>.log
+
+Modes:
+
+- ``--job DIR``: join that job, run until it has nothing left, exit.
+- ``--pool DIR``: a warm worker of the local backend. After a job it waits
+  (idle) for the next one on its own FIFO, and exits after ``--idle-timeout``
+  seconds without work. See ``clusters/local.py`` for the hand-over.
+- ``--tasks SPEC`` with ``--job``: run exactly those tasks ("0:100" or
+  "3,7,9") instead of claiming (array elements of batch schedulers).
+
+Environment variables read (all optional; flags win): ``ELSEWHERE_JOB_DIR``,
+``ELSEWHERE_TASKS``, ``ELSEWHERE_WORKER_ID``, ``ELSEWHERE_ARRAY_VAR`` (the name
+of the scheduler's array index variable) with ``ELSEWHERE_ARRAY_BASE`` and
+``ELSEWHERE_TASKS_PER_ELEMENT``/``ELSEWHERE_ARRAY_OFFSET`` (element k runs
+tasks (offset + k - base) * per .. + per - 1).
+
+It imports little: start-up time is part of every job's latency.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+import select
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import records
+from .context import TaskContext, set_current
+from .records import Kind, Record
+from .store import CUR, JobStore, reap, writev_all
+
+_FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
+_SYNC_S = 0.05  # ... and fsync at least this often (and at the end of every claim)
+_TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
+_MAX_BATCH = 4096
+_WAIT = object()
+
+
+class _Exit(Exception):
+    """A client asked this idle worker to exit."""
+
+
+def _rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _parse_tasks(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if ":" in part:
+            a, b = part.split(":", 1)
+            out.extend(range(int(a), int(b)))
+        else:
+            out.append(int(part))
+    return out
+
+
+class _NumpySeeder:
+    """Seeds NumPy's global generator for the running task, now or when imported."""
+
+    def __init__(self) -> None:
+        self.job_seed = 0
+        self.index = 0
+        self._hooked = False
+
+    def seed(self, job_seed: int, index: int) -> None:
+        self.job_seed, self.index = job_seed, index
+        np = sys.modules.get("numpy")
+        if np is not None and hasattr(np, "random") and hasattr(np.random, "SeedSequence"):
+            ss = np.random.SeedSequence(job_seed, spawn_key=(index,))
+            np.random.seed(ss.generate_state(4))
+        elif not self._hooked:
+            self._hook()
+
+    def _hook(self) -> None:
+        # numpy is not imported yet; if the task imports it, seed it right
+        # after numpy.random has loaded, so a task that imports numpy inside
+        # its body is as reproducible as one that got numpy with its inputs.
+        import importlib.abc
+
+        seeder = self
+
+        class Finder(importlib.abc.MetaPathFinder):
+            def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+                if name != "numpy.random":
+                    return None
+                for finder in sys.meta_path:
+                    if finder is self:
+                        continue
+                    spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+                    if spec is not None and spec.loader is not None:
+                        loader = spec.loader
+                        exec_module = loader.exec_module
+
+                        def exec_and_seed(module: Any, _exec: Any = exec_module) -> None:
+                            _exec(module)
+                            ss = module.SeedSequence(seeder.job_seed, spawn_key=(seeder.index,))
+                            module.seed(ss.generate_state(4))
+
+                        loader.exec_module = exec_and_seed  # type: ignore[method-assign]
+                        return spec
+                return None
+
+        sys.meta_path.insert(0, Finder())
+        self._hooked = True
+
+
+class Worker:
+    """One worker process: joins jobs, runs their tasks, writes outcomes."""
+
+    def __init__(self, wid: str, pool: str | None = None, idle_timeout_s: float = 60.0) -> None:
+        self.wid = wid
+        self.pool = pool
+        self.idle_timeout_s = idle_timeout_s
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.numpy_seeder = _NumpySeeder()
+        self._module_mtimes: dict[str, float] = {}
+        self._jobs_done = 0
+        self._saved_fds = (os.dup(1), os.dup(2))
+        self.fifo_fd = -1
+        if pool:
+            self.fifo_path = os.path.join(pool, "fifo", wid)
+            os.mkfifo(self.fifo_path, 0o600)
+            # Read-write so the FIFO never reports EOF when a writer closes.
+            self.fifo_fd = os.open(self.fifo_path, os.O_RDWR | os.O_NONBLOCK)
+
+    # -- pool life ----------------------------------------------------------
+    def serve(self, first_job: str | None, tasks: list[int] | None = None) -> None:
+        """Run ``first_job``, then (in pool mode) further jobs until idle too long."""
+        job: str | None = first_job
+        try:
+            while True:
+                if job:
+                    if self._jobs_done and self._user_code_changed():
+                        self._reexec(job)
+                    self.run_job(job, tasks)
+                    self._jobs_done += 1
+                    tasks = None
+                if not self.pool:
+                    return
+                try:
+                    job = self._wait_for_job()
+                except _Exit:
+                    return
+                if job is None:
+                    return
+        finally:
+            if self.pool:
+                for p in (os.path.join(self.pool, "idle", self.wid), self.fifo_path):
+                    try:
+                        os.unlink(p)
+                    except OSError:
+                        pass
+
+    def _wait_for_job(self) -> str | None:
+        assert self.pool is not None
+        marker = os.path.join(self.pool, "idle", self.wid)
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.close(fd)
+        deadline = time.monotonic() + self.idle_timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                try:
+                    os.unlink(marker)
+                except FileNotFoundError:
+                    # A client took us just now: its message is on its way.
+                    return self._read_job(timeout_s=5.0)
+                return None
+            job = self._read_job(timeout_s=min(left, 5.0))
+            if job:
+                return job
+            if not os.path.exists(marker) and not self._pending:
+                # Taken, but the message has not arrived yet.
+                return self._read_job(timeout_s=5.0)
+
+    _pending = b""
+
+    def _read_job(self, timeout_s: float) -> str | None:
+        if b"\n" not in self._pending:
+            r, _, _ = select.select([self.fifo_fd], [], [], timeout_s)
+            if not r:
+                return None
+            try:
+                self._pending += os.read(self.fifo_fd, 65536)
+            except BlockingIOError:
+                return None
+        if b"\n" not in self._pending:
+            return None
+        line, self._pending = self._pending.split(b"\n", 1)
+        if line == b"exit":
+            raise _Exit
+        return line.decode() or None
+
+    def _user_code_changed(self) -> bool:
+        for name, mtime in self._module_mtimes.items():
+            try:
+                if os.stat(name).st_mtime != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def _remember_user_modules(self) -> None:
+        import sysconfig
+
+        system = tuple(
+            p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
+        ) + (sys.prefix, sys.base_prefix)
+        for mod in list(sys.modules.values()):
+            f = getattr(mod, "__file__", None)
+            if not f or f.startswith(system) or f in self._module_mtimes:
+                continue
+            try:
+                self._module_mtimes[f] = os.stat(f).st_mtime
+            except OSError:
+                pass
+
+    def _reexec(self, job: str) -> None:
+        # The user's own modules changed since this warm worker imported
+        # them: start afresh (same pid, so the hand-over stays valid).
+        os.dup2(self._saved_fds[0], 1)
+        os.dup2(self._saved_fds[1], 2)
+        if self.fifo_fd >= 0:
+            os.close(self.fifo_fd)
+            os.unlink(self.fifo_path)
+        argv = [sys.executable, "-m", "elsewhere.worker", "--job", job, "--wid", self.wid]
+        if self.pool:
+            argv += ["--pool", self.pool, "--idle-timeout", str(self.idle_timeout_s)]
+        os.execv(sys.executable, argv)
+
+    # -- one job --------------------------------------------------------------
+    def run_job(self, job_dir: str, tasks: list[int] | None = None) -> None:
+        """Join ``job_dir``, run tasks until none are left, leave."""
+        store = JobStore(job_dir)
+        try:
+            meta = store.meta()
+        except FileNotFoundError:
+            return  # purged before we got here
+        lock_path = str(store.path / "workers" / f"{self.wid}.lock")
+        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        try:
+            if tasks is None and not self._join(store, lock_path):
+                return
+            _JobRun(self, store, meta, tasks).run()
+        finally:
+            os.close(lock_fd)
+            self._remember_user_modules()
+
+    def _join(self, store: JobStore, lock_path: str) -> bool:
+        with store.locked_queue() as q:
+            if q.get("cancelled") or not q.get("submitted"):
+                q.setdefault("dispatched", {}).pop(self.wid, None)
+                return False
+            q.setdefault("dispatched", {}).pop(self.wid, None)
+            members = q["members"]
+            active = sum(1 for m in members.values() if m.get("state") in ("active", "waiting"))
+            if active >= q.get("max_workers", 1):
+                return False
+            members[self.wid] = {
+                "pid": self.pid,
+                "host": self.host,
+                "lock": lock_path,
+                "fifo": getattr(self, "fifo_path", ""),
+                "claim": [],
+                "state": "active",
+                "joined": time.time(),
+            }
+        return True
+
+
+class _JobRun:
+    """The state of one worker inside one job."""
+
+    def __init__(self, worker: Worker, store: JobStore, meta: dict[str, Any], tasks: list[int] | None) -> None:
+        self.w = worker
+        self.store = store
+        self.meta = meta
+        self.fixed = tasks
+        self.wid = worker.wid
+        self.seeding = meta.get("seed") is not None
+        self.job_seed = int(meta.get("seed") or 0)
+        self.cores = int(meta.get("cores_per_task", 1))
+        self.retries = int(meta.get("retries", 0))
+        self.payload: Any = None
+        self.common: tuple[Any, Any] | None = None
+        self.pending: list[tuple[Any, ...]] = []
+        self.last_flush = time.time()
+        self.unsynced = False
+        self.log_pos = 0
+        self.mean_s = 0.0
+        self.n_done = 0
+        self.attempts: dict[int, int] = {}
+
+    # -- set-up and tear-down ---------------------------------------------
+    def run(self) -> None:
+        store, wid = self.store, self.wid
+        info = {"host": self.w.host, "pid": self.w.pid, "python": sys.executable,
+                "version": sys.version.split()[0], "started": time.time()}
+        from .store import write_json
+
+        write_json(store.path / "workers" / f"{wid}.json", info, fsync=False)
+        cur_path = store.path / "workers" / f"{wid}.cur"
+        with open(cur_path, "wb") as f:
+            f.write(CUR.pack(-1, 0.0, 0))
+        cur_fd = os.open(cur_path, os.O_RDWR)
+        self.cur = mmap.mmap(cur_fd, CUR.size)
+        os.close(cur_fd)
+        self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.res_end = os.fstat(self.res_fd).st_size
+        self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log_fd = os.open(store.log_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        restore = self._enter_context()
+        self.log_pos = os.lseek(1, 0, os.SEEK_END)
+        self.ctx = TaskContext(
+            index=-1, job=self.meta.get("name", ""), job_id=self.meta.get("id", ""),
+            cores=self.cores, seed=0, job_seed=self.job_seed, host=self.w.host, _job_data=self._job_data,
+        )
+        token = set_current(self.ctx)
+        try:
+            self._loop()
+        finally:
+            _reset(token)
+            try:
+                self._flush()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                restore()
+                os.dup2(self.w._saved_fds[0], 1)
+                os.dup2(self.w._saved_fds[1], 2)
+                for fd in (self.res_fd, self.jfd):
+                    os.close(fd)
+                self.cur.close()
+                if self.payload is not None:
+                    self.payload.close()
+                self._leave()
+
+    def _enter_context(self) -> Any:
+        meta = self.meta
+        old_cwd = os.getcwd()
+        old_path = list(sys.path)
+        old_env = {k: os.environ.get(k) for k in meta.get("env", {})}
+        files = str(self.store.path / "files")
+        cwd = meta.get("cwd")
+        if not cwd or not os.path.isdir(cwd):
+            cwd = files if os.path.isdir(files) else str(self.store.path)
+        try:
+            os.chdir(cwd)
+        except OSError:
+            pass
+        front = [files] if os.path.isdir(files) else []
+        for p in meta.get("sys_path", []):
+            if p == "" or (os.path.isdir(p) and p not in front):
+                front.append(p)
+        sys.path[:] = front + [p for p in old_path if p not in front]
+        for k, v in meta.get("env", {}).items():
+            os.environ[k] = str(v)
+
+        def restore() -> None:
+            try:
+                os.chdir(old_cwd)
+            except OSError:
+                pass
+            sys.path[:] = old_path
+            for k, v in old_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        return restore
+
+    def _leave(self) -> None:
+        if self.fixed is not None:
+            return
+        with self.store.locked_queue() as q:
+            m = q["members"].get(self.wid)
+            if m is not None and m.get("state") != "dead":
+                m["state"] = "left"
+                m["claim"] = []
+        self.store.notify()
+
+    # -- claiming -------------------------------------------------------------
+    def _batch_size(self) -> int:
+        if self.n_done == 0 or self.mean_s <= 0:
+            return 1
+        return max(1, min(_MAX_BATCH, int(_TARGET_BATCH_S / self.mean_s)))
+
+    def _claim(self, want: int) -> Any:
+        store = self.store
+        with store.locked_queue() as q:
+            m = q["members"].get(self.wid)
+            if m is None or m.get("state") == "dead" or q.get("cancelled"):
+                return None
+            for _ in range(2):
+                if q["retry"]:
+                    take = q["retry"][:want]
+                    del q["retry"][:want]
+                    self.attempts = {i: q["attempts"].get(str(i), 0) for i in take}
+                    m["claim"] = [-1, *take]
+                    m["state"] = "active"
+                    return take
+                remaining = q["n"] - q["next"]
+                if remaining > 0:
+                    active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
+                    k = max(1, min(want, -(-remaining // (2 * max(1, active)))))
+                    a = q["next"]
+                    q["next"] = a + k
+                    m["claim"] = [a, a + k]
+                    m["state"] = "active"
+                    return range(a, a + k)
+                m["claim"] = []
+                if not reap(store, q):
+                    break
+            if q.get("closed"):
+                m["state"] = "left"
+                return None
+            m["state"] = "waiting"
+            return _WAIT
+
+    def _loop(self) -> None:
+        if self.fixed is not None:
+            self._run_batch(self.fixed)
+            return
+        while True:
+            claim = self._claim(self._batch_size())
+            if claim is None:
+                return
+            if claim is _WAIT:
+                self._flush()
+                self._wait_for_work()
+                continue
+            self._run_batch(claim)
+            self._flush(sync=True)
+
+    def _wait_for_work(self) -> None:
+        fd = self.w.fifo_fd
+        if fd < 0:
+            time.sleep(0.05)
+            return
+        r, _, _ = select.select([fd], [], [], 1.0)
+        if r:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                data = b""
+            # A job path arriving now is for later; keep it for the pool loop.
+            lines = data.split(b"\n")
+            keep = [x for x in lines if x and x != b"!"]
+            if keep:
+                self.w._pending += b"\n".join(keep) + b"\n"
+
+    # -- running ----------------------------------------------------------------
+    def _load_payload(self) -> Any:
+        if self.payload is None:
+            from .payload import PayloadReader
+
+            self.payload = PayloadReader(self.store.path / "payload.log")
+        return self.payload
+
+    def _common(self) -> tuple[Any, Any]:
+        if self.common is None:
+            self.common = self._load_payload().common()
+        return self.common
+
+    def _job_data(self) -> Any:
+        return self._common()[1]
+
+    def _run_batch(self, indices: Any) -> None:
+        """Run tasks one after another; the hot loop of every worker."""
+        import random
+
+        rseed = random.seed if self.seeding else _no_seed
+        npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
+        payload = self._load_payload()
+        ctx = self.ctx
+        cur = self.cur
+        pack_into = CUR.pack_into
+        job_seed = self.job_seed
+        attempts = self.attempts
+        pending = self.pending
+        now = time.time
+        lseek = os.lseek
+        stdout, stderr = sys.stdout, sys.stderr
+        log_off = self.log_pos
+        last_flush = self.last_flush
+        last_sync = last_flush
+        host = self.w.host
+        for idx in indices:
+            seed = job_seed + idx
+            attempt = attempts.get(idx, 0) if attempts else 0
+            t0 = now()
+            pack_into(cur, 0, idx, t0, log_off)
+            ctx.index = idx
+            ctx.seed = seed
+            ctx.attempt = attempt
+            ok = True
+            try:
+                rseed(seed)
+                npseed(job_seed, idx)
+                fn, args, kwargs = payload.task(idx)
+                if fn is None:
+                    fn = self._common()[0]
+                value: Any = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a task's error is its result
+                ok = False
+                value = _describe_error(exc, host, idx, seed)
+            try:
+                stdout.flush()
+                stderr.flush()
+            except Exception:
+                pass
+            t1 = now()
+            log_end = lseek(1, 0, 2)
+            pending.append((idx, ok, attempt, log_off, log_end - log_off, t0, t1, seed, value))
+            log_off = log_end
+            n = self.n_done = self.n_done + 1
+            self.mean_s += ((t1 - t0) - self.mean_s) / (n if n < 20 else 20)
+            if t1 - last_flush > _FLUSH_S:
+                sync = t1 - last_sync > _SYNC_S
+                self.log_pos = log_off
+                self._flush(sync=sync)
+                last_flush = t1
+                if sync:
+                    last_sync = t1
+        pack_into(cur, 0, -1, 0.0, 0)
+        self.log_pos = log_off
+
+    def _flush(self, sync: bool = True) -> None:
+        """Write pending outcomes: bodies, then their journal frame; fsync if ``sync``."""
+        if not self.pending:
+            if sync and self.unsynced:
+                os.fsync(self.res_fd)
+                os.fsync(self.jfd)
+                self.unsynced = False
+            return
+        from . import serial
+
+        pending = self.pending
+        values = [p[8] for p in pending]
+        try:
+            data, bufs = serial.dumps_plain(values)
+        except Exception:
+            data, bufs = self._dump_one_by_one()
+        parts = records.pack_body(data, bufs)
+        size = records.body_size(parts)
+        off = self.res_end
+        writev_all(self.res_fd, parts)
+        self.res_end += size
+        rss = _rss_bytes()
+        ok_kind, err_kind = int(Kind.OK), int(Kind.ERROR)
+        recs = [
+            Record(ok_kind if p[1] else err_kind, 0, p[2], p[0], i, off, size, p[3], p[4], p[5], p[6], rss, p[7])
+            for i, p in enumerate(pending)
+        ]
+        if sync:
+            os.fsync(self.res_fd)
+        os.write(self.jfd, records.pack_frame(recs))
+        if sync:
+            os.fsync(self.jfd)
+        self.unsynced = not sync
+        pending.clear()
+        self.last_flush = time.time()
+        self.store.notify()
+
+    def _dump_one_by_one(self) -> tuple[bytes, list[memoryview]]:
+        from . import serial
+
+        fixed = []
+        for j, p in enumerate(self.pending):
+            try:
+                serial.dumps_plain(p[8])
+                fixed.append(p[8])
+            except Exception as exc:
+                err = _describe_error(exc, self.w.host, p[0], p[7])
+                err["message"] = f"the result of task {p[0]} cannot be serialised: {err['message']}"
+                fixed.append(err)
+                self.pending[j] = (p[0], False, *p[2:8], err)
+        return serial.dumps_plain(fixed)
+
+
+def _no_seed(*args: Any) -> None:
+    pass
+
+
+def _reset(token: Any) -> None:
+    from .context import _current
+
+    _current.reset(token)
+
+
+def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dict[str, Any]:
+    import pickle
+
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        pickled: bytes | None = pickle.dumps(exc, protocol=5)
+        pickle.loads(pickled)  # exceptions with odd __init__ may pickle but not load
+    except Exception:
+        pickled = None
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+    try:
+        message = str(exc)
+    except Exception:
+        message = f"<{name}>"
+    return {
+        "__elsewhere_error__": 1,
+        "type": name,
+        "message": message,
+        "traceback": tb,
+        "host": host,
+        "pid": os.getpid(),
+        "index": index,
+        "seed": seed,
+        "exception": pickled,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m elsewhere.worker``."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m elsewhere.worker", description=__doc__.split("\n")[0])
+    p.add_argument("--job", default=os.environ.get("ELSEWHERE_JOB_DIR"))
+    p.add_argument("--pool")
+    p.add_argument("--wid", default=os.environ.get("ELSEWHERE_WORKER_ID"))
+    p.add_argument("--idle-timeout", type=float, default=60.0)
+    p.add_argument("--tasks", default=os.environ.get("ELSEWHERE_TASKS"))
+    args = p.parse_args(argv)
+    import faulthandler
+
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    tasks = _parse_tasks(args.tasks) if args.tasks else _tasks_from_array_env()
+    wid = args.wid or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    if tasks is not None and args.wid is None and os.environ.get("ELSEWHERE_ARRAY_VAR"):
+        wid = f"a{os.environ.get(os.environ['ELSEWHERE_ARRAY_VAR'], '0')}-{wid}"
+    if not args.job and not args.pool:
+        p.error("nothing to do: give --job DIR and/or --pool DIR")
+    try:
+        Worker(wid, args.pool, args.idle_timeout).serve(args.job, tasks)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            print(f"elsewhere worker {wid}: disk full: {exc}", file=sys.stderr)
+            return 75
+        raise
+    return 0
+
+
+def _tasks_from_array_env() -> list[int] | None:
+    var = os.environ.get("ELSEWHERE_ARRAY_VAR")
+    if not var or var not in os.environ:
+        return None
+    k = int(os.environ[var]) - int(os.environ.get("ELSEWHERE_ARRAY_BASE", "0"))
+    per = int(os.environ.get("ELSEWHERE_TASKS_PER_ELEMENT", "1"))
+    offset = int(os.environ.get("ELSEWHERE_ARRAY_OFFSET", "0"))
+    n = int(os.environ.get("ELSEWHERE_NTASKS", str(10**12)))
+    first = offset + k * per
+    return list(range(first, min(first + per, n)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
