@@ -162,8 +162,11 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             entries = [(None, a, {}) for a in entries]
             args_only = False
         entries += job._staged
+    fns = [fn] + [e[0] for e in job._staged]
     try:
-        with PayloadWriter(store.path / "payload.log") as w:
+        with PayloadWriter(store.path / "payload.log") as w, serial.by_value_for(
+            fns, shared_fs=job.cluster.shares_filesystem()
+        ):
             try:
                 w.write_common(fn, job._job_data)
                 if entries:
@@ -194,7 +197,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
         q["n"] = n if not meta.get("stream") else q["n"]
     reg = Registry()
     try:
-        reg.add(meta, store.path, _still_running)
+        reg.add(meta, store.path, _current_state)
     except BaseException:
         import shutil
 
@@ -204,18 +207,16 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
     job._dirty()
 
 
-def _still_running(row: dict[str, Any]) -> bool:
+def _current_state(row: dict[str, Any]) -> str | None:
     path = Path(row["path"])
     if not (path / "job.json").exists():
-        Registry().remove(row["id"])
-        return False
+        return None
     try:
         job = _open(path)
-        st = job.state
+        job.cluster.poll(job)  # a job whose workers all died is not running
+        return job.state.value
     except Exception:
-        return False
-    Registry().set_state(row["id"], st.value)
-    return not st.done
+        return None
 
 
 def submit(

@@ -52,11 +52,12 @@ class Registry:
         con.executescript(_SCHEMA)
         return con
 
-    def add(self, meta: dict[str, Any], path: Path, still_running: Callable[[dict[str, Any]], bool]) -> None:
+    def add(self, meta: dict[str, Any], path: Path, current_state: Callable[[dict[str, Any]], str | None]) -> None:
         """Register a job; raise NameInUse if a running job has the same name.
 
-        ``still_running(row)`` decides, from the job folder, whether an older
-        job of the same name still runs (the cached state may be stale).
+        ``current_state(row)`` reads, from the job folder, the state of an
+        older job of the same name (the cached one may be stale); None when
+        its folder is gone.
         """
         con = self._connect()
         try:
@@ -66,7 +67,12 @@ class Registry:
                 (meta["name"], *_DONE),
             ).fetchall()
             for row in rows:
-                if still_running(dict(row)):
+                state = current_state(dict(row))
+                if state is None:
+                    con.execute("DELETE FROM jobs WHERE id=?", (row["id"],))
+                    continue
+                con.execute("UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), row["id"]))
+                if state not in _DONE:
                     con.execute("ROLLBACK")
                     raise NameInUse(
                         f"a job named {meta['name']!r} is still running (id {row['id']}, "

@@ -55,6 +55,78 @@ def dumps_plain(obj: Any) -> tuple[bytes, list[memoryview]]:
         return dumps(obj)
 
 
+def _system_paths() -> tuple[str, ...]:
+    import sys
+    import sysconfig
+
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    found = {sysconfig.get_paths().get(k) for k in keys}
+    return tuple(p for p in found if p) + (sys.base_prefix, sys.prefix)
+
+
+def needs_by_value(module_name: str, *, shared_fs: bool = True) -> bool:
+    """Whether functions of ``module_name`` must travel by value.
+
+    Installed modules (standard library, site-packages) travel by reference.
+    The user's own modules travel by reference only when the worker can
+    import them (shared file system and findable on ``sys.path``), else by
+    value: their code goes with the job.
+    """
+    import importlib.util
+    import sys
+
+    if module_name in ("__main__", "__mp_main__"):
+        return False  # cloudpickle already sends these by value
+    mod = sys.modules.get(module_name)
+    path = getattr(mod, "__file__", None)
+    if mod is None or not path:
+        return False
+    if path.startswith(_system_paths()):
+        return False
+    if not shared_fs:
+        return True
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return True
+    return spec is None or spec.origin != path
+
+
+class by_value_for:  # noqa: N801 - used as a context manager, reads like a function
+    """Within the block, pickle the given functions' own modules by value where needed."""
+
+    def __init__(self, objs: list[Any], *, shared_fs: bool = True) -> None:
+        self.modules: list[Any] = []
+        import sys
+
+        seen = set()
+        for obj in objs:
+            name = getattr(obj, "__module__", None)
+            if not isinstance(name, str) or name in seen:
+                continue
+            seen.add(name)
+            if needs_by_value(name, shared_fs=shared_fs):
+                self.modules.append(sys.modules[name])
+
+    def __enter__(self) -> by_value_for:
+        import cloudpickle
+
+        self.registered = []
+        for m in self.modules:
+            try:
+                cloudpickle.register_pickle_by_value(m)
+                self.registered.append(m)
+            except ValueError:
+                pass  # already registered by the user
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import cloudpickle
+
+        for m in self.registered:
+            cloudpickle.unregister_pickle_by_value(m)
+
+
 def loads(data: bytes | memoryview, buffers: list[Any] | None = None) -> Any:
     """Unpickle what :func:`dumps` or :func:`dumps_plain` produced."""
     return pickle.loads(data, buffers=buffers or ())

@@ -421,10 +421,13 @@ class _JobRun:
             m = q["members"].get(self.wid)
             if m is None or m.get("state") == "dead" or q.get("cancelled"):
                 return None
+            skip = set(q.get("cancelled_tasks", ()))
             for _ in range(2):
                 if q["retry"]:
-                    take = q["retry"][:want]
+                    take = [i for i in q["retry"][:want] if i not in skip]
                     del q["retry"][:want]
+                    if not take:
+                        continue
                     self.attempts = {i: q["attempts"].get(str(i), 0) for i in take}
                     m["claim"] = [-1, *take]
                     m["state"] = "active"
@@ -435,8 +438,12 @@ class _JobRun:
                     k = max(1, min(want, -(-remaining // (2 * max(1, active)))))
                     a = q["next"]
                     q["next"] = a + k
-                    m["claim"] = [a, a + k]
                     m["state"] = "active"
+                    if skip and any(i in skip for i in range(a, a + k)):
+                        kept = [i for i in range(a, a + k) if i not in skip]
+                        m["claim"] = [-1, *kept]
+                        return kept
+                    m["claim"] = [a, a + k]
                     return range(a, a + k)
                 m["claim"] = []
                 if not reap(store, q):

@@ -1,0 +1,216 @@
+"""The ``elsewhere`` command: the job verbs from a shell.
+
+    elsewhere jobs                    the registry
+    elsewhere status NAME             counts per state
+    elsewhere wait NAME [--timeout S] block with a progress bar
+    elsewhere results NAME [--json]   print the results
+    elsewhere logs NAME [TASK]        captured output
+    elsewhere cancel NAME             stop it
+    elsewhere purge NAME              delete it
+    elsewhere workers stop            stop the warm local workers
+    elsewhere demo                    the main job of the README
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from .errors import ElsewhereError
+
+
+def _job(name: str) -> Any:
+    from .api import recover
+
+    return recover(name)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .api import jobs
+
+    rows = jobs()
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    if not rows:
+        print("no jobs (submit one with ew.submit, or try `elsewhere demo`)")
+        return 0
+    table = Table()
+    for col in ("name", "state", "tasks", "counts", "where", "created"):
+        table.add_column(col)
+    for r in rows:
+        kind = json.loads(r["cluster"]).get("kind", "?") if r["cluster"] else "?"
+        counts = ", ".join(f"{n} {s}" for s, n in r["counts"].items())
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"] or 0))
+        table.add_row(r["name"], str(r["state"]), str(r["n_tasks"]), counts, kind, created)
+    Console().print(table)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    job = _job(args.name)
+    st = job.check()
+    if args.json:
+        print(json.dumps({"name": job.name, "id": job.id, "state": st.state.value, "counts": st.counts,
+                          "note": st.note}))
+    else:
+        print(st)
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    job = _job(args.name)
+    job.wait(timeout=args.timeout, progress=None if not args.no_progress else False)
+    st = job.check()
+    print(st)
+    return 0 if st.state.value == "finished" else 1
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from .errors import TaskError
+
+    job = _job(args.name)
+    values = job.results(partial=args.partial)
+    if args.json:
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, TaskError):
+                out.append({"task": i, "error": {"type": v.type_name, "message": v.message,
+                                                   "reason": v.reason, "host": v.host}})
+            else:
+                out.append({"task": i, "value": v})
+        print(json.dumps(out, indent=None if args.compact else 2, default=repr))
+        return 0
+    from rich.console import Console
+    from rich.pretty import Pretty
+
+    console = Console()
+    for i, v in enumerate(values):
+        if isinstance(v, TaskError):
+            console.print(f"[bold]{i}[/]: [red]{v.type_name}: {v.message}[/]")
+        else:
+            console.print(f"[bold]{i}[/]:", Pretty(v, max_length=20, max_string=400))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    job = _job(args.name)
+    tasks = [args.task] if args.task is not None else range(job.n_tasks)
+    for i in tasks:
+        text = job.log(i)
+        if args.task is None:
+            if not text:
+                continue
+            print(f"==> task {i} <==")
+        sys.stdout.write(text)
+        if text and not text.endswith("\n"):
+            sys.stdout.write("\n")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    job = _job(args.name)
+    job.cancel()
+    print(job.check())
+    return 0
+
+
+def cmd_purge(args: argparse.Namespace) -> int:
+    job = _job(args.name)
+    job.purge()
+    print(f"purged job {job.name!r} ({job.id})")
+    return 0
+
+
+def cmd_workers(args: argparse.Namespace) -> int:
+    from .clusters.local import LocalCluster
+
+    n = LocalCluster().shutdown()
+    print(f"asked {n} idle local worker(s) to exit")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run
+
+    run(tasks=args.tasks, samples=args.samples)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="elsewhere", description="Run Python functions as tasks elsewhere.")
+    p.add_argument("--version", action="version", version=f"elsewhere {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("jobs", help="list the jobs in the registry")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_jobs)
+
+    s = sub.add_parser("status", help="counts of tasks per state")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_status)
+
+    s = sub.add_parser("wait", help="wait for a job to end (progress bar on a terminal)")
+    s.add_argument("name")
+    s.add_argument("--timeout", type=float, default=None, help="seconds")
+    s.add_argument("--no-progress", action="store_true")
+    s.set_defaults(func=cmd_wait)
+
+    s = sub.add_parser("results", help="print a job's results")
+    s.add_argument("name")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("--compact", action="store_true", help="one line of JSON")
+    s.add_argument("--partial", action="store_true", help="do not insist that every task is done")
+    s.set_defaults(func=cmd_results)
+
+    s = sub.add_parser("logs", help="captured stdout and stderr of a task (or of all)")
+    s.add_argument("name")
+    s.add_argument("task", nargs="?", type=int)
+    s.set_defaults(func=cmd_logs)
+
+    s = sub.add_parser("cancel", help="stop a job")
+    s.add_argument("name")
+    s.set_defaults(func=cmd_cancel)
+
+    s = sub.add_parser("purge", help="delete a job and its folder")
+    s.add_argument("name")
+    s.set_defaults(func=cmd_purge)
+
+    s = sub.add_parser("workers", help="manage warm local workers")
+    s.add_argument("action", choices=["stop"])
+    s.set_defaults(func=cmd_workers)
+
+    s = sub.add_parser("demo", help="run the demo job: pi on local workers, with its speed-up")
+    s.add_argument("--tasks", type=int, default=None)
+    s.add_argument("--samples", type=int, default=1_500_000)
+    s.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``elsewhere`` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ElsewhereError as exc:
+        print(f"elsewhere: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error of ours.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted; the job goes on running (elsewhere cancel NAME stops it)", file=sys.stderr)
+        return 130

@@ -1,0 +1,1092 @@
+"""The peer wire protocol, sans-IO: bytes in, events out, no sockets.
+
+A :class:`Connection` is one end of one TCP connection between two peers. The
+socket loop hands it received bytes (:meth:`Connection.feed`, or without a copy
+through :meth:`Connection.receive_buffer` + :meth:`Connection.received`) and gets
+back events; what the connection wants sent waits in
+:meth:`Connection.data_to_send` as :class:`OutgoingFrame` objects whose parts
+are memoryviews for ``socket.sendmsg``. The module never unpickles anything: it
+hands authenticated bytes and buffers to the caller.
+
+Frame layout (all integers big-endian)::
+
+    offset  size   field
+    ------  -----  ------------------------------------------------------------
+       0      4    magic            b"ELSW"
+       4      1    version          1 (PROTOCOL_VERSION)
+       5      1    message type     MessageType; numbers never change
+       6      2    flags            Flags; unknown bits are refused
+       8      8    sequence number  per direction: 0, 1, 2, ...; refused unless
+                                    exactly the next one (no replay, no reorder)
+      16      4    header length    H, bytes of the msgpack header, 1 <= H <= cap
+      20      8    body length      B, total bytes of the raw buffers, <= cap
+      28      2    buffer count     N, raw buffers (only TASK and RESULT have any)
+      30      2    reserved         0
+      32    8*N    buffer lengths   N x uint64; their sum must equal B
+    32+8N     H    msgpack header   a map: the message's fields
+      ...    16    head tag         keyed only: GMAC of every byte before it,
+                                    nonce = seq || 0 (HMAC-SHA256/128 in the handshake)
+      ...     B    raw buffers      N buffers, back to back (pickle-5 out-of-band data)
+      ...    16    body tag         keyed and N > 0 only: GMAC of every byte of
+                                    the frame before it, nonce = seq || 1
+
+Every length is checked against :class:`Limits` from the 32 fixed bytes,
+before anything else is read or allocated; the head tag is checked before the
+msgpack header is parsed, and before any buffer is allocated; the body tag is
+checked before the frame is handed on.
+
+Handshake (the initiator is the side that connected)::
+
+    initiator                                          responder
+    HELLO      (nonce_i, id, group, keyed)     --->
+                                               <---    CHALLENGE (nonce_r, id, group, keyed)
+                                                       tag = HMAC(K_hs, "CHALLENGE" | H(hello) | head)
+    AUTH       tag = HMAC(K_hs, "AUTH" | H(hello | challenge) | head)  --->
+    (ready)                                            (ready after checking AUTH)
+
+``K_hs`` is derived from the group key with HKDF. After the handshake each
+direction has its own AES-256 key, HKDF(group key, salt = SHA-256 of the three
+handshake frames, info = direction), so keys are fresh for every connection and
+a sequence number (the GCM nonce) never repeats under one key. Without a key
+(loopback-only mode) the same frames flow without tags; a connection made with
+a key never accepts a frame without a tag, and both sides refuse a peer whose
+mode differs from theirs.
+
+Admission before payload: a TASK is refused unless the receiver accepted an
+ASK for that task id on this connection; this is checked from the
+authenticated header, before the TASK's buffers are received.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import math
+import os
+import pickle
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar, Union
+
+import msgpack
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from ..errors import PeerError, ProtocolError
+from .keys import GroupKey
+
+MAGIC = b"ELSW"
+PROTOCOL_VERSION = 1
+FIXED_SIZE = 32
+TAG_SIZE = 16
+NONCE_BYTES = 32
+HANDSHAKE_HEADER_CAP = 2048
+"""Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
+
+_FIXED = struct.Struct(">4sBBHQIQHH")
+_NONCE = struct.Struct(">QI")
+_MAX_SEQ = 2**64 - 1
+_MAX_TEXT = 1024
+
+
+class MessageType(enum.IntEnum):
+    """Message types. The numbers are part of the protocol and never change."""
+
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    ASK = 10
+    ACCEPT = 11
+    REFUSE = 12
+    TASK = 13
+    RESULT = 14
+    ACK = 15
+    CANCEL = 16
+    PING = 20
+    PONG = 21
+    BYE = 30
+    ERROR = 31
+
+
+class RefuseReason(enum.IntEnum):
+    """Why a worker refused an ASK. The numbers never change."""
+
+    BUSY = 1
+    MEMORY = 2
+    TIME = 3
+    FAIR_SHARE = 4
+    NOT_ALLOWED = 5
+    DRAINING = 6
+
+
+class Flags(enum.IntFlag):
+    """Frame flags. The codec passes them through; unknown bits are refused."""
+
+    NONE = 0
+    COMPRESSED = 1
+    """The sender compressed the buffers (zstandard); the receiver decompresses."""
+
+
+_KNOWN_FLAGS = int(Flags.COMPRESSED)
+_HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
+_PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on what a peer may make us read or allocate for one frame."""
+
+    max_header_bytes: int = 1 << 20
+    """msgpack header of a TASK or RESULT."""
+    max_control_header_bytes: int = 64 << 10
+    """msgpack header of every other message after the handshake."""
+    max_buffers: int = 1024
+    max_body_bytes: int = 4 << 30
+    max_pending_asks: int = 1024
+    """ASKs a peer may have open (not yet answered) on one connection."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_header_bytes", "max_control_header_bytes", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value < 2**63:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.max_buffers, int) or not 0 <= self.max_buffers <= 0xFFFF:
+            raise ValueError(f"Limits.max_buffers must be 0..65535, got {self.max_buffers!r}")
+        if not isinstance(self.max_pending_asks, int) or self.max_pending_asks < 1:
+            raise ValueError(f"Limits.max_pending_asks must be >= 1, got {self.max_pending_asks!r}")
+
+
+@dataclass(frozen=True)
+class FixedHeader:
+    """The 32 fixed bytes at the start of every frame."""
+
+    msg_type: MessageType
+    flags: Flags
+    seq: int
+    header_len: int
+    body_len: int
+    nbuf: int
+
+    def pack(self) -> bytes:
+        """The 32 bytes of this header."""
+        return _FIXED.pack(
+            MAGIC, PROTOCOL_VERSION, self.msg_type, self.flags, self.seq,
+            self.header_len, self.body_len, self.nbuf, 0,
+        )  # fmt: skip
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview) -> FixedHeader:
+        """Parse and check magic, version, type, flags; raise :class:`ProtocolError`."""
+        if len(data) != FIXED_SIZE:
+            raise ProtocolError(f"a frame header is {FIXED_SIZE} bytes, got {len(data)}")
+        magic, version, mtype, flags, seq, hlen, blen, nbuf, reserved = _FIXED.unpack(data)
+        if magic != MAGIC:
+            raise ProtocolError(f"not an elsewhere peer frame (magic {bytes(magic)!r})")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"peer speaks protocol version {version}, this is version {PROTOCOL_VERSION}"
+            )
+        try:
+            msg_type = MessageType(mtype)
+        except ValueError:
+            raise ProtocolError(f"unknown message type {mtype}")
+        if flags & ~_KNOWN_FLAGS:
+            raise ProtocolError(f"unknown flags {flags:#06x}")
+        if reserved:
+            raise ProtocolError("reserved header bytes are not zero")
+        return cls(msg_type, Flags(flags), seq, hlen, blen, nbuf)
+
+
+# ---------------------------------------------------------------- messages
+
+_M = TypeVar("_M", bound="Message")
+
+
+def _text(value: object, name: str, *, empty: bool = True) -> None:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
+        raise ValueError(f"{name} must be a str of 1..{_MAX_TEXT} characters, got {value!r:.80}")
+
+
+def _count(value: object, name: str, low: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r:.80}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of the messages; each subclass is one :class:`MessageType`."""
+
+    TYPE: ClassVar[MessageType]
+    _FIELDS: ClassVar[tuple[str, ...]] = ()  # set below, once the classes exist
+
+    def to_header(self) -> dict[str, Any]:
+        """The msgpack header (a dict of plain values) of this message."""
+        out: dict[str, Any] = {}
+        for name in self._FIELDS:
+            value = getattr(self, name)
+            out[name] = int(value) if isinstance(value, enum.IntEnum) else value
+        return out
+
+    @classmethod
+    def from_header(cls: type[_M], header: Mapping[str, Any]) -> _M:
+        """Build from a received header; unknown keys are ignored (newer peers)."""
+        names = cls._FIELDS
+        try:
+            return cls(**{k: v for k, v in header.items() if k in names})
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"invalid {cls.TYPE.name} message: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Greeting(Message):
+    """Who a peer is: the fields of HELLO and CHALLENGE."""
+
+    peer_id: str
+    group: str
+    user: str
+    host: str
+    keyed: bool
+    nonce: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _text(self.peer_id, "peer_id", empty=False)
+        _text(self.group, "group")
+        _text(self.user, "user")
+        _text(self.host, "host")
+        if not isinstance(self.keyed, bool):
+            raise ValueError(f"keyed must be a bool, got {self.keyed!r:.80}")
+        if not isinstance(self.nonce, bytes) or len(self.nonce) != NONCE_BYTES:
+            raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+
+
+@dataclass(frozen=True)
+class Hello(Greeting):
+    """First frame, from the initiator."""
+
+    TYPE = MessageType.HELLO
+
+
+@dataclass(frozen=True)
+class Challenge(Greeting):
+    """The responder's answer to HELLO, with its proof of the key."""
+
+    TYPE = MessageType.CHALLENGE
+
+
+@dataclass(frozen=True)
+class Auth(Message):
+    """The initiator's proof of the key; it ends the handshake."""
+
+    TYPE = MessageType.AUTH
+
+
+@dataclass(frozen=True)
+class _TaskMessage(Message):
+    task_id: str
+
+    def __post_init__(self) -> None:
+        _text(self.task_id, "task_id", empty=False)
+
+
+@dataclass(frozen=True)
+class Ask(_TaskMessage):
+    """Admission request: may I send this task? Sent before any payload."""
+
+    TYPE = MessageType.ASK
+    mem_bytes: int = 0
+    time_s: float = 0.0
+    cores: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _count(self.mem_bytes, "mem_bytes")
+        _count(self.cores, "cores", 1)
+        t = self.time_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
+            raise ValueError(f"time_s must be a number >= 0, got {t!r:.80}")
+        object.__setattr__(self, "time_s", float(t))
+
+
+@dataclass(frozen=True)
+class Accept(_TaskMessage):
+    """The worker admits the task: the TASK may follow."""
+
+    TYPE = MessageType.ACCEPT
+
+
+@dataclass(frozen=True)
+class Refuse(_TaskMessage):
+    """The worker refuses the task, and says why."""
+
+    TYPE = MessageType.REFUSE
+    reason: RefuseReason = RefuseReason.BUSY
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.reason, bool) or not isinstance(self.reason, int):
+            raise ValueError(f"reason must be a RefuseReason, got {self.reason!r:.80}")
+        object.__setattr__(self, "reason", RefuseReason(self.reason))
+        _text(self.detail, "detail")
+
+
+def _check_info(info: object) -> None:
+    if not isinstance(info, dict) or not all(isinstance(k, str) for k in info):
+        raise ValueError(f"info must be a dict with str keys, got {type(info).__name__}")
+
+
+@dataclass(frozen=True)
+class Task(_TaskMessage):
+    """A task's payload: by convention buffer 0 is the pickle stream, the rest
+    its out-of-band buffers. ``info`` holds small plain values (msgpack)."""
+
+    TYPE = MessageType.TASK
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_info(self.info)
+
+
+@dataclass(frozen=True)
+class Result(_TaskMessage):
+    """A task's result (or error), laid out like :class:`Task`."""
+
+    TYPE = MessageType.RESULT
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_info(self.info)
+
+
+@dataclass(frozen=True)
+class Ack(_TaskMessage):
+    """The controller has stored the result; the worker may forget it."""
+
+    TYPE = MessageType.ACK
+
+
+@dataclass(frozen=True)
+class Cancel(_TaskMessage):
+    """Stop (or do not start) this task."""
+
+    TYPE = MessageType.CANCEL
+
+
+@dataclass(frozen=True)
+class _TokenMessage(Message):
+    token: int = 0
+
+    def __post_init__(self) -> None:
+        _count(self.token, "token")
+
+
+@dataclass(frozen=True)
+class Ping(_TokenMessage):
+    """Are you there? Answered by a PONG with the same token."""
+
+    TYPE = MessageType.PING
+
+
+@dataclass(frozen=True)
+class Pong(_TokenMessage):
+    """Answer to PING."""
+
+    TYPE = MessageType.PONG
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    """The sender closes the connection after this frame."""
+
+    TYPE = MessageType.BYE
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.reason, "reason")
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """The sender gives up on the connection; ``code`` is a short word."""
+
+    TYPE = MessageType.ERROR
+    code: str = "error"
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.code, "code", empty=False)
+        _text(self.message, "message")
+
+
+MESSAGE_CLASSES: Mapping[MessageType, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Hello, Challenge, Auth, Ask, Accept, Refuse, Task, Result, Ack, Cancel,
+                Ping, Pong, Bye, Error)
+}  # fmt: skip
+for _cls in MESSAGE_CLASSES.values():
+    _cls._FIELDS = tuple(f.name for f in fields(_cls))
+del _cls
+
+
+def parse_header(data: bytes | bytearray | memoryview, msg_type: MessageType) -> Message:
+    """Parse a msgpack header into its message; raise :class:`ProtocolError`."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"bad msgpack header in {msg_type.name}: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"the header of {msg_type.name} is not a map")
+    return MESSAGE_CLASSES[msg_type].from_header(header)
+
+
+def _refuse_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
+# ---------------------------------------------------------------- events
+
+Buffer = Union[bytearray, memoryview]
+"""A received raw buffer: what the allocator returned, filled."""
+
+
+@dataclass(frozen=True)
+class HandshakeComplete:
+    """The peer proved it holds the group key (or, keyless, said hello)."""
+
+    peer: Greeting
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message, and its raw buffers (filled, authenticated, never unpickled)."""
+
+    message: Message
+    buffers: tuple[Buffer, ...] = ()
+    flags: Flags = Flags.NONE
+
+
+Event = Union[HandshakeComplete, Received]
+"""What :meth:`Connection.received` and :meth:`Connection.feed` return."""
+Allocator = Callable[[int], Buffer]
+"""Returns a writable buffer of exactly the given size (e.g. from a pool)."""
+
+
+# ---------------------------------------------------------------- keys and MACs
+
+
+def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(secret)
+
+
+def _nonce(seq: int, part: int) -> bytes:
+    return _NONCE.pack(seq, part)
+
+
+class _DirectionKey:
+    """AES-GCM used as a MAC (GMAC) for one direction of one connection."""
+
+    __slots__ = ("_aead", "_key")
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+        self._aead = AESGCM(key)
+
+    def head_tag(self, seq: int, data: bytes | bytearray | memoryview) -> bytes:
+        return self._aead.encrypt(_nonce(seq, 0), b"", data)
+
+    def head_ok(self, seq: int, data: memoryview, tag: memoryview) -> bool:
+        try:
+            self._aead.decrypt(_nonce(seq, 0), bytes(tag), data)
+        except InvalidTag:
+            return False
+        return True
+
+    def body_mac(self, seq: int) -> Any:
+        # streaming: one authenticate_additional_data call per slice received or sent
+        return Cipher(algorithms.AES(self._key), modes.GCM(_nonce(seq, 1))).encryptor()
+
+
+def _as_bytes_view(buf: Any) -> memoryview:
+    view = memoryview(buf)
+    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
+        return view
+    try:
+        return pickle.PickleBuffer(buf).raw()
+    except BufferError:
+        raise PeerError("a buffer to send is not contiguous") from None
+
+
+class OutgoingFrame:
+    """One encoded frame. Send its parts, in order, and frames in the order made.
+
+    :meth:`parts` computes the body tag at once and returns every part (for
+    one ``sendmsg``); :meth:`iter_parts` computes it slice by slice while the
+    caller sends each slice (the slice is hot in cache when it is sent).
+    """
+
+    __slots__ = ("_buffers", "_head", "_key", "_tag", "msg_type", "nbytes", "seq")
+
+    def __init__(
+        self,
+        msg_type: MessageType,
+        seq: int,
+        head: bytes,
+        buffers: list[memoryview],
+        key: _DirectionKey | None,
+    ) -> None:
+        self.msg_type = msg_type
+        self.seq = seq
+        self._head = head
+        self._buffers = buffers
+        self._key = key if buffers else None
+        self._tag: bytes | None = None if self._key is not None else b""
+        self.nbytes = (
+            len(head) + sum(len(b) for b in buffers) + (TAG_SIZE if self._key is not None else 0)
+        )
+
+    def parts(self) -> list[memoryview]:
+        """Every part of the frame: head, each buffer, body tag (if any)."""
+        if self._tag is None:
+            for _ in self.iter_parts():
+                pass
+        out = [memoryview(self._head), *self._buffers]
+        if self._tag:
+            out.append(memoryview(self._tag))
+        return out
+
+    def iter_parts(self, slice_bytes: int = 1 << 20) -> Iterator[memoryview]:
+        """The frame as slices of at most ``slice_bytes`` of each buffer."""
+        yield memoryview(self._head)
+        if self._tag is not None:
+            yield from self._buffers
+            if self._tag:
+                yield memoryview(self._tag)
+            return
+        assert self._key is not None  # set whenever the tag is still to compute
+        mac = self._key.body_mac(self.seq)
+        mac.authenticate_additional_data(self._head)
+        for buf in self._buffers:
+            for start in range(0, len(buf), slice_bytes):
+                piece = buf[start : start + slice_bytes]
+                mac.authenticate_additional_data(piece)
+                yield piece
+        mac.finalize()
+        self._tag = bytes(mac.tag)
+        yield memoryview(self._tag)
+
+    def tobytes(self) -> bytes:
+        """The whole frame as one bytes object (copies: for tests and tiny frames)."""
+        return b"".join(self.parts())
+
+
+# ---------------------------------------------------------------- connection
+
+
+class Role(enum.Enum):
+    """Which end of the connection: the one that connected, or the one that accepted."""
+
+    INITIATOR = "initiator"
+    RESPONDER = "responder"
+
+
+class ConnectionState(enum.Enum):
+    """Where a connection is in its life."""
+
+    HANDSHAKE = "handshake"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this end says it is in HELLO or CHALLENGE."""
+
+    peer_id: str
+    user: str = ""
+    host: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.peer_id, "peer_id", empty=False)
+        _text(self.user, "user")
+        _text(self.host, "host")
+
+
+class _Stage(enum.Enum):
+    FIXED = 1
+    HEAD = 2
+    BUFFER = 3
+    TAG = 4
+
+
+class Connection:
+    """One end of a peer connection: handshake, framing, MACs and admission rules.
+
+    ``key`` is the group key, or ``None`` for loopback-only mode (no tags;
+    the caller must only use such a connection over 127.0.0.1). ``allocate``
+    makes the buffers that raw buffers are received into (default
+    ``bytearray``). After any :class:`ProtocolError` the connection is closed;
+    send what :meth:`data_to_send` still holds (perhaps an ERROR frame for the
+    peer) and close the socket.
+
+    A socket loop::
+
+        conn = Connection(Role.INITIATOR, key, Identity(peer_id))
+        while True:
+            for frame in conn.data_to_send():
+                sock.sendmsg(frame.parts())      # or sendall each of iter_parts()
+            if conn.next_size() >= 65536:        # inside a large buffer: no copy
+                n = sock.recv_into(conn.receive_buffer())
+                events = conn.received(n) if n else conn.receive_eof()
+            else:
+                data = sock.recv(65536)
+                events = conn.feed(data) if data else conn.receive_eof()
+            for event in events: ...
+    """
+
+    def __init__(
+        self,
+        role: Role,
+        key: GroupKey | None,
+        identity: Identity,
+        *,
+        limits: Limits | None = None,
+        allocate: Allocator = bytearray,
+    ) -> None:
+        self.role = role
+        self.identity = identity
+        self.limits = limits if limits is not None else Limits()
+        self.keyed = key is not None
+        self.group = key.group if key is not None else ""
+        self.peer: Greeting | None = None
+        self.state = ConnectionState.HANDSHAKE
+        self._secret = key.secret if key is not None else b""
+        self._hs_key = (
+            _hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
+            if key is not None
+            else b""
+        )
+        self._allocate = allocate
+        self._outbox: list[OutgoingFrame] = []
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._send_key: _DirectionKey | None = None
+        self._recv_key: _DirectionKey | None = None
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._transcript: list[bytes] = []
+        self._sent_bye = False
+        # admission: task ids by direction
+        self._asks_from_peer: set[str] = set()
+        self._accepted_for_peer: set[str] = set()
+        self._asks_to_peer: set[str] = set()
+        self._accepted_by_peer: set[str] = set()
+        # reader
+        self._fixed_buf = bytearray(FIXED_SIZE)
+        self._fixed: FixedHeader | None = None
+        self._stage = _Stage.FIXED
+        self._target = memoryview(self._fixed_buf)
+        self._pos = 0
+        self._head: bytes | bytearray = b""
+        self._lengths: tuple[int, ...] = ()
+        self._buffers: list[Buffer] = []
+        self._message: Message | None = None
+        self._body_mac: Any = None
+        self._tag_buf = bytearray(TAG_SIZE)
+        if role is Role.INITIATOR:
+            self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
+            hello = Hello(identity.peer_id, self.group, identity.user, identity.host,
+                          self.keyed, self._nonce)  # fmt: skip
+            self._transcript.append(self._queue_handshake(hello, b""))
+        else:
+            self._expect = frozenset({MessageType.HELLO})
+
+    # ------------------------------------------------------------ sending
+
+    def data_to_send(self) -> list[OutgoingFrame]:
+        """Frames to send, in order; the list is handed over (and emptied here)."""
+        out, self._outbox = self._outbox, []
+        return out
+
+    def send(
+        self,
+        message: Message,
+        buffers: Iterable[Any] = (),
+        flags: Flags = Flags.NONE,
+    ) -> OutgoingFrame:
+        """Queue ``message`` (and raw buffers: only TASK and RESULT) for sending.
+
+        Raises :class:`PeerError` for what the protocol forbids: sending before
+        the handshake is complete or after BYE/ERROR, ACCEPT or REFUSE without an
+        ASK, TASK without an ACCEPT, buffers on other messages, sizes over our
+        own limits. Returns the frame, which is also in :meth:`data_to_send`.
+        """
+        if self.state is not ConnectionState.READY or self._sent_bye:
+            raise PeerError(f"cannot send {message.TYPE.name}: connection is {self._state_text()}")
+        mtype = message.TYPE
+        if mtype in _HANDSHAKE_TYPES:
+            raise PeerError(f"{mtype.name} is sent by the connection itself")
+        views = [_as_bytes_view(b) for b in buffers]
+        if views and mtype not in _PAYLOAD_TYPES:
+            raise PeerError(f"{mtype.name} cannot carry buffers")
+        header = msgpack.packb(message.to_header(), use_bin_type=True)
+        limits = self.limits
+        cap = (
+            limits.max_header_bytes if mtype in _PAYLOAD_TYPES else limits.max_control_header_bytes
+        )
+        if len(header) > cap:
+            raise PeerError(f"{mtype.name} header is {len(header)} bytes, over the cap of {cap}")
+        if len(views) > limits.max_buffers:
+            raise PeerError(f"{len(views)} buffers, over the cap of {limits.max_buffers}")
+        if sum(len(v) for v in views) > limits.max_body_bytes:
+            raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
+        if isinstance(message, _TaskMessage):
+            self._admit_outgoing(mtype, message.task_id)
+        frame = self._queue(mtype, header, views, flags)
+        if mtype in (MessageType.BYE, MessageType.ERROR):
+            self._sent_bye = True
+        return frame
+
+    def _admit_outgoing(self, mtype: MessageType, task_id: str) -> None:
+        if mtype is MessageType.ASK:
+            if task_id in self._asks_to_peer or task_id in self._accepted_by_peer:
+                raise PeerError(f"task {task_id!r} was already asked for")
+            self._asks_to_peer.add(task_id)
+        elif mtype in (MessageType.ACCEPT, MessageType.REFUSE):
+            if task_id not in self._asks_from_peer:
+                raise PeerError(
+                    f"{mtype.name} for task {task_id!r}, which the peer did not ask for"
+                )
+            self._asks_from_peer.discard(task_id)
+            if mtype is MessageType.ACCEPT:
+                self._accepted_for_peer.add(task_id)
+        elif mtype is MessageType.TASK:
+            if task_id not in self._accepted_by_peer:
+                raise PeerError(f"TASK {task_id!r} was not accepted by the peer (send ASK first)")
+            self._accepted_by_peer.discard(task_id)
+
+    def _queue(
+        self, mtype: MessageType, header: bytes, views: list[memoryview], flags: int
+    ) -> OutgoingFrame:
+        """Frame and queue an already-encoded header (no protocol checks: tests use it)."""
+        head = self._build_head(mtype, header, views, flags)
+        key = self._send_key
+        if key is not None:
+            head += key.head_tag(self._send_seq, head)
+        frame = OutgoingFrame(mtype, self._send_seq, head, views, key)
+        self._send_seq += 1
+        self._outbox.append(frame)
+        return frame
+
+    def _build_head(
+        self, mtype: MessageType, header: bytes, views: list[memoryview], flags: int
+    ) -> bytes:
+        if self._send_seq >= _MAX_SEQ:
+            raise PeerError("sequence numbers exhausted: open a new connection")
+        lengths = [len(v) for v in views]
+        fixed = FixedHeader(
+            mtype, Flags(flags), self._send_seq, len(header), sum(lengths), len(views)
+        )
+        table = struct.pack(f">{len(lengths)}Q", *lengths) if lengths else b""
+        return fixed.pack() + table + header
+
+    def _queue_handshake(self, message: Message, label: bytes) -> bytes:
+        """Queue a handshake frame, tagged with HMAC over the transcript when keyed."""
+        header = msgpack.packb(message.to_header(), use_bin_type=True)
+        head = self._build_head(message.TYPE, header, [], 0)
+        if self.keyed and label:
+            head += self._handshake_tag(label, head)
+        self._outbox.append(OutgoingFrame(message.TYPE, self._send_seq, head, [], None))
+        self._send_seq += 1
+        return head
+
+    def _handshake_tag(self, label: bytes, head: bytes | memoryview) -> bytes:
+        prior = hashlib.sha256(b"".join(self._transcript)).digest()
+        mac = hmac.new(self._hs_key, label + b"\0" + prior, hashlib.sha256)
+        mac.update(head)
+        return mac.digest()[:TAG_SIZE]
+
+    def _fail_handshake(self, code: str, text: str) -> ProtocolError:
+        """Queue an (untagged) ERROR for the peer and return the error to raise."""
+        header = msgpack.packb(Error(code, text).to_header(), use_bin_type=True)
+        head = self._build_head(MessageType.ERROR, header, [], 0)
+        self._outbox.append(OutgoingFrame(MessageType.ERROR, self._send_seq, head, [], None))
+        self._send_seq += 1
+        return ProtocolError(text)
+
+    # ------------------------------------------------------------ receiving
+
+    def next_size(self) -> int:
+        """How many bytes the connection needs to finish the part it is reading."""
+        return len(self._target) - self._pos
+
+    def receive_buffer(self) -> memoryview:
+        """Where to put the next bytes: exactly :meth:`next_size` bytes, for ``recv_into``."""
+        if self.state is ConnectionState.CLOSED:
+            raise ProtocolError("bytes received after the connection was closed")
+        return self._target[self._pos :]
+
+    def received(self, nbytes: int) -> list[Event]:
+        """``nbytes`` were written at the start of :meth:`receive_buffer`; process them."""
+        if self.state is ConnectionState.CLOSED:
+            raise ProtocolError("bytes received after the connection was closed")
+        if not 0 < nbytes <= len(self._target) - self._pos:
+            raise ValueError(f"received({nbytes}) but {self.next_size()} bytes were asked for")
+        start = self._pos
+        self._pos += nbytes
+        events: list[Event] = []
+        try:
+            if self._stage is _Stage.BUFFER and self._body_mac is not None:
+                self._body_mac.authenticate_additional_data(self._target[start : self._pos])
+            while self._pos == len(self._target) and self.state is not ConnectionState.CLOSED:
+                self._complete_part(events)
+        except ProtocolError:
+            self._close()
+            raise
+        return events
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """Process received bytes of any length (copies them into place)."""
+        view = memoryview(data).cast("B")
+        events: list[Event] = []
+        while len(view):
+            target = self.receive_buffer()
+            n = min(len(target), len(view))
+            target[:n] = view[:n]
+            events.extend(self.received(n))
+            view = view[n:]
+        return events
+
+    def receive_eof(self) -> list[Event]:
+        """The peer closed its end. Raises :class:`ProtocolError` if that cut a frame."""
+        state = self.state
+        cut = self._stage is not _Stage.FIXED or self._pos
+        self._close()
+        if state is ConnectionState.HANDSHAKE:
+            raise ProtocolError("the peer closed the connection during the handshake")
+        if cut and state is ConnectionState.READY:
+            raise ProtocolError("the peer closed the connection in the middle of a frame")
+        return []
+
+    def _close(self) -> None:
+        self.state = ConnectionState.CLOSED
+        self._buffers = []
+        self._target = memoryview(self._fixed_buf)
+        self._pos = 0
+        self._stage = _Stage.FIXED
+
+    def _state_text(self) -> str:
+        if self._sent_bye and self.state is ConnectionState.READY:
+            return "closing (BYE or ERROR sent)"
+        return self.state.value
+
+    def _set_target(self, stage: _Stage, buf: Buffer, pos: int = 0) -> None:
+        self._stage = stage
+        self._target = memoryview(buf)
+        self._pos = pos
+
+    def _head_tag_size(self, mtype: MessageType) -> int:
+        if not self.keyed:
+            return 0
+        if self.state is ConnectionState.READY:
+            return TAG_SIZE
+        return TAG_SIZE if mtype in (MessageType.CHALLENGE, MessageType.AUTH) else 0
+
+    def _complete_part(self, events: list[Event]) -> None:
+        if self._stage is _Stage.FIXED:
+            self._start_head()
+        elif self._stage is _Stage.HEAD:
+            self._finish_head(events)
+        elif self._stage is _Stage.BUFFER:
+            self._next_buffer(events)
+        else:
+            self._finish_body(events)
+
+    def _start_head(self) -> None:
+        fixed = FixedHeader.parse(self._fixed_buf)
+        mtype = fixed.msg_type
+        if fixed.seq != self._recv_seq:
+            raise ProtocolError(
+                f"frame out of order or replayed: sequence number {fixed.seq}, expected {self._recv_seq}"
+            )
+        if mtype not in self._expect:
+            raise ProtocolError(f"unexpected {mtype.name} frame ({self._state_text()})")
+        limits = self.limits
+        if self.state is ConnectionState.HANDSHAKE:
+            cap, max_buffers = HANDSHAKE_HEADER_CAP, 0
+        elif mtype in _PAYLOAD_TYPES:
+            cap, max_buffers = limits.max_header_bytes, limits.max_buffers
+        else:
+            cap, max_buffers = limits.max_control_header_bytes, 0
+        if not 1 <= fixed.header_len <= cap:
+            raise ProtocolError(f"{mtype.name} header length {fixed.header_len} not in 1..{cap}")
+        if fixed.nbuf > max_buffers:
+            raise ProtocolError(f"{mtype.name} with {fixed.nbuf} buffers; at most {max_buffers}")
+        if fixed.body_len > (limits.max_body_bytes if max_buffers else 0):
+            raise ProtocolError(f"{mtype.name} body of {fixed.body_len} bytes is over the cap")
+        if fixed.nbuf == 0 and fixed.body_len:
+            raise ProtocolError("body length without buffers")
+        self._fixed = fixed
+        size = FIXED_SIZE + 8 * fixed.nbuf + fixed.header_len + self._head_tag_size(mtype)
+        head = bytearray(size)
+        head[:FIXED_SIZE] = self._fixed_buf
+        self._head = head
+        self._set_target(_Stage.HEAD, head, FIXED_SIZE)
+
+    def _finish_head(self, events: list[Event]) -> None:
+        fixed = self._fixed
+        assert fixed is not None  # set by _start_head on the way here
+        mtype = fixed.msg_type
+        head = memoryview(self._head)
+        tag_size = self._head_tag_size(mtype)
+        body = head[: len(head) - tag_size]
+        if tag_size:
+            tag = head[len(head) - tag_size :]
+            if self.state is ConnectionState.READY:
+                assert self._recv_key is not None  # READY and keyed
+                ok = self._recv_key.head_ok(fixed.seq, body, tag)
+            else:
+                expected = self._handshake_tag(mtype.name.encode(), body)
+                ok = hmac.compare_digest(expected, tag)
+            if not ok:
+                raise ProtocolError(
+                    f"{mtype.name} frame failed authentication (wrong group key, or altered in transit)"
+                )
+        table_end = FIXED_SIZE + 8 * fixed.nbuf
+        lengths: tuple[int, ...] = struct.unpack_from(f">{fixed.nbuf}Q", head, FIXED_SIZE)
+        if sum(lengths) != fixed.body_len:
+            raise ProtocolError("buffer lengths do not add up to the body length")
+        message = parse_header(body[table_end:], mtype)
+        if isinstance(message, Task):
+            if message.task_id not in self._accepted_for_peer:
+                raise ProtocolError(f"TASK {message.task_id!r} arrived without an accepted ASK")
+            self._accepted_for_peer.discard(message.task_id)
+        self._message = message
+        self._lengths = lengths
+        self._buffers = []
+        if not lengths:
+            self._deliver(events)
+            return
+        if self._recv_key is not None:
+            self._body_mac = self._recv_key.body_mac(fixed.seq)
+            self._body_mac.authenticate_additional_data(head)
+        self._begin_buffer(0)
+
+    def _begin_buffer(self, index: int) -> None:
+        size = self._lengths[index]
+        buf = self._allocate(size)
+        if len(buf) != size:
+            raise PeerError(f"allocator returned {len(buf)} bytes, {size} were asked for")
+        self._buffers.append(buf)
+        self._set_target(_Stage.BUFFER, buf)
+
+    def _next_buffer(self, events: list[Event]) -> None:
+        index = len(self._buffers)
+        if index < len(self._lengths):
+            self._begin_buffer(index)
+        elif self._body_mac is not None:
+            self._set_target(_Stage.TAG, self._tag_buf)
+        else:
+            self._deliver(events)
+
+    def _finish_body(self, events: list[Event]) -> None:
+        mac = self._body_mac
+        mac.finalize()
+        if not hmac.compare_digest(mac.tag, self._tag_buf):
+            raise ProtocolError("frame body failed authentication (altered in transit?)")
+        self._deliver(events)
+
+    def _deliver(self, events: list[Event]) -> None:
+        fixed, message = self._fixed, self._message
+        assert fixed is not None and message is not None  # a whole frame was read
+        buffers = tuple(self._buffers)
+        self._recv_seq += 1
+        self._body_mac = None
+        self._buffers = []
+        self._message = None
+        self._set_target(_Stage.FIXED, self._fixed_buf)
+        if self.state is ConnectionState.HANDSHAKE:
+            self._handshake_step(message, events)
+        else:
+            self._admit(message)
+            events.append(Received(message, buffers, fixed.flags))
+
+    def _admit(self, message: Message) -> None:
+        mtype = message.TYPE
+        if isinstance(message, Ask):
+            task_id = message.task_id
+            if task_id in self._asks_from_peer or task_id in self._accepted_for_peer:
+                raise ProtocolError(f"ASK for task {task_id!r} repeated")
+            if (
+                len(self._asks_from_peer) + len(self._accepted_for_peer)
+                >= self.limits.max_pending_asks
+            ):
+                raise ProtocolError(f"more than {self.limits.max_pending_asks} open ASKs")
+            self._asks_from_peer.add(task_id)
+        elif isinstance(message, (Accept, Refuse)):
+            task_id = message.task_id
+            if task_id not in self._asks_to_peer:
+                raise ProtocolError(f"{mtype.name} for task {task_id!r}, which was not asked for")
+            self._asks_to_peer.discard(task_id)
+            if mtype is MessageType.ACCEPT:
+                self._accepted_by_peer.add(task_id)
+        elif mtype in (MessageType.BYE, MessageType.ERROR):
+            self.state = ConnectionState.CLOSED
+
+    def _handshake_step(self, message: Message, events: list[Event]) -> None:
+        frame = bytes(self._head)
+        if isinstance(message, Error):
+            raise ProtocolError(
+                f"the peer refused the handshake: {message.code}: {message.message}"
+            )
+        if isinstance(message, Hello):
+            self._transcript.append(frame)
+            self._check_greeting(message)
+            challenge = Challenge(self.identity.peer_id, self.group, self.identity.user,
+                                  self.identity.host, self.keyed, self._nonce)  # fmt: skip
+            self._transcript.append(self._queue_handshake(challenge, b"CHALLENGE"))
+            self.peer = message
+            self._expect = frozenset({MessageType.AUTH, MessageType.ERROR})
+        elif isinstance(message, Challenge):
+            self._transcript.append(frame)
+            self._check_greeting(message)
+            self._transcript.append(self._queue_handshake(Auth(), b"AUTH"))
+            self.peer = message
+            self._ready(events)
+        else:  # AUTH, its tag already checked
+            self._transcript.append(frame)
+            self._ready(events)
+
+    def _check_greeting(self, greeting: Greeting) -> None:
+        if greeting.keyed != self.keyed:
+            mine = "has a group key" if self.keyed else "has no group key (loopback-only)"
+            theirs = "has one" if greeting.keyed else "has none"
+            raise self._fail_handshake("key", f"this peer {mine}, the other {theirs}")
+        if greeting.group != self.group:
+            raise self._fail_handshake(
+                "group", f"the peer is in group {greeting.group!r}, this peer in {self.group!r}"
+            )
+        if greeting.nonce == self._nonce:
+            raise self._fail_handshake("nonce", "the peer echoed our nonce")
+
+    def _ready(self, events: list[Event]) -> None:
+        if self.keyed:
+            salt = hashlib.sha256(b"".join(self._transcript)).digest()
+            i2r = _DirectionKey(
+                _hkdf(self._secret, salt, b"elsewhere peer v1 initiator->responder")
+            )
+            r2i = _DirectionKey(
+                _hkdf(self._secret, salt, b"elsewhere peer v1 responder->initiator")
+            )
+            initiator = self.role is Role.INITIATOR
+            self._send_key, self._recv_key = (i2r, r2i) if initiator else (r2i, i2r)
+        self._transcript = []
+        self.state = ConnectionState.READY
+        self._expect = frozenset(MessageType) - _HANDSHAKE_TYPES
+        assert self.peer is not None  # set by the HELLO or CHALLENGE step
+        events.append(HandshakeComplete(self.peer))

@@ -1,0 +1,55 @@
+"""Shared fixtures: every test gets its own elsewhere home (storage, registry, pool)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _pids_with_home(home: Path) -> list[int]:
+    """Worker processes started for this home (found by their pool path argument)."""
+    pids = []
+    needle = str(home)
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"elsewhere.worker" in cmd and any(needle.encode() in part for part in cmd):
+            pids.append(int(d))
+    return pids
+
+
+@pytest.fixture
+def ew_home(tmp_path, monkeypatch):
+    """A private ELSEWHERE_HOME; stops the workers started under it afterwards."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("ELSEWHERE_HOME", str(home))
+    yield home
+    from elsewhere.clusters.local import LocalCluster
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _pids_with_home(home):
+        try:
+            LocalCluster().shutdown()  # idle workers exit; busy ones become idle soon
+        except Exception:
+            pass
+        time.sleep(0.05)
+    for pid in _pids_with_home(home):  # only workers of this test's own home
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def worker_pids():
+    """A function returning the pids of live workers of a home."""
+    return _pids_with_home

@@ -1,0 +1,267 @@
+"""The public API against real, detached local worker processes."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import random
+import threading
+import time
+
+import pytest
+
+import elsewhere as ew
+from elsewhere.errors import RemoteTraceback
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_map_pow(ew_home):
+    assert ew.map(pow, [1, 2, 3], [2, 2, 2]) == [1, 4, 9]
+
+
+def test_map_non_uniform_numpy_outputs(ew_home):
+    np = pytest.importorskip("numpy")
+    out = ew.map(lambda n: np.random.rand(n, n), [1, 2, 3])
+    assert [a.shape for a in out] == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_ten_thousand_tasks(ew_home):
+    out = ew.map(lambda x: x * 2, range(10_000))
+    assert out == [x * 2 for x in range(10_000)]
+
+
+def _boom(x):
+    if x == 3:
+        raise ValueError(f"bad input {x}")
+    return x
+
+
+def test_map_raises_first_task_error_with_remote_traceback(ew_home):
+    with pytest.raises(ew.TaskError) as info:
+        ew.map(_boom, range(6))
+    err = info.value
+    assert isinstance(err, ValueError)  # the original type, where it can be rebuilt
+    assert err.index == 3 and err.type_name == "ValueError" and "bad input 3" in str(err)
+    assert "task 3" in str(err)
+    assert isinstance(err.__cause__, RemoteTraceback)
+    assert "_boom" in err.__cause__.tb and "raise ValueError" in err.traceback
+    assert err.host and err.seed is not None
+
+
+def test_map_errors_return(ew_home):
+    out = ew.map(_boom, range(6), errors="return")
+    assert out[:3] == [0, 1, 2] and out[4:] == [4, 5]
+    assert isinstance(out[3], ew.TaskError) and out[3].type_name == "ValueError"
+    assert "bad input 3" in out[3].message
+
+
+def test_submit_check_wait_results_get_log(ew_home):
+    def fit(x):
+        print(f"fitting {x}")
+        os.system(f"echo from-a-child-process-{x}")  # output at the file-descriptor level
+        return [x, x * x]
+
+    job = ew.submit(fit, range(4), name="fits", seed=7, on=ew.local(cores=2))
+    job.wait(timeout=60)
+    st = job.check()
+    assert st and st.counts["finished"] == 4 and st.state is ew.JobState.FINISHED
+    assert job.results() == [[0, 0], [1, 1], [2, 4], [3, 9]]
+    assert job.get() == [0, 0, 1, 1, 2, 4, 3, 9]  # lists concatenated
+    log = job.log(3)
+    assert "fitting 3" in log and "from-a-child-process-3" in log and "fitting 2" not in log
+    assert job.tasks[0].state is ew.TaskState.FINISHED and job.tasks[0].host
+    assert job.started and job.finished and job.finished >= job.started
+
+
+def test_task_context(ew_home):
+    def ctx(_):
+        t = ew.task()
+        return (t.index, t.job, t.cores, t.seed)
+
+    out = ew.map(ctx, range(3), name="ctxjob", seed=100, on=ew.local(cores=1, cores_per_task=1))
+    assert out == [(0, "ctxjob", 1, 100), (1, "ctxjob", 1, 101), (2, "ctxjob", 1, 102)]
+    with pytest.raises(RuntimeError):
+        ew.task()
+
+
+def test_seeds_reproducible(ew_home):
+    def draw(_):
+        import numpy as np
+
+        return random.random(), float(np.random.rand())
+
+    a = ew.map(draw, range(5), seed=42)
+    b = ew.map(draw, range(5), seed=42)
+    c = ew.map(draw, range(5), seed=43)
+    assert a == b
+    assert a != c
+    assert len({x for x, _ in a}) == 5  # each task its own stream
+
+
+def test_dataframe_rows_as_keyword_arguments(ew_home):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame({"a": [1, 2, 3], "b": [10, 20, 30]})
+    assert ew.map(lambda a, b: a + b, df) == [11, 22, 33]
+    job = ew.submit(lambda a, b: pd.DataFrame({"s": [a + b]}), df)
+    job.wait(timeout=60)
+    combined = job.get()
+    assert list(combined["s"]) == [11, 22, 33]
+
+
+def test_unserialisable_input_names_the_object(ew_home):
+    lock = threading.Lock()
+    with pytest.raises(ew.SerializationError) as info:
+        ew.submit(lambda x: x, [1, lock, 3])
+    msg = str(info.value)
+    assert "argument 0 of task 1" in msg and "lock" in msg.lower()
+    assert ew.jobs() == []  # nothing left behind
+
+
+def test_unserialisable_closure_names_the_variable(ew_home):
+    lock = threading.Lock()
+
+    def uses_lock(x):
+        with lock:
+            return x
+
+    with pytest.raises(ew.SerializationError) as info:
+        ew.submit(uses_lock, [1])
+    assert "closure variable 'lock'" in str(info.value)
+
+
+def test_name_in_use_while_running(ew_home):
+    job = ew.submit(time.sleep, [1.0], name="unique")
+    with pytest.raises(ew.NameInUse) as info:
+        ew.submit(time.sleep, [0], name="unique")
+    assert "unique" in str(info.value)
+    job.wait(timeout=60)
+    ew.submit(abs, [1], name="unique").wait(timeout=60)  # free again once the first is done
+
+
+def test_recover_from_registry(ew_home):
+    job = ew.submit(abs, [-1, -2], name="rec")
+    job.wait(timeout=60)
+    again = ew.recover("rec")
+    assert again.id == job.id and again.results() == [1, 2]
+    assert ew.recover(job.id).name == "rec"
+    listed = {j["name"]: j for j in ew.jobs()}
+    assert listed["rec"]["state"] == "finished" and listed["rec"]["counts"] == {"finished": 2}
+    with pytest.raises(ew.JobNotFound):
+        ew.recover("no-such-job")
+
+
+def test_cancel_stops_running_tasks(ew_home, worker_pids):
+    job = ew.submit(time.sleep, [30] * 6, name="long", on=ew.local(cores=2))
+    deadline = time.monotonic() + 30
+    while job.check().counts["running"] < 2:
+        assert time.monotonic() < deadline, job.check()
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    job.cancel()
+    st = job.check()
+    assert st.state is ew.JobState.CANCELLED and st.counts["cancelled"] == 6
+    job.wait(timeout=10)
+    assert time.monotonic() - t0 < 10
+    busy = [p for p in worker_pids(ew_home)]
+    # Killed workers are gone; at most idle ones remain.
+    assert all(open(f"/proc/{p}/stat").read().split()[2] != "R" for p in busy if os.path.exists(f"/proc/{p}"))
+    assert isinstance(job.results()[0], ew.TaskError) and job.results()[0].reason == "cancelled"
+
+
+def test_purge_removes_folder_and_registry_entry(ew_home):
+    job = ew.submit(abs, [1], name="gone")
+    job.wait(timeout=60)
+    path = job.path
+    job.purge()
+    assert not path.exists()
+    with pytest.raises(ew.JobNotFound):
+        ew.recover("gone")
+
+
+def test_wait_timeout(ew_home):
+    job = ew.submit(time.sleep, [5], name="slow")
+    with pytest.raises(ew.TimeoutError):
+        job.wait(timeout=0.3)
+    with pytest.raises(TimeoutError):  # also the builtin
+        job.wait(timeout=0.1)
+    job.cancel()
+
+
+def test_create_job_step_by_step(ew_home, tmp_path, monkeypatch):
+    (tmp_path / "model.py").write_text("SCALE = 3\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.txt").write_text("5")
+    elsewhere_dir = tmp_path / "elsewhere_cwd"
+    elsewhere_dir.mkdir()
+    monkeypatch.chdir(elsewhere_dir)
+
+    def simulate(p, steps=1):
+        import model  # travels with files=
+
+        x = int(open(os.path.join(os.path.dirname(model.__file__), "data", "x.txt")).read())
+        return p * model.SCALE * steps + x + ew.task().job_data["offset"]
+
+    job = ew.create_job(on=ew.local(), name="sweep", tag="plant30",
+                        files=[tmp_path / "model.py", tmp_path / "data"], job_data={"offset": 1000})
+    for p in (1, 2, 3):
+        job.add_task(simulate, p, steps=10)
+    assert job.state is ew.JobState.PENDING and len(job.tasks) == 3
+    job.submit()
+    job.wait(state="finished", timeout=60)
+    assert job.results() == [1035, 1065, 1095]
+    assert job.tag == "plant30" and job.user and job.created <= job.submitted
+    assert job.tasks[0].state is ew.TaskState.FINISHED and job.tasks[0].host
+    with pytest.raises(ew.JobError):
+        job.add_task(simulate, 4)
+
+
+def test_executor_as_completed_and_wait(ew_home):
+    with ew.Executor(on=ew.local()) as ex:
+        fut = ex.submit(pow, 2, 10)
+        assert isinstance(fut, cf.Future)
+        assert fut.result(timeout=60) == 1024
+        futs = [ex.submit(pow, 3, i) for i in range(50)]
+        got = {f.result() for f in cf.as_completed(futs, timeout=60)}
+        assert got == {3**i for i in range(50)}
+        done, not_done = cf.wait([ex.submit(abs, -5)], timeout=60)
+        assert not not_done and done.pop().result() == 5
+        bad = ex.submit(int, "x")
+        with pytest.raises(ValueError):
+            bad.result(timeout=60)
+        assert list(ex.map(abs, [-1, -2, -3])) == [1, 2, 3]
+
+
+def test_get_combines_lists(ew_home):
+    job = ew.submit(lambda x: [x, -x], [1, 2])
+    job.wait(timeout=60)
+    assert job.get() == [1, -1, 2, -2]
+    assert job.results() == [[1, -1], [2, -2]]
+
+
+def test_cores_limit_one_at_a_time(ew_home):
+    def span(_):
+        t0 = time.time()
+        time.sleep(0.2)
+        return (t0, time.time())
+
+    spans = sorted(ew.map(span, range(4), on=ew.local(cores=1)))
+    for (a0, a1), (b0, _) in zip(spans, spans[1:]):
+        assert b0 >= a1 - 0.01  # never overlapping
+
+
+def test_warm_workers_are_reused(ew_home):
+    pids1 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
+    pids2 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
+    assert pids1 & pids2
+
+
+def test_bad_arguments_are_clear(ew_home):
+    with pytest.raises(ew.ConfigError, match="iterable"):
+        ew.submit(abs, 5)
+    with pytest.raises(ew.ConfigError, match="cores"):
+        ew.local(cores=0)
+    with pytest.raises(ew.ConfigError, match="errors"):
+        ew.map(abs, [1], errors="ignore")
+    with pytest.raises(ew.ConfigError, match="seed"):
+        ew.submit(abs, [1], seed=-1)

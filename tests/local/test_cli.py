@@ -1,0 +1,55 @@
+"""The `elsewhere` command line, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import elsewhere as ew
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def run(*args, check=True):
+    out = subprocess.run([sys.executable, "-m", "elsewhere", *args], capture_output=True, text=True,
+                         timeout=90, env=dict(os.environ))
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def _talk(x):
+    print(f"hello {x}")
+    return {"x": x}
+
+
+def test_cli_verbs(ew_home):
+    ew.submit(_talk, [1, 2], name="clijob").wait(timeout=60)
+    assert "clijob" in run("jobs").stdout
+    assert json.loads(run("jobs", "--json").stdout)[0]["name"] == "clijob"
+    assert "finished 2" in run("status", "clijob").stdout
+    assert json.loads(run("status", "clijob", "--json").stdout)["state"] == "finished"
+    assert run("wait", "clijob").returncode == 0
+    res = json.loads(run("results", "clijob", "--json").stdout)
+    assert res == [{"task": 0, "value": {"x": 1}}, {"task": 1, "value": {"x": 2}}]
+    assert "hello 2" in run("logs", "clijob", "1").stdout
+    assert run("purge", "clijob").returncode == 0
+    bad = run("status", "clijob", check=False)
+    assert bad.returncode == 2 and "no job named 'clijob'" in bad.stderr
+
+
+def test_cli_cancel(ew_home):
+    import time
+
+    ew.submit(time.sleep, [30, 30], name="tocancel")
+    out = run("cancel", "tocancel").stdout
+    assert "cancelled" in out
+
+
+def test_demo_runs(ew_home):
+    out = run("demo", "--tasks", "4", "--samples", "20000").stdout
+    assert "pi estimate" in out and "speed-up" in out

@@ -1,0 +1,118 @@
+"""Lost workers, crashes, a killed client: nothing finished is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import elsewhere as ew
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _abort_on(x, bad):
+    if x == bad:
+        os.abort()
+    return x
+
+
+def test_segfaulting_task_is_lost_others_kept(ew_home):
+    job = ew.submit(_abort_on, range(20), [7] * 20, name="crash", on=ew.local(cores=2))
+    job.wait(timeout=60)
+    res = job.results()
+    assert [r for i, r in enumerate(res) if i != 7] == [i for i in range(20) if i != 7]
+    err = res[7]
+    assert isinstance(err, ew.TaskError) and err.reason == "lost"
+    assert job.tasks[7].state is ew.TaskState.FAILED
+    assert job.check().state is ew.JobState.FAILED
+    assert "Fatal Python error" in job.log(7) or "Aborted" in job.log(7) or job.log(7) == ""
+
+
+def _abort_first_time(x, marker_dir):
+    marker = os.path.join(marker_dir, f"{x}.tried")
+    if x == 4 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.abort()
+    return x * 10
+
+
+def test_lost_task_is_retried_with_retries(ew_home, tmp_path):
+    job = ew.submit(_abort_first_time, range(8), [str(tmp_path)] * 8, retries=1, on=ew.local(cores=2))
+    job.wait(timeout=60)
+    assert job.results() == [x * 10 for x in range(8)]
+
+
+def _pid_then_sleep(x, d):
+    if x == 2:
+        with open(os.path.join(d, "pid"), "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(60)
+    return x
+
+
+def test_sigkilled_worker_detected(ew_home, tmp_path):
+    job = ew.submit(_pid_then_sleep, range(6), [str(tmp_path)] * 6, on=ew.local(cores=2))
+    pidfile = tmp_path / "pid"
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    job.wait(timeout=60)
+    res = job.results()
+    assert res[2].reason == "lost" and [r for i, r in enumerate(res) if i != 2] == [0, 1, 3, 4, 5]
+
+
+CLIENT = textwrap.dedent(
+    """
+    import sys, time
+    import elsewhere as ew
+
+    def slow(x):
+        time.sleep(0.3)
+        return x * x
+
+    job = ew.submit(slow, range(12), name="detached", on=ew.local(cores=2))
+    print("submitted", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_client_killed_then_recover_gets_every_result(ew_home, tmp_path):
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, env=dict(os.environ))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"submitted"
+    time.sleep(0.5)
+    proc.kill()  # SIGKILL mid-job
+    proc.wait(timeout=10)
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import elsewhere as ew; j = ew.recover('detached'); j.wait(timeout=60, progress=False); "
+         "print(j.results())"],
+        capture_output=True, text=True, timeout=90, env=dict(os.environ),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([x * x for x in range(12)])
+
+
+def test_registry_survives_concurrent_submitters(ew_home, tmp_path):
+    code = "import elsewhere as ew\nfor i in range(8):\n    ew.submit(abs, [i], name=f'{NAME}-{i}')\n"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code.replace("{NAME}", f"p{k}")], env=dict(os.environ))
+        for k in range(3)
+    ]
+    for p in procs:
+        assert p.wait(timeout=90) == 0
+    names = {j["name"] for j in ew.jobs()}
+    assert names == {f"p{k}-{i}" for k in range(3) for i in range(8)}
+    for name in names:
+        ew.recover(name).wait(timeout=60)

@@ -1,0 +1,35 @@
+"""Journal frames and result bodies: torn writes are never read as results."""
+
+from __future__ import annotations
+
+import pytest
+
+from elsewhere import records
+from elsewhere.records import Kind
+
+
+def test_frames_round_trip_and_torn_tail():
+    recs = [records.make_record(Kind.OK, i, item=i, t_start=1.5) for i in range(5)]
+    data = records.pack_frame(recs[:3]) + records.pack_frame(recs[3:])
+    got, used = records.parse_frames(data)
+    assert [r.task for r in got] == [0, 1, 2, 3, 4] and used == len(data)
+    for cut in range(1, len(data)):
+        got, used = records.parse_frames(data[:cut])
+        assert [r.task for r in got] in ([], [0, 1, 2]) and used <= cut
+
+
+def test_damaged_frame_stops_reading():
+    data = bytearray(records.pack_frame([records.make_record(Kind.OK, 1)]))
+    data[-1] ^= 0xFF
+    assert records.parse_frames(data) == ([], 0)
+
+
+def test_body_round_trip_and_damage():
+    parts = records.pack_body(b"pickle-bytes", [memoryview(b"buffer-one")])
+    blob = b"".join(bytes(p) for p in parts)
+    pickled, bufs = records.unpack_body(blob)
+    assert bytes(pickled) == b"pickle-bytes" and [bytes(b) for b in bufs] == [b"buffer-one"]
+    broken = bytearray(blob)
+    broken[30] ^= 1
+    with pytest.raises(ValueError):
+        records.unpack_body(broken)
