@@ -27,6 +27,8 @@ _EXPORTS = {
     "jobs": "api",
     "local": "api",
     "cluster": "api",
+    "slurm": "api",
+    "batch": "api",
     "Executor": "executor",
     "Job": "job",
     "Task": "job",
@@ -66,7 +68,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import cluster, create_job, jobs, local, map, recover, submit
+    from .api import batch, cluster, create_job, jobs, local, map, recover, slurm, submit
     from .clusters.base import Cluster
     from .context import TaskContext, task
     from .errors import (

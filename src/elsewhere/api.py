@@ -30,6 +30,26 @@ def local(cores: int | None = None, **options: Any) -> Cluster:
     return LocalCluster(cores, **options)
 
 
+def slurm(**settings: Any) -> Cluster:
+    """A SLURM cluster: ``ew.slurm(partition="debug", cores_per_task=4, walltime="01:00:00")``.
+
+    Settings are those of :class:`elsewhere.clusters.batch.BatchCluster`
+    (queue/partition, account, qos, walltime, mem, gpus, tasks_per_element,
+    max_running, template, env_setup, python, host, remote_storage, sbatch=[...]).
+    """
+    from .clusters.schedulers import SlurmCluster
+
+    return SlurmCluster(**settings)
+
+
+def batch(scheduler: str, **settings: Any) -> Cluster:
+    """Any batch scheduler by name: "slurm", "sge", "pbs", "torque", "lsf", "htcondor", "flux",
+    or a user's own registered under the entry-point group ``elsewhere.schedulers``."""
+    from .clusters import cluster_class
+
+    return cluster_class(scheduler)(**settings)
+
+
 def cluster(name: str, **overrides: Any) -> Cluster:
     """The cluster a profile describes (``[profiles.NAME]`` in config.toml)."""
     from .profiles import load_profile
@@ -342,5 +362,5 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["cluster", "create_job", "jobs", "local", "map", "recover", "submit"]
+__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "recover", "slurm", "submit"]
 _ = JobState

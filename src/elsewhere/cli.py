@@ -136,6 +136,36 @@ def cmd_workers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_template(args: argparse.Namespace) -> int:
+    from . import jobscripts
+
+    if args.action == "list":
+        for n in jobscripts.user_names():
+            print(f"{n}\t(yours, {jobscripts.user_dir() / (n + '.j2')})")
+        for n in jobscripts.builtin_names():
+            print(f"{n}\t(built in)")
+        return 0
+    if not args.name:
+        raise SystemExit(f"elsewhere template {args.action}: give a template name")
+    if args.action == "show":
+        sys.stdout.write(jobscripts.find_template(args.name))
+        return 0
+    if args.action == "install":
+        path = jobscripts.install(args.name, source=args.source, force=args.force)
+        print(f"installed {path}; edit it and use template={args.name!r}")
+        return 0
+    if args.action == "edit":
+        import os
+        import subprocess
+
+        path = jobscripts.user_dir() / f"{args.name}.j2"
+        if not path.exists():
+            path = jobscripts.install(args.name, source=args.source)
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+        return subprocess.call([*editor.split(), str(path)])
+    return 2
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
 
@@ -188,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("workers", help="manage warm local workers")
     s.add_argument("action", choices=["stop"])
     s.set_defaults(func=cmd_workers)
+
+    s = sub.add_parser("template", help="job-script templates: list, show, install, edit")
+    s.add_argument("action", choices=["list", "show", "install", "edit"])
+    s.add_argument("name", nargs="?")
+    s.add_argument("--source", help="the built-in template to start from (default: NAME)")
+    s.add_argument("--force", action="store_true", help="overwrite an installed template")
+    s.set_defaults(func=cmd_template)
 
     s = sub.add_parser("demo", help="run the demo job: pi on local workers, with its speed-up")
     s.add_argument("--tasks", type=int, default=None)

@@ -431,7 +431,12 @@ class Job:
         return value
 
     def _lost_error(self, index: int, rec: records.Record) -> TaskError:
-        wid = self.store.queue().get("lost_by", {}).get(str(index), "")
+        q = self.store.queue()
+        why = q.get("lost_reason", {}).get(str(index))
+        if why:
+            return TaskError(why, type_name="WorkerLost", index=index, seed=self.seed + index,
+                             job=self.name, reason="lost")
+        wid = q.get("lost_by", {}).get(str(index), "")
         info = self.store.worker_info(wid) if wid else {}
         host = info.get("host", "")
         tail = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""

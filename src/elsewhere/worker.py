@@ -456,7 +456,10 @@ class _JobRun:
 
     def _loop(self) -> None:
         if self.fixed is not None:
-            self._run_batch(self.fixed)
+            q = self.store.queue()
+            self.attempts = {i: int(q.get("attempts", {}).get(str(i), 0)) for i in self.fixed}
+            skip = set(q.get("cancelled_tasks", ()))
+            self._run_batch([i for i in self.fixed if i not in skip])
             return
         while True:
             claim = self._claim(self._batch_size())
@@ -673,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         wid = f"a{os.environ.get(os.environ['ELSEWHERE_ARRAY_VAR'], '0')}-{wid}"
     if not args.job and not args.pool:
         p.error("nothing to do: give --job DIR and/or --pool DIR")
+    if tasks is not None:
+        _print_header(args.job, tasks)
     try:
         Worker(wid, args.pool, args.idle_timeout).serve(args.job, tasks)
     except OSError as exc:
@@ -683,11 +688,36 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _print_header(job: str, tasks: list[int]) -> None:
+    """The first lines of an array element's log: enough to diagnose a failed start."""
+    from . import __version__
+
+    ids = {k: v for k, v in os.environ.items() if k in (
+        "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "JOB_ID", "SGE_TASK_ID",
+        "PBS_JOBID", "PBS_ARRAYID", "PBS_ARRAY_INDEX", "LSB_JOBID", "LSB_JOBINDEX", "FLUX_JOB_ID")}
+    shown = f"{tasks[0]}..{tasks[-1]}" if len(tasks) > 3 else ",".join(map(str, tasks))
+    print(
+        f"elsewhere worker: host {socket.gethostname()}, python {sys.version.split()[0]} ({sys.executable}), "
+        f"elsewhere {__version__}, cwd {os.getcwd()}, job {job}, tasks {shown}, "
+        + " ".join(f"{k}={v}" for k, v in sorted(ids.items())),
+        file=sys.stderr, flush=True,
+    )
+
+
 def _tasks_from_array_env() -> list[int] | None:
     var = os.environ.get("ELSEWHERE_ARRAY_VAR")
     if not var or var not in os.environ:
         return None
     k = int(os.environ[var]) - int(os.environ.get("ELSEWHERE_ARRAY_BASE", "0"))
+    sub = os.environ.get("ELSEWHERE_SUBMISSION")
+    if sub:
+        import json
+
+        with open(sub) as f:
+            chunks = json.load(f)
+        if not 0 <= k < len(chunks):
+            raise SystemExit(f"elsewhere worker: array index {k} is outside {sub} ({len(chunks)} elements)")
+        return list(records.iter_ranges(chunks[k]))
     per = int(os.environ.get("ELSEWHERE_TASKS_PER_ELEMENT", "1"))
     offset = int(os.environ.get("ELSEWHERE_ARRAY_OFFSET", "0"))
     n = int(os.environ.get("ELSEWHERE_NTASKS", str(10**12)))

@@ -15,6 +15,14 @@ from .base import Cluster
 
 _BUILTIN = {
     "local": "elsewhere.clusters.local:LocalCluster",
+    "slurm": "elsewhere.clusters.schedulers:SlurmCluster",
+    "sge": "elsewhere.clusters.schedulers:SGECluster",
+    "pbs": "elsewhere.clusters.schedulers:PBSCluster",
+    "torque": "elsewhere.clusters.schedulers:TorqueCluster",
+    "slurm-torque": "elsewhere.clusters.schedulers:SlurmTorqueCluster",
+    "lsf": "elsewhere.clusters.schedulers:LSFCluster",
+    "htcondor": "elsewhere.clusters.schedulers:HTCondorCluster",
+    "flux": "elsewhere.clusters.schedulers:FluxCluster",
 }
 
 
@@ -47,7 +55,14 @@ def cluster_class(kind: str) -> type[Cluster]:
             cls = ep.load()
             if isinstance(cls, type) and issubclass(cls, Cluster):
                 return cls
-            raise ConfigError(f"entry point {kind!r} of elsewhere.schedulers is not a Cluster class")
+            if isinstance(cls, type) and hasattr(cls, "build_submit") and hasattr(cls, "parse_status"):
+                # A scheduler syntax alone: the shared batch base does the rest.
+                from .batch import BatchCluster
+
+                return type(f"{cls.__name__}Cluster", (BatchCluster,), {"kind": kind, "syntax_name": kind})
+            raise ConfigError(
+                f"entry point {kind!r} of elsewhere.schedulers is neither a Cluster subclass "
+                "nor a scheduler syntax (see elsewhere.schedulers.syntax)")
     known = sorted(_BUILTIN) + sorted(ep.name for ep in entry_points(group="elsewhere.schedulers"))
     raise ConfigError(f"unknown cluster kind {kind!r}; known: {', '.join(known)} (or 'module:Class')")
 
