@@ -30,6 +30,7 @@ _EXPORTS = {
     "slurm": "api",
     "batch": "api",
     "Executor": "executor",
+    "submit_communicating": "mpi",
     "Job": "job",
     "Task": "job",
     "Status": "job",
@@ -85,5 +86,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TransportError,
     )
     from .executor import Executor
+    from .mpi import submit_communicating
     from .job import Job, Status, Task
     from .states import JobState, TaskState

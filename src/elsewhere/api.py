@@ -171,7 +171,8 @@ def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> Non
             shutil.copy2(src, target)
 
 
-def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, args_only: bool = False) -> None:
+def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, args_only: bool = False,
+                      *, communicating: bool = False) -> None:
     """Write the payload, register the job, hand it to its cluster."""
     from .payload import PayloadWriter
 
@@ -223,7 +224,18 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
 
         shutil.rmtree(store.path, ignore_errors=True)
         raise
-    job.cluster.submit_independent(job)
+    try:
+        if communicating:
+            job.cluster.submit_communicating(job)
+        else:
+            job.cluster.submit_independent(job)
+    except BaseException:
+        # Nothing runs: do not leave a half-submitted job behind.
+        reg.remove(job.id)
+        import shutil
+
+        shutil.rmtree(store.path, ignore_errors=True)
+        raise
     job._dirty()
 
 

@@ -200,8 +200,10 @@ class TaskError(ElsewhereError):
         job: str = "",
         reason: str = "error",
         exception: BaseException | None = None,
+        rank: int | None = None,
     ) -> None:
         super().__init__(message)
+        self.rank = rank
         self.type_name = type_name
         self.message = message
         self.traceback = traceback
@@ -217,9 +219,10 @@ class TaskError(ElsewhereError):
     def __str__(self) -> str:
         where = f" on {self.host}" if self.host else ""
         job = f" of job {self.job!r}" if self.job else ""
+        who = f"rank {self.rank}" if self.rank is not None else f"task {self.index}"
         if self.reason == "error":
-            return f"task {self.index}{job} raised {self.type_name}{where}: {self.message}"
-        return f"task {self.index}{job} {self.reason}{where}: {self.message}"
+            return f"{who}{job} raised {self.type_name}{where}: {self.message}"
+        return f"{who}{job} {self.reason}{where}: {self.message}"
 
     def __repr__(self) -> str:
         return f"TaskError(index={self.index}, type={self.type_name!r}, message={self.message!r})"
@@ -246,6 +249,7 @@ class TaskError(ElsewhereError):
             "seed": self.seed,
             "job": self.job,
             "reason": self.reason,
+            "rank": self.rank,
         }
 
     def __reduce__(self) -> Any:

@@ -411,6 +411,12 @@ class Job:
 
     # -- results ------------------------------------------------------------------
     def _value(self, index: int) -> Any:
+        value = self._value_of(index)
+        if isinstance(value, TaskError) and self._meta.get("communicating"):
+            value.rank = index
+        return value
+
+    def _value_of(self, index: int) -> Any:
         snap = self._snapshot()
         f = snap.final.get(index)
         if f is None:

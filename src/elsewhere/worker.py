@@ -343,6 +343,7 @@ class _JobRun:
         self.ctx = TaskContext(
             index=-1, job=self.meta.get("name", ""), job_id=self.meta.get("id", ""),
             cores=self.cores, seed=0, job_seed=self.job_seed, host=self.w.host, _job_data=self._job_data,
+            rank=_MPI.get("rank"), size=_MPI.get("size"),
         )
         token = set_current(self.ctx)
         try:
@@ -544,6 +545,12 @@ class _JobRun:
             except BaseException as exc:  # noqa: BLE001 - a task's error is its result
                 ok = False
                 value = _describe_error(exc, host, idx, seed)
+                if _MPI:
+                    pending.append((idx, ok, attempt, log_off, lseek(1, 0, 2) - log_off, t0, now(), seed, value))
+                    self._flush(sync=True)
+                    print(f"elsewhere: rank {_MPI['rank']} raised {value['type']}: {value['message']}; "
+                          "aborting every rank", file=sys.stderr, flush=True)
+                    _abort_mpi()
             try:
                 stdout.flush()
                 stderr.flush()
@@ -666,12 +673,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wid", default=os.environ.get("ELSEWHERE_WORKER_ID"))
     p.add_argument("--idle-timeout", type=float, default=60.0)
     p.add_argument("--tasks", default=os.environ.get("ELSEWHERE_TASKS"))
+    p.add_argument("--mpi", action="store_true", help="one rank of a communicating job: run task <rank>")
     args = p.parse_args(argv)
     import faulthandler
 
     faulthandler.enable(file=sys.stderr, all_threads=False)
-    tasks = _parse_tasks(args.tasks) if args.tasks else _tasks_from_array_env()
     wid = args.wid or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    if args.mpi:
+        rank, size = mpi_rank_size()
+        _MPI["rank"], _MPI["size"] = rank, size
+        tasks: list[int] | None = [rank]
+        wid = f"rank{rank}-{wid}"
+    else:
+        tasks = _parse_tasks(args.tasks) if args.tasks else _tasks_from_array_env()
     if tasks is not None and args.wid is None and os.environ.get("ELSEWHERE_ARRAY_VAR"):
         wid = f"a{os.environ.get(os.environ['ELSEWHERE_ARRAY_VAR'], '0')}-{wid}"
     if not args.job and not args.pool:
@@ -686,6 +700,35 @@ def main(argv: list[str] | None = None) -> int:
             return 75
         raise
     return 0
+
+
+#: rank and size of this process in a communicating job (set once in main)
+_MPI: dict[str, int] = {}
+
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MPI_RANK")
+_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MPI_SIZE")
+
+
+def mpi_rank_size() -> tuple[int, int]:
+    """This process's rank and the number of ranks, from the launcher's environment."""
+    rank = next((int(os.environ[v]) for v in _RANK_VARS if v in os.environ), None)
+    size = next((int(os.environ[v]) for v in _SIZE_VARS if v in os.environ), None)
+    if rank is None or size is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        return comm.Get_rank(), comm.Get_size()
+    return rank, size
+
+
+def _abort_mpi() -> None:
+    """A rank failed: stop every rank now, rather than leave them in a collective."""
+    try:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    except Exception:
+        os._exit(1)
 
 
 def _print_header(job: str, tasks: list[int]) -> None:

@@ -55,6 +55,16 @@ LEAKY_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PBS_", "LSB_", "SGE_
 
 _ENDED = (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
 
+#: Pending reasons that mean "this will never start": the job asks for more
+#: than the partition, the QOS or the account can ever give. Such a job is
+#: cancelled and its tasks failed with the reason, rather than left waiting.
+NEVER_STARTS = frozenset({
+    "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+    "QOSMaxCpuPerJobLimit", "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit",
+    "AssocMaxCpuPerJobLimit", "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit",
+    "InvalidQOS", "InvalidAccount", "ReqNodeNotAvail, UnavailableNodes",
+})
+
 
 def _parse_mem_mb(value: Any) -> int | None:
     if value is None:
@@ -89,6 +99,8 @@ class BatchCluster(Cluster):
             no file system with this machine (mirrored both ways).
         status_interval_s: least time between two status commands.
         syntax_options: settings for the scheduler's syntax (e.g. SLURM accounting).
+        launcher: the MPI launcher of communicating jobs inside the allocation
+            (default per scheduler: "srun --mpi=pmix" on SLURM, else "mpiexec").
     """
 
     kind: ClassVar[str] = ""
@@ -119,6 +131,7 @@ class BatchCluster(Cluster):
         ssh_options: list[str] | tuple[str, ...] = (),
         status_interval_s: float = 5.0,
         syntax_options: dict[str, Any] | None = None,
+        launcher: str | None = None,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
         check: bool = True,
@@ -175,6 +188,7 @@ class BatchCluster(Cluster):
         self.ssh_options = list(ssh_options)
         self.status_interval_s = float(status_interval_s)
         self.syntax_options = dict(syntax_options or {})
+        self.launcher = launcher
         self.syntax: SchedulerSyntax = get_syntax(self.syntax_name or self.kind, **self.syntax_options)
         self._transport: Transport | None = None
         self._status_cache: tuple[float, dict[str, NativeStatus]] | None = None
@@ -196,6 +210,7 @@ class BatchCluster(Cluster):
             "extra_args": self.extra_args, "python": self.python, "host": self.host,
             "remote_storage": self.remote_storage, "ssh_options": self.ssh_options,
             "status_interval_s": self.status_interval_s, "syntax_options": self.syntax_options,
+            "launcher": self.launcher,
             **super().settings(),
         }
         return s
@@ -335,6 +350,9 @@ class BatchCluster(Cluster):
 
     def job_script(self, job: Job) -> str:
         """The script that would be submitted for ``job`` (its first array)."""
+        sub = job.store.path / "submissions" / "0.sh"
+        if sub.exists():
+            return sub.read_text()
         n = max(1, job.n_tasks)
         per = self._per_element(n)
         return self.syntax.render_script(self.script_context(job, math.ceil(n / per), "0"), self._template_text())
@@ -366,6 +384,40 @@ class BatchCluster(Cluster):
             q["next"] = n  # tasks are assigned to array elements, not claimed
             q["max_workers"] = n
         self._submit_tasks(job, list(range(n)))
+
+    def submit_communicating(self, job: Job) -> None:
+        """One job of N ranks; the template starts them with the scheduler's MPI launcher."""
+        import dataclasses
+
+        ranks = job.n_tasks
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        data = self.get_job_cluster_data(job)
+        subs = data.setdefault("submissions", [])
+        (job.store.path / "submissions").mkdir(mode=0o700, exist_ok=True)
+        (job.store.path / "logs" / "scheduler").mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json(job.store.path / "submissions" / "0.json", [[0, ranks]])
+        ctx = self.script_context(job, 1, "0")
+        env = {k: v for k, v in ctx.env.items() if not k.startswith(("ELSEWHERE_SUBMISSION", "ELSEWHERE_ARRAY"))}
+        additional = dict(ctx.additional)
+        if self.launcher:
+            additional["mpi_launcher"] = self.launcher
+        ctx = dataclasses.replace(ctx, communicating=True, ranks=ranks, array_size=1, array_last=None,
+                                  run_line=ctx.run_line + " --mpi", env=env, additional=additional)
+        text = self.syntax.render_script(ctx, self._template_text())
+        path = job.store.path / "submissions" / "0.sh"
+        path.write_text(text)
+        path.chmod(0o700)
+        self._mirror_up(job)
+        argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", self.extra_args)
+        native = self.syntax.parse_submit(self._run(argv).text)
+        subs.append({"name": "0", "native_id": native, "elements": 1, "tasks": ranks,
+                     "submitted": time.time(), "communicating": True})
+        self.set_job_cluster_data(job, data)
+        self._status_jobs.add(native)
+        self._status_cache = None
 
     def _submit_tasks(self, job: Job, tasks: list[int], resources: dict[str, Any] | None = None) -> None:
         if not tasks:
@@ -459,11 +511,16 @@ class BatchCluster(Cluster):
         reasons: dict[int, str] = {}
         running: dict[int, tuple[str, float]] = dict(snapshot.running)
         pend_reasons: dict[str, int] = {}
+        never: set[str] = set()
         for sub in subs:
             chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
             for k, chunk in enumerate(chunks):
-                elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
-                ns = st.get(elem) or st.get(sub["native_id"]) if len(chunks) == 1 else st.get(elem)
+                if sub.get("communicating"):
+                    elem = sub["native_id"]
+                    ns = st.get(elem) or st.get(self.syntax.element_id(elem, self.syntax.array_index_base))
+                else:
+                    elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
+                    ns = st.get(elem) or (st.get(sub["native_id"]) if len(chunks) == 1 else None)
                 tasks = _chunk_tasks(chunk)
                 open_tasks = [t for t in tasks if t not in snapshot.final]
                 if not open_tasks:
@@ -482,10 +539,19 @@ class BatchCluster(Cluster):
                     if ns.exit_code not in (None, 0):
                         why += f", exit code {ns.exit_code}"
                     lost += [(t, f"{self.kind} {elem} ended ({why}) without a result") for t in open_tasks]
+                elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason in NEVER_STARTS:
+                    never.add(elem)
+                    lost += [(t, f"{self.kind} {elem} can never start ({ns.reason}): it asks for more "
+                                 "than the partition, QOS or account allows; it was cancelled") for t in open_tasks]
                 elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason:
                     pend_reasons[ns.reason] = pend_reasons.get(ns.reason, 0) + len(open_tasks)
                     for t in open_tasks:
                         reasons[t] = f"pending: {ns.reason}"
+        if never:
+            try:
+                self._cancel(sorted(never))
+            except SchedulerError:
+                pass
         if lost:
             # Re-read first: a result may have landed while we asked.
             self._mirror_down(job)

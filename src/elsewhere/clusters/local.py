@@ -242,7 +242,72 @@ class LocalCluster(Cluster):
             want = min(q["max_workers"], max(1, n - q["next"])) if n else 0
         self.dispatch(job, want)
 
+    def submit_communicating(self, job: Job) -> None:
+        from .. import mpi
+
+        ranks = job.n_tasks
+        launcher = mpi.find_launcher(self.additional_properties.get("mpi_launcher"))
+        mpi.check_mpi4py(self.python)
+        have = self.cores or machine_cores()
+        if ranks > have:
+            warnings.warn(f"{ranks} ranks on {have} cores: ranks share cores (oversubscribed)", stacklevel=3)
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        argv = mpi.launcher_argv(launcher, ranks, list(self.additional_properties.get("mpi_args", [])),
+                                 oversubscribe=True)
+        argv += [self.python, "-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi"]
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        log = os.open(job.store.path / "logs" / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                    start_new_session=True, close_fds=True, cwd=str(job.store.path))
+        finally:
+            os.close(log)
+        import psutil
+
+        started = psutil.Process(proc.pid).create_time()
+        self.set_job_cluster_data(job, {"launcher": argv, "pid": proc.pid, "create_time": started})
+
+    def _launcher_alive(self, job: Job) -> bool:
+        data = self.get_job_cluster_data(job)
+        pid = data.get("pid")
+        if not pid:
+            return False
+        import psutil
+
+        try:
+            p = psutil.Process(pid)
+            return abs(p.create_time() - data.get("create_time", 0)) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _poll_communicating(self, job: Job) -> None:
+        if self._launcher_alive(job):
+            return
+        from ..records import Kind, make_record
+
+        job._reader.refresh()
+        with job.store.locked_queue() as q:
+            if q.get("cancelled"):
+                return
+            lr = q.setdefault("lost_reason", {})
+            recs = []
+            for i in range(job.n_tasks):
+                if i not in job._reader.final and str(i) not in lr:
+                    lr[str(i)] = (f"rank {i} ended without a result: the MPI job was aborted or killed "
+                                  "(another rank failed? see job.log(rank) and logs/launcher.log)")
+                    recs.append(make_record(Kind.LOST, i, t_end=time.time()))
+            if recs:
+                job.store.append_control(recs)
+
     def poll(self, job: Job) -> None:
+        if job._meta.get("communicating"):
+            self._poll_communicating(job)
+            return
         with job.store.locked_queue() as q:
             if not q.get("submitted") or q.get("cancelled"):
                 return
@@ -259,6 +324,22 @@ class LocalCluster(Cluster):
             self.dispatch(job, want)
 
     def cancel_job(self, job: Job) -> None:
+        if job._meta.get("communicating"):
+            with job.store.locked_queue() as q:
+                q["cancelled"] = True
+            if self._launcher_alive(job):
+                pid = self.get_job_cluster_data(job)["pid"]
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(pid, sig)
+                    except ProcessLookupError:
+                        break
+                    deadline = time.monotonic() + 3
+                    while time.monotonic() < deadline and self._launcher_alive(job):
+                        time.sleep(0.05)
+                    if not self._launcher_alive(job):
+                        break
+            return
         with job.store.locked_queue() as q:
             q["cancelled"] = True
             q["retry"] = []

@@ -10,9 +10,17 @@ from .batch import BatchCluster
 
 
 class SlurmCluster(BatchCluster):
-    """SLURM: one ``sbatch --array`` per job; ``sbatch=[...]`` adds options."""
+    """SLURM: one ``sbatch --array`` per job; ``sbatch=[...]`` adds options.
+
+    Communicating jobs start their ranks with ``srun --mpi=pmix`` (set
+    ``launcher=`` for a site whose MPI needs another plugin, or "mpiexec").
+    """
 
     kind = "slurm"
+
+    def __init__(self, **settings: object) -> None:
+        settings.setdefault("launcher", "srun --mpi=pmix")
+        super().__init__(**settings)  # type: ignore[arg-type]
 
 
 class SGECluster(BatchCluster):
