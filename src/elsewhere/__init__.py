@@ -28,6 +28,7 @@ _EXPORTS = {
     "local": "api",
     "cluster": "api",
     "slurm": "api",
+    "ssh": "api",
     "batch": "api",
     "Executor": "executor",
     "submit_communicating": "mpi",
@@ -69,7 +70,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import batch, cluster, create_job, jobs, local, map, recover, slurm, submit
+    from .api import batch, cluster, create_job, jobs, local, map, recover, slurm, ssh, submit
     from .clusters.base import Cluster
     from .context import TaskContext, task
     from .errors import (

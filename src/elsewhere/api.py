@@ -30,6 +30,19 @@ def local(cores: int | None = None, **options: Any) -> Cluster:
     return LocalCluster(cores, **options)
 
 
+def ssh(nodes: Any, **settings: Any) -> Cluster:
+    """Workers on hosts reached over ssh (dMod2's sshNodes).
+
+    ``ew.ssh(["server1", "user@server2"])`` uses every node's free cores;
+    ``ew.ssh({"server1": 24, "server2": 20})`` at most that many. Settings:
+    cores_per_task, python (one, or a dict per node), remote_storage, setup,
+    ssh_options, ssh_config, host_timeout_s.
+    """
+    from .clusters.ssh import SSHCluster
+
+    return SSHCluster(nodes, **settings)
+
+
 def slurm(**settings: Any) -> Cluster:
     """A SLURM cluster: ``ew.slurm(partition="debug", cores_per_task=4, walltime="01:00:00")``.
 
@@ -146,6 +159,11 @@ def create_job(
     job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
     meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl, seed=seed, tag=tag,
                         retries=retries, env=env, stream=_stream)
+    if not cl.shares_filesystem():
+        # Paths of this machine mean nothing over there (even where they happen
+        # to exist): tasks run in the job's files folder, code travels by value.
+        meta["cwd"] = None
+        meta["sys_path"] = []
     store = create_store(root, meta, retries=retries, stream=_stream)
     if files:
         _copy_files(store, files)
@@ -374,5 +392,5 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "recover", "slurm", "submit"]
+__all__ = ["batch", "cluster", "ssh", "create_job", "jobs", "local", "map", "recover", "slurm", "submit"]
 _ = JobState

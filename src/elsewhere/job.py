@@ -393,7 +393,8 @@ class Job:
                 if now - last_poll >= interval:
                     self.cluster.poll(self)
                     last_poll = now
-                    interval = min(interval * 1.5, 5.0)
+                    # Results from other machines arrive by polling: poll often there.
+                    interval = min(interval * 1.5, 5.0 if self.cluster.shares_filesystem() else 1.0)
                 left = interval - (now - last_poll)
                 if deadline is not None:
                     left = min(left, deadline - now)
@@ -487,15 +488,21 @@ class Job:
             )
         return out
 
-    def get(self, *, errors: str = "raise", partial: bool = False) -> Any:
+    def get(self, *, errors: str = "raise", partial: bool = False, files: bool = False) -> Any:
         """The results combined (dMod2's ``get``).
 
         Lists are concatenated, pandas DataFrames row-bound, anything else
         returned as a list. ``errors="raise"`` (default) raises the first
         task error; ``errors="return"`` keeps TaskError values in place.
+        ``files=True`` also brings back the files tasks wrote in their working
+        folder on remote nodes, into ``job.path / "files"`` (dMod2's ``get(all = TRUE)``).
         """
         if errors not in ("raise", "return"):
             raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
+        if files:
+            fetch = getattr(self.cluster, "fetch_files", None)
+            if fetch is not None:
+                fetch(self)
         values = self.results(partial=partial)
         if errors == "raise":
             raise_first_error(values)
@@ -558,15 +565,24 @@ class Job:
         self._dirty()
         return self
 
-    def purge(self, **options: Any) -> None:
-        """Delete the job: stop it, remove its folder and its registry entry."""
+    def purge(self, *, local: bool | None = None) -> None:
+        """Delete the job: stop it and remove what the cluster keeps of it.
+
+        On this machine's clusters that is the job folder and its registry
+        entry. Where the job has copies elsewhere (ssh nodes, a cluster's
+        remote storage), those are removed and the local folder is kept, so
+        its results can still be read, unless ``local=True``.
+        """
         from .registry import Registry
 
+        if local is None:
+            local = self.cluster.shares_filesystem()
         try:
-            self.cluster.delete_job(self, **options) if options else self.cluster.delete_job(self)
+            self.cluster.delete_job(self)
         finally:
-            shutil.rmtree(self.store.path, ignore_errors=True)
-            Registry().remove(self.id)
+            if local:
+                shutil.rmtree(self.store.path, ignore_errors=True)
+                Registry().remove(self.id)
 
     def __enter__(self) -> Job:
         return self

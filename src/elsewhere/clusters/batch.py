@@ -608,7 +608,7 @@ class BatchCluster(Cluster):
                     self._cancel([elem] if getattr(self.syntax, "can_cancel_elements", True) else [sub["native_id"]])
                     return
 
-    def delete_job(self, job: Job, *, local: bool = True) -> None:
+    def delete_job(self, job: Job) -> None:
         st = job.state
         if not st.done:
             self.cancel_job(job)

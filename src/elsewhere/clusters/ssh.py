@@ -1,0 +1,336 @@
+"""ssh nodes (dMod2's sshNodes): workers on hosts reached with the user's OpenSSH.
+
+    ew.ssh(["server1", "user@server2"])          every node with its free cores
+    ew.ssh({"server1": 24, "server2": 20})       at most that many cores per node
+
+On submission each node is asked (one ssh command) for its Python, its
+elsewhere version, cores and load; the job folder is copied to it (rsync, or
+a zstd-compressed tar stream); ``setup=`` runs there once; then detached
+workers start, which survive the client going away. The tasks are split
+between nodes in proportion to their workers, and each node's workers claim
+their share from the node's own copy of the queue.
+
+While a client waits, each poll runs ``python -m elsewhere.agent poll`` on
+every node (vanished workers are written off there, replacements started)
+and mirrors new results, logs and worker files down. A node that cannot be
+reached for ``host_timeout_s`` is given up: its unfinished tasks move to the
+other nodes (the first result of a task wins).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError, RemoteSetupError, TransportError
+from ..store import write_json
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..job import Job, Snapshot
+    from ..remote.ssh import SSHTransport
+
+DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
+_MIRROR = ["journal/**", "results/**", "logs/**", "workers/**"]
+
+
+class SSHCluster(Cluster):
+    """Workers on hosts reached over ssh.
+
+    Args:
+        nodes: ssh destinations as typed in a shell ("host", "user@host", an
+            alias of ~/.ssh/config), or a dict destination -> cores to use.
+        cores_per_task: cores each task gets.
+        python: the interpreter on the nodes: one for all, or a dict per node
+            (default "python3").
+        remote_storage: where job copies go on the nodes (relative paths are
+            under the remote home).
+        setup: a shell command run once per node, in the job's files folder,
+            before its tasks start (e.g. "make -C model", "pip install -e .").
+        ssh_options: extra ``-o`` options for ssh; ssh_config: a config file.
+        host_timeout_s: how long a node may be unreachable before its tasks move.
+    """
+
+    kind = "ssh"
+
+    def __init__(
+        self,
+        nodes: list[str] | tuple[str, ...] | dict[str, int] | str,
+        *,
+        cores_per_task: int = 1,
+        python: str | dict[str, str] | None = None,
+        remote_storage: str = DEFAULT_REMOTE_STORAGE,
+        setup: str | None = None,
+        ssh_options: list[str] | tuple[str, ...] = (),
+        ssh_config: str | None = None,
+        host_timeout_s: float = 60.0,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)
+        if isinstance(nodes, str):
+            nodes = [nodes]
+        if isinstance(nodes, dict):
+            for host, cores in nodes.items():
+                if not isinstance(cores, int) or cores < 1:
+                    raise ConfigError(f"cores for node {host!r} must be a positive integer, not {cores!r}")
+            self.nodes: dict[str, int | None] = dict(nodes)
+        else:
+            self.nodes = dict.fromkeys(nodes)
+        if not self.nodes:
+            raise ConfigError("ew.ssh needs at least one node")
+        for host in self.nodes:
+            if not isinstance(host, str) or not host or host.startswith("-") or any(c.isspace() for c in host):
+                raise ConfigError(f"{host!r} is not an ssh destination")
+        if isinstance(python, dict):
+            unknown = set(python) - set(self.nodes)
+            if unknown:
+                raise ConfigError(f"python= names nodes that are not in the cluster: {sorted(unknown)}")
+        self.python = python
+        self.remote_storage = remote_storage
+        self.setup = setup
+        self.ssh_options = list(ssh_options)
+        self.ssh_config = ssh_config
+        self.host_timeout_s = float(host_timeout_s)
+        self._transports: dict[str, SSHTransport] = {}
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "nodes": {h: c for h, c in self.nodes.items()} if any(self.nodes.values()) else list(self.nodes),
+            "python": self.python, "remote_storage": self.remote_storage, "setup": self.setup,
+            "ssh_options": self.ssh_options, "ssh_config": self.ssh_config,
+            "host_timeout_s": self.host_timeout_s, **super().settings(),
+        }
+
+    def shares_filesystem(self) -> bool:
+        return False
+
+    # -- hosts ------------------------------------------------------------------
+    def transport(self, host: str) -> SSHTransport:
+        """The multiplexed connection to ``host`` (one per host per process)."""
+        t = self._transports.get(host)
+        if t is None:
+            from ..remote.ssh import SSHTransport
+
+            t = SSHTransport(host, ssh_options=self.ssh_options, ssh_config=self.ssh_config)
+            self._transports[host] = t
+        return t
+
+    def python_for(self, host: str) -> str:
+        if isinstance(self.python, dict):
+            return self.python.get(host, "python3")
+        return self.python or "python3"
+
+    def _agent(self, host: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+        from ..agent import parse_answer
+
+        py = self.python_for(host)
+        argv = [py, "-m", "elsewhere.agent", *args]
+        res = self.transport(host).run(argv, check=False, timeout=timeout)
+        answer = parse_answer(res.text)
+        if answer is None:
+            err = res.stderr.decode(errors="replace")
+            if res.returncode in (126, 127):
+                raise RemoteSetupError(
+                    f"no Python {py!r} on {host}: install Python 3 there or give python= "
+                    "(per node: python={'host': '/path/to/python3'})",
+                    host=host, command=argv, returncode=res.returncode, stderr=err)
+            if "No module named" in err and "elsewhere" in err:
+                from .. import __version__
+
+                raise RemoteSetupError(
+                    f"elsewhere is not installed for {py} on {host}: run `{py} -m pip install "
+                    f"'elsewhere=={__version__}'` there, or give python= an interpreter that has it",
+                    host=host, command=argv, returncode=res.returncode, stderr=err)
+            raise RemoteSetupError(f"the elsewhere agent failed on {host}", host=host, command=argv,
+                                   returncode=res.returncode, stderr=err + res.text[-400:])
+        if "error" in answer:
+            raise RemoteSetupError(f"{host}: {answer['error']}", host=host, command=argv)
+        return answer
+
+    def probe(self, host: str) -> dict[str, Any]:
+        """What ``host`` offers: python, elsewhere version, cores, load; checks the storage."""
+        from .. import __version__
+
+        info = self._agent(host, "info", self.remote_storage, timeout=60)
+        theirs = str(info.get("elsewhere_version", ""))
+        if theirs.split(".")[0] != __version__.split(".")[0]:
+            raise RemoteSetupError(
+                f"{host} has elsewhere {theirs} for {self.python_for(host)}, this machine {__version__}: "
+                "install the same major version there", host=host)
+        if not info.get("writable"):
+            raise RemoteSetupError(
+                f"{host}: cannot write to {self.remote_storage}: {info.get('writable_error', '')} "
+                "(give remote_storage= a writable folder)", host=host)
+        usable = int(info.get("cpus_usable") or 1)
+        load = (info.get("load_average") or [0.0])[0]
+        info["free_cores"] = max(1, min(usable, round(usable - load)))
+        return info
+
+    # -- plugin operations ----------------------------------------------------
+    def submit_independent(self, job: Job) -> None:
+        n = job.n_tasks
+        plan: dict[str, dict[str, Any]] = {}
+        for host, asked in self.nodes.items():
+            info = self.probe(host)
+            free = info["free_cores"]
+            cores = asked if asked is not None else free
+            if asked is not None and asked > free:
+                warnings.warn(f"{host}: asked for {asked} cores, {free} are free now; using {free}",
+                              stacklevel=3)
+                cores = free
+            workers = max(1, cores // self.cores_per_task)
+            plan[host] = {"workers": workers, "dir": f"{info['writable']}/{job.id}",
+                          "python": self.python_for(host), "cores": cores}
+        total = sum(p["workers"] for p in plan.values())
+        start = 0
+        hosts = list(plan)
+        for i, host in enumerate(hosts):
+            share = n - start if i == len(hosts) - 1 else round(n * plan[host]["workers"] / total)
+            plan[host]["tasks"] = [start, start + share]
+            plan[host]["workers"] = max(1, min(plan[host]["workers"], share)) if share else 0
+            start += share
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = n
+        data = {"hosts": plan}
+        self.set_job_cluster_data(job, data)
+        for host, p in plan.items():
+            if not p["workers"]:
+                continue
+            self._place(job, host, p)
+            p["last_seen"] = time.time()
+            self.set_job_cluster_data(job, data)
+
+    def _place(self, job: Job, host: str, p: dict[str, Any]) -> None:
+        from ..store import new_queue
+
+        t = self.transport(host)
+        t.run(["mkdir", "-p", "--", p["dir"] + "/files"], timeout=60)
+        t.sync_up(job.store.path, p["dir"])
+        a, b = p["tasks"]
+        q = new_queue(b, retries=int(job._meta.get("retries", 0)), max_workers=p["workers"])
+        q["next"] = a
+        with tempfile.TemporaryDirectory() as tmp:
+            write_json(Path(tmp) / "queue.json", q, fsync=False)
+            t.put(Path(tmp) / "queue.json", p["dir"] + "/queue.json")
+        if self.setup:
+            res = t.run_shell(self.setup, cwd=p["dir"] + "/files", check=False, timeout=3600)
+            log = job.store.path / "logs" / f"setup-{_safe(host)}.log"
+            log.write_bytes(res.stdout + res.stderr)
+            if res.returncode != 0:
+                raise RemoteSetupError(
+                    f"setup failed on {host}; its output is in {log}", host=host,
+                    command=["sh", "-c", self.setup], returncode=res.returncode,
+                    stderr=res.stderr.decode(errors="replace"))
+        self._agent(host, "start", p["dir"], "--workers", str(p["workers"]))
+
+    def poll(self, job: Job) -> None:
+        data = self.get_job_cluster_data(job)
+        hosts = data.get("hosts", {})
+        if not hosts or job.store.queue().get("cancelled"):
+            return
+        changed = False
+        merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "members": {}}
+        for host, p in hosts.items():
+            if not p.get("workers") or p.get("abandoned") or p.get("done"):
+                continue
+            try:
+                ans = self._agent(host, "poll", p["dir"], "--workers", str(p["workers"]), timeout=60)
+                self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+            except TransportError as exc:
+                if time.time() - p.get("last_seen", time.time()) > self.host_timeout_s:
+                    self._abandon(job, host, p, hosts, str(exc).splitlines()[0])
+                    changed = True
+                continue
+            p["last_seen"] = time.time()
+            changed = True
+            qs = ans.get("queue", {})
+            merged["lost_by"].update(qs.get("lost_by") or {})
+            merged["lost_reason"].update(qs.get("lost_reason") or {})
+            merged["members"].update(qs.get("members") or {})
+            if ans.get("work") == 0 and ans.get("live") == 0:
+                p["done"] = True
+        if changed:
+            self.set_job_cluster_data(job, data)
+        with job.store.locked_queue() as q:
+            for key in ("lost_by", "lost_reason"):
+                q.setdefault(key, {}).update(merged[key])
+            for wid, m in merged["members"].items():
+                q["members"][wid] = m
+
+    def _abandon(self, job: Job, host: str, p: dict[str, Any], hosts: dict[str, Any], why: str) -> None:
+        job._reader.refresh()
+        a, b = p["tasks"]
+        moved = [t for t in range(a, b) if t not in job._reader.final] + [
+            t for t in p.get("moved_in", []) if t not in job._reader.final]
+        p["abandoned"] = why
+        others = [h for h, o in hosts.items() if h != host and not o.get("abandoned") and o.get("workers")]
+        if not moved:
+            return
+        if not others:
+            warnings.warn(f"{host} is unreachable ({why}) and no other node is left for its "
+                          f"{len(moved)} unfinished tasks", stacklevel=2)
+            return
+        per = math.ceil(len(moved) / len(others))
+        for i, h in enumerate(others):
+            part = moved[i * per : (i + 1) * per]
+            if part:
+                self._agent(h, "add", hosts[h]["dir"], "--tasks", ",".join(map(str, part)))
+                hosts[h].setdefault("moved_in", []).extend(part)
+                hosts[h]["done"] = False
+
+    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+        return snapshot
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+            if p.get("workers"):
+                try:
+                    self._agent(host, "cancel", p["dir"], timeout=60)
+                except TransportError as exc:
+                    warnings.warn(f"could not cancel on {host}: {exc}", stacklevel=2)
+
+    def delete_job(self, job: Job) -> None:
+        if not job.state.done:
+            self.cancel_job(job)
+        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+            if p.get("workers"):
+                try:
+                    self.transport(host).run(["rm", "-rf", "--", p["dir"]], check=False, timeout=60)
+                except TransportError as exc:
+                    warnings.warn(f"could not remove the job copy on {host}: {exc}", stacklevel=2)
+
+    def fetch_files(self, job: Job) -> Path:
+        """Bring back what tasks wrote in their working folder on each node."""
+        dest = job.store.path / "files"
+        dest.mkdir(exist_ok=True)
+        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+            if p.get("workers"):
+                self.transport(host).sync_down(p["dir"] + "/files", dest)
+        return dest
+
+    def close(self) -> None:
+        for t in self._transports.values():
+            t.close(keep_master=True)
+
+
+def _safe(host: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
+
+
+def hosts_of(job: Job) -> list[str]:
+    """The nodes a job was placed on."""
+    return list(json.loads((job.store.path / "cluster.json").read_text()).get("hosts", {}))
+
+
+_ = os
