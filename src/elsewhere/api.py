@@ -145,8 +145,9 @@ def create_job(
         storage: folder for the job folder (default: the cluster's, else ``<home>/jobs``).
     """
     cl = _resolve(on)
-    if name is not None and (not isinstance(name, str) or not name.strip() or "/" in name or "\0" in name):
-        raise ConfigError(f"a job name must be a non-empty string without '/', not {name!r}")
+    if name is not None and (not isinstance(name, str) or not name.strip()
+                             or any(ord(c) < 32 for c in name) or len(name) > 200):
+        raise ConfigError(f"a job name must be a non-empty line of text (at most 200 characters), not {name!r}")
     if not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"retries must be a non-negative integer, not {retries!r}")
     if seed is None:

@@ -94,7 +94,8 @@ class BatchCluster(Cluster):
         python: the worker's interpreter: a path, or a command such as
             "module load python; python3". Default: this interpreter, or
             "python3" on a remote host.
-        host: run scheduler commands on this login node over ssh.
+        host: run scheduler commands on this login node over ssh (ssh_options,
+            ssh_config: as for ssh nodes).
         remote_storage: the job folder's place on the cluster when it shares
             no file system with this machine (mirrored both ways).
         status_interval_s: least time between two status commands.
@@ -129,6 +130,7 @@ class BatchCluster(Cluster):
         host: str | None = None,
         remote_storage: str | None = None,
         ssh_options: list[str] | tuple[str, ...] = (),
+        ssh_config: str | None = None,
         status_interval_s: float = 5.0,
         syntax_options: dict[str, Any] | None = None,
         launcher: str | None = None,
@@ -186,6 +188,7 @@ class BatchCluster(Cluster):
         if remote_storage and not host:
             raise ConfigError("remote_storage= needs host= (the login node that sees it)")
         self.ssh_options = list(ssh_options)
+        self.ssh_config = ssh_config
         self.status_interval_s = float(status_interval_s)
         self.syntax_options = dict(syntax_options or {})
         self.launcher = launcher
@@ -209,6 +212,7 @@ class BatchCluster(Cluster):
             "max_running": self.max_running, "template": self.template, "env_setup": self.env_setup,
             "extra_args": self.extra_args, "python": self.python, "host": self.host,
             "remote_storage": self.remote_storage, "ssh_options": self.ssh_options,
+            "ssh_config": self.ssh_config,
             "status_interval_s": self.status_interval_s, "syntax_options": self.syntax_options,
             "launcher": self.launcher,
             **super().settings(),
@@ -230,7 +234,8 @@ class BatchCluster(Cluster):
             if self.host:
                 from ..remote.ssh import SSHTransport
 
-                self._transport = SSHTransport(self.host, ssh_options=self.ssh_options)
+                self._transport = SSHTransport(self.host, ssh_options=self.ssh_options,
+                                               ssh_config=self.ssh_config)
             else:
                 from ..remote.local import LocalTransport
 

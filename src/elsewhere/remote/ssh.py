@@ -26,6 +26,7 @@ interpreted there. Remote paths are absolute or relative to the remote home;
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -324,16 +325,23 @@ class SSHTransport(BaseTransport):
             argv += ["-p", str(self.port)]
         return argv
 
-    def _run_ssh(self, argv: list[str], *, timeout: float | None, **kw: Any) -> CompletedCommand:
+    def _run_ssh(
+        self,
+        argv: list[str],
+        *,
+        timeout: float | None,
+        input: bytes | None = None,
+        command: Sequence[str] | None = None,
+    ) -> CompletedCommand:
         try:
             return run_process(
                 argv,
+                input=input,
                 timeout=timeout,
                 env=None,
                 cwd=None,
                 host=self.host,
-                input=kw.pop("input", None),
-                command=kw.pop("command", argv),
+                command=argv if command is None else command,
             )
         except FileNotFoundError as exc:
             raise _no_program("ssh", "openssh-client") from exc
@@ -364,7 +372,16 @@ class SSHTransport(BaseTransport):
             )
         self.connections_opened += 1
         self._opened_master = True
-        logger.debug("ssh master to %s opened (%s)", self._where, self.control_path)
+        pid = self._check_master()
+        if pid is None:
+            raise TransportError(
+                f"the ssh master connection to {self._where} started but does not answer on "
+                f"{self.control_path}",
+                host=self.host,
+                command=argv,
+                stderr=result.stderr.decode("utf-8", "replace"),
+            )
+        logger.debug("ssh master to %s opened, pid %d (%s)", self._where, pid, self.control_path)
 
     def _check_master(self) -> int | None:
         argv = [*self._ssh_argv(master=False), "-O", "check", "--", self.destination]
@@ -379,17 +396,25 @@ class SSHTransport(BaseTransport):
             if self._master_ready and os.path.exists(self.control_path):
                 return
             ensure_private_dir(self.control_dir)
-            if os.path.exists(self.control_path):
-                # another transport or process opened it; or a dead master left it behind
-                if self._check_master() is not None:
-                    self._master_ready = True
-                    return
-                try:
-                    os.unlink(self.control_path)
-                except FileNotFoundError:
-                    pass
-            self._start_master()
-            self._master_ready = True
+            # other processes may be opening the same master: without this lock a
+            # second "ssh -M -N -f" would find the socket taken and stay on as a
+            # plain connection that nobody uses and nothing ends
+            fd = os.open(self.control_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if os.path.exists(self.control_path):
+                    # another transport or process opened it; or a dead master left it
+                    if self._check_master() is not None:
+                        self._master_ready = True
+                        return
+                    try:
+                        os.unlink(self.control_path)
+                    except FileNotFoundError:
+                        pass
+                self._start_master()
+                self._master_ready = True
+            finally:
+                os.close(fd)  # releases the lock
 
     def _master_lost(self, attempt: int) -> None:
         with self._lock:
@@ -778,7 +803,9 @@ class SSHTransport(BaseTransport):
             _, err = unpacker.communicate()
             packer.wait()
             packer_err.seek(0)
-            if packer.returncode != 0 and unpacker.returncode == 0:
+            if unpacker.returncode in (126, 127, 255):  # no Python there, or no connection
+                self._check_tree_result(unpacker.returncode, err, f"unpack {remote}")
+            if packer.returncode != 0:
                 raise TransportError(
                     f"packing {local} for {self._where} failed",
                     host=self.host,

@@ -123,7 +123,9 @@ def get_syntax(name: str, **config: Any) -> SchedulerSyntax:
                 try:
                     factory = ep.load()
                 except Exception as exc:
-                    raise ConfigError(f"scheduler {name!r}: cannot load entry point {ep.value}: {exc}") from exc
+                    raise ConfigError(
+                        f"scheduler {name!r}: cannot load entry point {ep.value}: {exc}"
+                    ) from exc
                 break
     if factory is None:
         raise ConfigError(f"unknown scheduler {name!r}; known: {', '.join(available())}")

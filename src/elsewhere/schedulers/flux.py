@@ -139,7 +139,9 @@ class FluxSyntax(BatchSyntax):
             try:
                 ids.append((decode_f58(text), text))
             except ValueError:
-                raise protocol_error(self.name, "flux submit output (expected job ids)", stdout) from None
+                raise protocol_error(
+                    self.name, "flux submit output (expected job ids)", stdout
+                ) from None
         if not ids:
             raise protocol_error(self.name, "flux submit output (no job id)", stdout)
         if expected is not None and len(ids) != expected:
@@ -220,7 +222,9 @@ class FluxSyntax(BatchSyntax):
         if len(ids) == 1 and position == 0:
             return ids[0]
         if not 0 <= position < len(ids):
-            raise IndexError(f"flux: index {index} is not in job {job_id!r} (first {first}, {len(ids)} copies)")
+            raise IndexError(
+                f"flux: index {index} is not in job {job_id!r} (first {first}, {len(ids)} copies)"
+            )
         return ids[position]
 
     def log_file(self, log_dir: str, job_name: str, job_id: str, index: int | None) -> str:

@@ -121,7 +121,9 @@ class HTCondorSyntax(BatchSyntax):
         """``5 job(s) submitted to cluster 123.`` -> ``123`` (``123@5`` when the first index is 5)."""
         m = re.search(r"submitted to cluster (\d+)", stdout)
         if not m:
-            raise protocol_error(self.name, "condor_submit output (expected 'submitted to cluster N')", stdout)
+            raise protocol_error(
+                self.name, "condor_submit output (expected 'submitted to cluster N')", stdout
+            )
         first = re.search(r"^elsewhere-array: (\d+)-(\d+)\s*$", stdout, re.MULTILINE)
         if first and int(first.group(1)) != 0:
             return f"{m.group(1)}@{first.group(1)}"
@@ -150,7 +152,14 @@ class HTCondorSyntax(BatchSyntax):
             nid = f"{cluster}.{proc}"
             index = parse_int(idx)
             out[nid] = self._status(
-                nid, status, exit_text, by_signal, signal, hold, remove, cluster,
+                nid,
+                status,
+                exit_text,
+                by_signal,
+                signal,
+                hold,
+                remove,
+                cluster,
                 index if index is not None else int(proc),
             )
         return out

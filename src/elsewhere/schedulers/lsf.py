@@ -59,7 +59,13 @@ BJOBS_FIELDS = "jobid jobindex stat exit_code exit_reason pend_reason"
 
 # exit reasons (TERM_*) that mean a person cancelled the job, and the ones we
 # report as SLURM-like reasons
-_CANCEL_TERMS = {"TERM_OWNER", "TERM_ADMIN", "TERM_FORCE_OWNER", "TERM_FORCE_ADMIN", "TERM_REQUEUE_OWNER"}
+_CANCEL_TERMS = {
+    "TERM_OWNER",
+    "TERM_ADMIN",
+    "TERM_FORCE_OWNER",
+    "TERM_FORCE_ADMIN",
+    "TERM_REQUEUE_OWNER",
+}
 _TERM_REASONS = {
     "TERM_RUNLIMIT": "TIMEOUT",
     "TERM_CPULIMIT": "TIMEOUT",
@@ -123,9 +129,13 @@ class LSFSyntax(BatchSyntax):
             parts = line.strip().split("|", 5)
             if len(parts) != 6 or not parts[0].strip().isdigit():
                 raise protocol_error(
-                    self.name, "bjobs line (expected jobid|jobindex|stat|exit_code|exit_reason|pend_reason)", line
+                    self.name,
+                    "bjobs line (expected jobid|jobindex|stat|exit_code|exit_reason|pend_reason)",
+                    line,
                 )
-            job_id, index_text, stat, exit_text, exit_reason, pend_reason = (p.strip() for p in parts)
+            job_id, index_text, stat, exit_text, exit_reason, pend_reason = (
+                p.strip() for p in parts
+            )
             index = parse_int(index_text)
             index = index if index else None
             nid = job_id if index is None else f"{job_id}[{index}]"
@@ -183,7 +193,7 @@ class LSFSyntax(BatchSyntax):
         return ["bkill", *ids]
 
     def cancel_ok(self, returncode: int, stderr: str, stdout: str = "") -> bool:
-        """"Job has already finished" and "No matching job found" count as success."""
+        """ "Job has already finished" and "No matching job found" count as success."""
         if returncode == 0:
             return True
         gone = ("has already finished", "No matching job found", "is not found")
@@ -225,11 +235,11 @@ def _unwrap(record: str) -> str:
     """Join bhist's wrapped lines: a continuation line starts with many spaces."""
     lines: list[str] = []
     for line in record.splitlines():
-        if line.startswith("                     ") and lines:
-            lines[-1] += line.strip()
+        if line.startswith(" " * 21) and lines:
+            lines[-1] += line[21:]  # a space right after the indent belongs to the text
         else:
-            lines.append(line.rstrip())
-    return "\n".join(lines)
+            lines.append(line)
+    return "\n".join(ln.rstrip() for ln in lines)
 
 
 def _bhist_outcome(text: str) -> tuple[str, int | None, str]:

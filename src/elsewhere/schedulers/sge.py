@@ -95,7 +95,7 @@ class SGESyntax(BatchSyntax):
     default_max_array_size = 75000
     states = SGE_STATES
     directive_prefix = "#$ "
-    mpi_launcher = "mpirun -np $NSLOTS"
+    mpi_launcher = "mpirun"
 
     # -- submit -------------------------------------------------------------------
 
@@ -149,7 +149,9 @@ class SGESyntax(BatchSyntax):
             job_id = (entry.findtext("JB_job_number") or "").strip()
             native_state = (entry.findtext("state") or "").strip()
             if not job_id.isdigit() or not native_state:
-                raise protocol_error(self.name, "qstat -xml job_list entry", ET.tostring(entry, "unicode"))
+                raise protocol_error(
+                    self.name, "qstat -xml job_list entry", ET.tostring(entry, "unicode")
+                )
             state = self.state_of(native_state)
             reason = _reason(native_state)
             tasks = (entry.findtext("tasks") or "").strip()
@@ -206,7 +208,9 @@ class SGESyntax(BatchSyntax):
         native = f"failed={failed_text} exit_status={' '.join(exit_words)}"
         deleted_by = fields.get("deleted_by", "NONE")  # Univa/Altair GE record it; SGE 8.1 does not
         if deleted_by not in ("", "NONE"):
-            return NativeStatus(nid, native, C, f"deleted by {deleted_by}", exit_code, job_id, index)
+            return NativeStatus(
+                nid, native, C, f"deleted by {deleted_by}", exit_code, job_id, index
+            )
         if failed == 0 and exit_code == 0:
             return NativeStatus(nid, native, F, "", 0, job_id, index)
         reason = ""

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.errors import ConfigError
+from elsewhere.errors import ConfigError, SchedulerError
 from elsewhere.schedulers.syntax import (
     BatchSyntax,
     NativeStatus,
@@ -147,7 +147,11 @@ class SlurmSyntax(BatchSyntax):
                 raise protocol_error(self.name, "squeue line (expected %i|%T|%r|%F|%K)", line)
             jid, native_state, reason, array_job, array_task = (p.strip() for p in parts)
             reason = "" if reason in ("None", "(null)") else reason
-            for status in self._expand(jid, native_state, reason, None, array_job, array_task):
+            try:
+                statuses = self._expand(jid, native_state, reason, None, array_job, array_task)
+            except SchedulerError as exc:
+                raise protocol_error(self.name, str(exc).splitlines()[0], line) from None
+            for status in statuses:
                 out[status.native_id] = status
         return out
 
@@ -197,7 +201,13 @@ class SlurmSyntax(BatchSyntax):
             return None
         if self.accounting == "jobcomp":
             alternatives = "|".join(re.escape(j) for j in job_ids)
-            return ["grep", "-h", "-E", f"(^| )(JobId|ArrayJobId)=({alternatives}) ", self.jobcomp_file]
+            return [
+                "grep",
+                "-h",
+                "-E",
+                f"(^| )(JobId|ArrayJobId)=({alternatives}) ",
+                self.jobcomp_file,
+            ]
         return ["sacct", "-X", "-P", "-n", "-j", ",".join(job_ids), "-o", _SACCT_FIELDS]
 
     def accounting_ok(self, returncode: int, stderr: str) -> bool:
@@ -247,7 +257,9 @@ class SlurmSyntax(BatchSyntax):
         exit_code = _exit_code(fields.get("ExitCode", ""))
         array_job, task = fields.get("ArrayJobId", ""), fields.get("ArrayTaskId", "")
         if array_job.isdigit() and task.isdigit():
-            return self._status(f"{array_job}_{task}", native_state, "", exit_code, array_job, int(task))
+            return self._status(
+                f"{array_job}_{task}", native_state, "", exit_code, array_job, int(task)
+            )
         return self._status(raw, native_state, "", exit_code, raw, None)
 
     # -- cancel -------------------------------------------------------------------

@@ -154,7 +154,9 @@ class ScriptContext:
         if not self.run_line or "\n" in self.run_line:
             raise ConfigError(f"run_line must be one non-empty line, got {self.run_line!r}")
         if not self.log_dir or "\n" in self.log_dir or '"' in self.log_dir:
-            raise ConfigError(f"log_dir {self.log_dir!r}: must be a path without newlines or quotes")
+            raise ConfigError(
+                f"log_dir {self.log_dir!r}: must be a path without newlines or quotes"
+            )
         _positive("array_size", self.array_size)
         _non_negative("array_first", self.array_first)
         last = self.array_first + self.array_size - 1
@@ -374,7 +376,11 @@ class BatchSyntax:
 
     def builtin_template(self) -> str:
         """The text of the built-in template."""
-        resource = importlib.resources.files("elsewhere").joinpath("templates").joinpath(self.template_name())
+        resource = (
+            importlib.resources.files("elsewhere")
+            .joinpath("templates")
+            .joinpath(self.template_name())
+        )
         return resource.read_text(encoding="utf-8")
 
     def template_vars(self, ctx: ScriptContext) -> dict[str, Any]:
@@ -488,6 +494,8 @@ class BatchSyntax:
 
 def protocol_error(scheduler: str, what: str, text: str) -> SchedulerError:
     """The error for output a parser cannot read (the text is kept in ``stderr``)."""
+    if what.startswith(f"{scheduler}: cannot parse "):
+        what = what[len(f"{scheduler}: cannot parse ") :]
     return SchedulerError(f"{scheduler}: cannot parse {what}", stderr=text)
 
 
