@@ -87,6 +87,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TransportError,
     )
     from .executor import Executor
-    from .mpi import submit_communicating
     from .job import Job, Status, Task
+    from .mpi import submit_communicating
     from .states import JobState, TaskState

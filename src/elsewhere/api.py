@@ -96,7 +96,7 @@ def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], 
     if not iterables:
         raise ConfigError("give at least one iterable of inputs (one task per element)")
     if len(iterables) == 1 and _is_dataframe(iterables[0]):
-        df = iterables[0]
+        df: Any = iterables[0]
         return [(None, (), {str(k): v for k, v in row.items()}) for row in df.to_dict("records")], False
     for i, it in enumerate(iterables):
         if isinstance(it, (str, bytes)) or not hasattr(it, "__iter__"):
@@ -292,7 +292,7 @@ def submit(
     return job
 
 
-def map(  # noqa: A001 - mirrors the built-in on purpose
+def map(
     fn: Callable[..., Any],
     *iterables: Iterable[Any],
     on: Cluster | str | None = None,
@@ -393,5 +393,5 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["batch", "cluster", "ssh", "create_job", "jobs", "local", "map", "recover", "slurm", "submit"]
+__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "recover", "slurm", "ssh", "submit"]
 _ = JobState

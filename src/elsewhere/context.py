@@ -6,8 +6,9 @@ Kept free of heavy imports: the worker imports it at start-up.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
     "elsewhere_task", default=None
@@ -53,7 +54,7 @@ class TaskContext:
     def comm(self) -> Any:
         """An mpi4py communicator over the job's ranks (communicating jobs only)."""
         if self._comm is None and self.rank is not None:
-            from mpi4py import MPI  # noqa: PLC0415 - only communicating jobs need it
+            from mpi4py import MPI
 
             self._comm = MPI.COMM_WORLD
         return self._comm

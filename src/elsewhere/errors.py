@@ -65,7 +65,7 @@ class NameInUse(JobError):
     """A job of this name is still running."""
 
 
-class TimeoutError(ElsewhereError, builtins.TimeoutError):  # noqa: A001
+class TimeoutError(ElsewhereError, builtins.TimeoutError):
     """A wait ran out of time; the job goes on running."""
 
 
@@ -270,7 +270,7 @@ class TaskError(ElsewhereError):
             return self
         base = type(exc)
         try:
-            cls = type(f"TaskError[{base.__name__}]", (TaskError, base), {"__module__": __name__})
+            cls: Any = type(f"TaskError[{base.__name__}]", (TaskError, base), {"__module__": __name__})
             err = cls.__new__(cls)
             Exception.__init__(err, self.message)
             TaskError.__init__(err, self.message, exception=exc, **self._fields())

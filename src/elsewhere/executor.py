@@ -20,7 +20,8 @@ import os
 import select
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError, TaskError
 from .records import Kind

@@ -22,7 +22,7 @@ from . import records
 from .clusters.base import Cluster
 from .errors import ConfigError, JobError, TaskError, TimeoutError
 from .records import Kind
-from .states import JobState, TaskState, count_states, derive_job_state
+from .states import JobState, TaskState, derive_job_state
 from .store import CONTROL, JobStore, JournalReader, new_queue, read_body, read_log
 
 _KIND_STATE = {

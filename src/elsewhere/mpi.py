@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConfigError
 

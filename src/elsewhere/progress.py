@@ -34,7 +34,14 @@ class Progress:
         running = counts[TaskState.RUNNING]
         if self._bar is None:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import Progress as Bar
 
             self._bar = Bar(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),

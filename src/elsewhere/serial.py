@@ -92,7 +92,7 @@ def needs_by_value(module_name: str, *, shared_fs: bool = True) -> bool:
     return spec is None or spec.origin != path
 
 
-class by_value_for:  # noqa: N801 - used as a context manager, reads like a function
+class by_value_for:
     """Within the block, pickle the given functions' own modules by value where needed."""
 
     def __init__(self, objs: list[Any], *, shared_fs: bool = True) -> None:
@@ -166,7 +166,7 @@ def _fails(obj: Any) -> BaseException | None:
 
     try:
         cloudpickle.dumps(obj, protocol=5, buffer_callback=lambda b: False)
-    except BaseException as exc:  # noqa: BLE001 - any failure means "not serialisable"
+    except BaseException as exc:
         return exc
     return None
 

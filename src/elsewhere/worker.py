@@ -118,7 +118,7 @@ class _NumpySeeder:
                             ss = module.SeedSequence(seeder.job_seed, spawn_key=(seeder.index,))
                             module.seed(ss.generate_state(4))
 
-                        loader.exec_module = exec_and_seed  # type: ignore[method-assign]
+                        loader.exec_module = exec_and_seed
                         return spec
                 return None
 
@@ -136,7 +136,7 @@ class Worker:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.numpy_seeder = _NumpySeeder()
-        self._module_mtimes: dict[str, float] = {}
+        self._started_at = time.time()
         self._jobs_done = 0
         self._saved_fds = (os.dup(1), os.dup(2))
         self.fifo_fd = -1
@@ -215,28 +215,22 @@ class Worker:
         return line.decode() or None
 
     def _user_code_changed(self) -> bool:
-        for name, mtime in self._module_mtimes.items():
-            try:
-                if os.stat(name).st_mtime != mtime:
-                    return True
-            except OSError:
-                return True
-        return False
-
-    def _remember_user_modules(self) -> None:
+        """Whether a user module this worker has loaded changed on disk since it started."""
         import sysconfig
 
-        system = tuple(
-            p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")} if p
-        ) + (sys.prefix, sys.base_prefix)
+        paths = sysconfig.get_paths()
+        system = (*(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)),
+                  sys.prefix, sys.base_prefix)
         for mod in list(sys.modules.values()):
             f = getattr(mod, "__file__", None)
-            if not f or f.startswith(system) or f in self._module_mtimes:
+            if not f or f.startswith(system):
                 continue
             try:
-                self._module_mtimes[f] = os.stat(f).st_mtime
+                if os.stat(f).st_mtime > self._started_at:
+                    return True
             except OSError:
-                pass
+                continue
+        return False
 
     def _reexec(self, job: str) -> None:
         # The user's own modules changed since this warm worker imported
@@ -268,7 +262,6 @@ class Worker:
             _JobRun(self, store, meta, tasks).run()
         finally:
             os.close(lock_fd)
-            self._remember_user_modules()
 
     def _join(self, store: JobStore, lock_path: str) -> bool:
         with store.locked_queue() as q:
@@ -542,7 +535,7 @@ class _JobRun:
                 if fn is None:
                     fn = self._common()[0]
                 value: Any = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - a task's error is its result
+            except BaseException as exc:
                 ok = False
                 value = _describe_error(exc, host, idx, seed)
                 if _MPI:
@@ -640,8 +633,9 @@ def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dic
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
-        pickled: bytes | None = pickle.dumps(exc, protocol=5)
-        pickle.loads(pickled)  # exceptions with odd __init__ may pickle but not load
+        data = pickle.dumps(exc, protocol=5)
+        pickle.loads(data)  # exceptions with odd __init__ may pickle but not load
+        pickled: bytes | None = data
     except Exception:
         pickled = None
     t = type(exc)

@@ -252,8 +252,13 @@ def test_cores_limit_one_at_a_time(ew_home):
 
 def test_warm_workers_are_reused(ew_home):
     pids1 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
+    idle = ew.local().pool_dir() / "idle"
+    deadline = time.monotonic() + 10
+    while len(os.listdir(idle)) < len(pids1):  # workers go idle right after the job
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     pids2 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
-    assert pids1 & pids2
+    assert pids2 <= pids1
 
 
 def test_bad_arguments_are_clear(ew_home):
@@ -265,3 +270,17 @@ def test_bad_arguments_are_clear(ew_home):
         ew.map(abs, [1], errors="ignore")
     with pytest.raises(ew.ConfigError, match="seed"):
         ew.submit(abs, [1], seed=-1)
+
+
+def test_warm_worker_sees_edited_user_module(ew_home, tmp_path, monkeypatch):
+    (tmp_path / "usermod_ew.py").write_text("VALUE = 1\n\ndef get(_):\n    return VALUE\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import usermod_ew
+
+    assert ew.map(usermod_ew.get, [0], on=ew.local(cores=1)) == [1]
+    time.sleep(0.05)
+    (tmp_path / "usermod_ew.py").write_text("VALUE = 2\n\ndef get(_):\n    return VALUE\n")
+    import importlib
+
+    importlib.reload(usermod_ew)
+    assert ew.map(usermod_ew.get, [0], on=ew.local(cores=1)) == [2]

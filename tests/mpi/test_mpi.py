@@ -12,7 +12,7 @@ import pytest
 import elsewhere as ew
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import services  # noqa: E402
+import services
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.filterwarnings("ignore:.*oversubscribed")]
 
@@ -101,7 +101,7 @@ def test_recover_communicating_job(ew_home, mpi_ok):
     job = ew.submit_communicating(ring, args=(1,), ranks=2, name="mpi-rec")
     again = ew.recover("mpi-rec")
     again.wait(timeout=90)
-    assert again.results() == _expected(2, 1)
+    assert again.id == job.id and again.results() == _expected(2, 1)
 
 
 def test_missing_launcher_says_what_to_install(ew_home):

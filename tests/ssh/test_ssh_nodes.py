@@ -15,7 +15,7 @@ import pytest
 import elsewhere as ew
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import services  # noqa: E402
+import services
 
 pytestmark = pytest.mark.timeout(180)
 PY = sys.executable  # the remote side is this machine: the same venv has elsewhere

@@ -439,7 +439,7 @@ class BatchCluster(Cluster):
         (job.store.path / "submissions").mkdir(mode=0o700, exist_ok=True)
         (job.store.path / "logs" / "scheduler").mkdir(mode=0o700, parents=True, exist_ok=True)
         pieces = [chunks[i : i + limit] for i in range(0, len(chunks), limit)]
-        scripts = []
+        scripts: list[tuple[str, list[list[int]]]] = []
         for piece in pieces:
             name = str(len(subs) + len(scripts))
             write_json(job.store.path / "submissions" / f"{name}.json", piece)
