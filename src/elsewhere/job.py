@@ -472,11 +472,11 @@ class Job:
         append = out.append
         for i in range(snap.n):
             f = get(i)
-            if f is not None and f[1][0] == ok:
+            if f is not None and f[1][0] == ok and not f[1][1]:
                 rec = f[1]
                 values = cache.get((f[0], rec.res_off))
                 append(values[rec.item] if values is not None else read_body(store, f[0], rec, cache))
-            elif f is not None or snap.task_state(i) is TaskState.CANCELLED:
+            elif f is not None or snap.task_state(i) is TaskState.CANCELLED:  # errors, single bodies
                 out.append(self._value(i))
             else:
                 missing += 1
