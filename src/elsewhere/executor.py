@@ -107,7 +107,10 @@ class Executor(cf.Executor):
                 need = live + pending < q.get("max_workers", 1) and q["n"] - q["next"] > len(waiting)
             for fifo in waiting:
                 _wake(fifo)
-            if need:
+            added = getattr(self._job.cluster, "tasks_added", None)
+            if added is not None:
+                added(self._job)  # backends that push tasks (peers) hear of them at once
+            elif need:
                 self._job.cluster.poll(self._job)
         return fut
 
