@@ -203,6 +203,11 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             args_only = False
         entries += job._staged
     fns = [fn] + [e[0] for e in job._staged]
+    if not communicating:
+        try:
+            job.cluster.prepare(job, len(entries))  # workers start while the inputs are written
+        except Exception:
+            pass  # submit_independent will try again and report
     try:
         with PayloadWriter(store.path / "payload.log") as w, serial.by_value_for(
             fns, shared_fs=job.cluster.shares_filesystem()

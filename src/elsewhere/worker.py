@@ -265,7 +265,7 @@ class Worker:
 
     def _join(self, store: JobStore, lock_path: str) -> bool:
         with store.locked_queue() as q:
-            if q.get("cancelled") or not q.get("submitted"):
+            if q.get("cancelled"):
                 q.setdefault("dispatched", {}).pop(self.wid, None)
                 return False
             q.setdefault("dispatched", {}).pop(self.wid, None)
@@ -394,7 +394,7 @@ class _JobRun:
         return restore
 
     def _leave(self) -> None:
-        if self.fixed is not None:
+        if self.fixed is not None or not (self.store.path / "queue.lock").exists():
             return
         with self.store.locked_queue() as q:
             m = q["members"].get(self.wid)
@@ -411,10 +411,19 @@ class _JobRun:
 
     def _claim(self, want: int) -> Any:
         store = self.store
+        if not (store.path / "queue.lock").exists():
+            return None  # the job was withdrawn (its submission failed) or purged
         with store.locked_queue() as q:
             m = q["members"].get(self.wid)
             if m is None or m.get("state") == "dead" or q.get("cancelled"):
                 return None
+            if not q.get("submitted"):
+                # Started early, while the client still writes the inputs.
+                if time.time() - m.get("joined", 0) > 60:
+                    m["state"] = "left"
+                    return None
+                m["state"] = "waiting"
+                return _WAIT
             skip = set(q.get("cancelled_tasks", ()))
             for _ in range(2):
                 if q["retry"]:

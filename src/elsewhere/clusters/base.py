@@ -97,6 +97,9 @@ class Cluster(abc.ABC):
         """How many tasks of a job may run at once."""
         return max(1, n_tasks)
 
+    def prepare(self, job: Job, n_tasks: int) -> None:
+        """Called before the inputs are written: start what takes time (workers), if anything."""
+
     @abc.abstractmethod
     def submit_independent(self, job: Job) -> None:
         """Start the tasks of ``job``; return at once (they run detached)."""

@@ -233,14 +233,32 @@ class LocalCluster(Cluster):
         return stopped
 
     # -- plugin operations ----------------------------------------------------
+    def _max_for(self, q: dict[str, Any], n: int) -> int:
+        if q.get("closed", True):
+            return self.max_workers(n)
+        return max(1, self.usable_cores() // self.cores_per_task)
+
+    def prepare(self, job: Job, n_tasks: int) -> None:
+        if not n_tasks:
+            return
+        with job.store.locked_queue() as q:
+            q["max_workers"] = self._max_for(q, n_tasks)
+            want = min(q["max_workers"], n_tasks)
+        self.dispatch(job, want)
+
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
         with job.store.locked_queue() as q:
             q["submitted"] = True
-            q["max_workers"] = self.max_workers(n) if q.get("closed", True) else max(
-                1, self.usable_cores() // self.cores_per_task)
-            want = min(q["max_workers"], max(1, n - q["next"])) if n else 0
-        self.dispatch(job, want)
+            q["max_workers"] = self._max_for(q, n)
+            have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
+            have += len(q.get("dispatched", {}))
+            want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
+            waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+        for fifo in waiting:
+            _wake(fifo)
+        if want > 0:
+            self.dispatch(job, want)
 
     def submit_communicating(self, job: Job) -> None:
         from .. import mpi
@@ -365,6 +383,22 @@ class LocalCluster(Cluster):
         if any(m.get("state") in ("active", "waiting") and not lock_is_free(m.get("lock", ""))
                for m in q.get("members", {}).values()):
             self.cancel_job(job)
+
+
+def _wake(fifo: str | None) -> None:
+    """Wake a worker that waits on its FIFO (a newline is "look again")."""
+    if not fifo:
+        return
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _kill(member: dict[str, Any]) -> None:

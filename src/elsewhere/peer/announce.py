@@ -48,6 +48,23 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from ..errors import ProtocolError
 from .keys import GroupKey
 
+__all__ = [
+    "ANNOUNCE_MAGIC",
+    "ANNOUNCE_VERSION",
+    "FLAG_LEAVING",
+    "MAX_DATAGRAM",
+    "Announcement",
+    "AnnouncementDecoder",
+    "PeerFilter",
+    "PeerInfo",
+    "PeerState",
+    "PeerTable",
+    "announce_key",
+    "encode_announcement",
+    "new_peer_id",
+    "with_fields",
+]
+
 ANNOUNCE_MAGIC = b"ELSA"
 ANNOUNCE_VERSION = 1
 MAX_DATAGRAM = 1400

@@ -117,11 +117,16 @@ class DiscoveryConfig:
                 ipaddress.IPv4Address(self.interface)
             except ValueError:
                 raise ConfigError(f"interface must be a local IPv4 address, got {self.interface!r}")
-        peers = tuple((str(h), int(p)) for h, p in self.static_peers)
-        for host, port in peers:
-            if not 1 <= port <= 65535:
-                raise ConfigError(f"static peer {host}:{port}: port must be 1..65535")
-        object.__setattr__(self, "static_peers", peers)
+        peers = []
+        for entry in self.static_peers:
+            try:
+                host, port = entry
+            except (TypeError, ValueError):
+                raise ConfigError(f"a static peer is (host, port), got {entry!r}")
+            if not isinstance(host, str) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise ConfigError(f"static peer {entry!r}: need (host name, port 1..65535)")
+            peers.append((host, port))
+        object.__setattr__(self, "static_peers", tuple(peers))
         if not isinstance(self.ttl, int) or not 0 <= self.ttl <= 255:
             raise ConfigError(f"ttl must be 0..255, got {self.ttl!r}")
         if not self.interval_s > 0 or not 0 <= self.jitter < 1:
@@ -440,6 +445,10 @@ class Listener:
         except ProtocolError as exc:
             self.dropped += 1
             log.debug("dropped announcement from %s: %s", source[0], exc)
+            return
+        except Exception:  # a bug must not silence discovery: log it, keep listening
+            self.dropped += 1
+            log.exception("announcement from %s could not be decoded", source[0])
             return
         with self._cond:
             self.received += 1

@@ -54,7 +54,8 @@ mode differs from theirs.
 
 Admission before payload: a TASK is refused unless the receiver accepted an
 ASK for that task id on this connection; this is checked from the
-authenticated header, before the TASK's buffers are received.
+authenticated header, before the TASK's buffers are received. One ACCEPT
+admits one TASK; a CANCEL from the asker withdraws its ASK (open or accepted).
 """
 
 from __future__ import annotations
@@ -79,6 +80,48 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import PeerError, ProtocolError
 from .keys import GroupKey
+
+__all__ = [
+    "FIXED_SIZE",
+    "HANDSHAKE_HEADER_CAP",
+    "MAGIC",
+    "MESSAGE_CLASSES",
+    "NONCE_BYTES",
+    "PROTOCOL_VERSION",
+    "TAG_SIZE",
+    "Accept",
+    "Ack",
+    "Allocator",
+    "Ask",
+    "Auth",
+    "Buffer",
+    "Bye",
+    "Cancel",
+    "Challenge",
+    "Connection",
+    "ConnectionState",
+    "Error",
+    "Event",
+    "FixedHeader",
+    "Flags",
+    "Greeting",
+    "HandshakeComplete",
+    "Hello",
+    "Identity",
+    "Limits",
+    "Message",
+    "MessageType",
+    "OutgoingFrame",
+    "Ping",
+    "Pong",
+    "Received",
+    "Refuse",
+    "RefuseReason",
+    "Result",
+    "Role",
+    "Task",
+    "parse_header",
+]
 
 MAGIC = b"ELSW"
 PROTOCOL_VERSION = 1
@@ -633,14 +676,16 @@ class Connection:
     makes the buffers that raw buffers are received into (default
     ``bytearray``). After any :class:`ProtocolError` the connection is closed;
     send what :meth:`data_to_send` still holds (perhaps an ERROR frame for the
-    peer) and close the socket.
+    peer) and close the socket. Not thread-safe: one thread drives it.
 
     A socket loop::
 
         conn = Connection(Role.INITIATOR, key, Identity(peer_id))
         while True:
             for frame in conn.data_to_send():
-                sock.sendmsg(frame.parts())      # or sendall each of iter_parts()
+                for part in frame.iter_parts():  # MAC each 1 MiB slice as it is sent
+                    sock.sendall(part)           # (or sendmsg(frame.parts()), looping
+                                                 #  on partial sends and IOV_MAX)
             if conn.next_size() >= 65536:        # inside a large buffer: no copy
                 n = sock.recv_into(conn.receive_buffer())
                 events = conn.received(n) if n else conn.receive_eof()
@@ -768,6 +813,9 @@ class Connection:
         elif mtype is MessageType.TASK:
             if task_id not in self._accepted_by_peer:
                 raise PeerError(f"TASK {task_id!r} was not accepted by the peer (send ASK first)")
+            self._accepted_by_peer.discard(task_id)
+        elif mtype is MessageType.CANCEL:  # withdraws our ASK, if still open or accepted
+            self._asks_to_peer.discard(task_id)
             self._accepted_by_peer.discard(task_id)
 
     def _queue(
@@ -1035,6 +1083,9 @@ class Connection:
             self._asks_to_peer.discard(task_id)
             if mtype is MessageType.ACCEPT:
                 self._accepted_by_peer.add(task_id)
+        elif isinstance(message, Cancel):  # the peer withdraws its ASK: no TASK will follow
+            self._asks_from_peer.discard(message.task_id)
+            self._accepted_for_peer.discard(message.task_id)
         elif mtype in (MessageType.BYE, MessageType.ERROR):
             self.state = ConnectionState.CLOSED
 
