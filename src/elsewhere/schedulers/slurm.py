@@ -167,7 +167,9 @@ class SlurmSyntax(BatchSyntax):
         word = native_state.split()[0] if native_state.split() else native_state
         state = self.states.get(word)
         if state is F:
-            reason = ""  # sacct keeps the last pending reason ("JobArrayTaskLimit") of finished jobs
+            reason = (
+                ""  # sacct keeps the last pending reason ("JobArrayTaskLimit") of finished jobs
+            )
         if word in _REASON_IS_STATE and not reason:
             reason = word
         if word == "CANCELLED" and native_state != word:

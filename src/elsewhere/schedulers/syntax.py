@@ -25,6 +25,7 @@ for walltimes, memory sizes and index ranges.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import importlib.resources
 import re
@@ -101,7 +102,8 @@ class ScriptContext:
         log_dir: the folder for logs; the template names each element's log
             with the scheduler's own placeholders for job id and array index.
         array_size: elements in this submission (1 for a single job).
-        array_first: first index, in the scheduler's base (SGE, LSF: 1).
+        array_first: first index, in the scheduler's base (SGE, LSF: 1); None
+            (the default) is the scheduler's first index, filled in by ``render_script``.
         array_last: last index, inclusive; defaults to ``array_first + array_size - 1``.
         max_running: at most this many elements at once; None is no limit.
         cores_per_task: cores each element (or each rank) requests.
@@ -126,7 +128,7 @@ class ScriptContext:
     run_line: str
     log_dir: str
     array_size: int = 1
-    array_first: int = 0
+    array_first: int | None = None
     array_last: int | None = None
     max_running: int | None = None
     cores_per_task: int = 1
@@ -158,6 +160,10 @@ class ScriptContext:
                 f"log_dir {self.log_dir!r}: must be a path without newlines or quotes"
             )
         _positive("array_size", self.array_size)
+        if self.array_first is None:
+            if self.array_last is not None:
+                raise ConfigError(f"array_last {self.array_last} needs array_first")
+            return self._check_rest()
         _non_negative("array_first", self.array_first)
         last = self.array_first + self.array_size - 1
         if self.array_last is None:
@@ -167,6 +173,9 @@ class ScriptContext:
                 f"array_last {self.array_last} does not match array_first {self.array_first} "
                 f"+ array_size {self.array_size} - 1 = {last}"
             )
+        self._check_rest()
+
+    def _check_rest(self) -> None:
         if self.max_running is not None:
             _positive("max_running", self.max_running)
         _positive("cores_per_task", self.cores_per_task)
@@ -215,6 +224,12 @@ class ScriptContext:
         if not cleaned[0].isalnum():
             cleaned = "j" + cleaned
         return cleaned[:max_len]
+
+    def with_base(self, base: int) -> ScriptContext:
+        """This context with ``array_first`` set to ``base`` when it was left None."""
+        if self.array_first is not None:
+            return self
+        return dataclasses.replace(self, array_first=base, array_last=None)
 
     def fields(self) -> dict[str, Any]:
         """Every template field by name, the derived ones (walltime, mem_total_mb) included."""
@@ -395,7 +410,8 @@ class BatchSyntax:
         """
         source = self.builtin_template() if template is None else template
         label = self.template_name() if template is None else f"user template for {self.name}"
-        if ctx.array_first < self.array_index_base:
+        ctx = ctx.with_base(self.array_index_base)
+        if ctx.array_first is not None and ctx.array_first < self.array_index_base:
             raise ConfigError(
                 f"{self.name}: array index {ctx.array_first} is below the scheduler's "
                 f"first index {self.array_index_base}"
