@@ -480,12 +480,17 @@ class BatchCluster(Cluster):
                 raise SchedulerError(f"{self.syntax.status_command} failed", command=self.syntax.build_status(ids),
                                      returncode=res.returncode, stderr=res.stderr.decode(errors="replace"))
             got = self.syntax.parse_status(res.text)
-            seen_jobs = {s.job_id or s.native_id.split("_")[0] for s in got.values()}
-            missing = [j for j in ids if j not in seen_jobs]
+            from ..schedulers.syntax import split_array_first
+
+            seen = {s.job_id for s in got.values()} | set(got)
+            missing = [j for j in ids
+                       if j not in seen and split_array_first(j)[0] not in seen
+                       and not any(k.startswith(split_array_first(j)[0]) for k in got)]
             acct = self.syntax.build_accounting(missing) if missing else None
             if acct:
                 r2 = self._run(acct, check=False)
-                if r2.returncode == 0:
+                acct_ok = getattr(self.syntax, "accounting_ok", lambda rc, err: rc == 0)
+                if acct_ok(r2.returncode, r2.stderr.decode(errors="replace")):
                     for k, v in self.syntax.parse_accounting(r2.text).items():
                         got.setdefault(k, v)
         if self._status_cache is None or got != self._status_cache[1]:
