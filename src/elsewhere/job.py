@@ -432,7 +432,7 @@ class Job:
         if rec.kind == Kind.CANCELLED:
             return TaskError("the task was cancelled", type_name="Cancelled", index=index,
                              job=self.name, reason="cancelled", seed=rec.seed)
-        value = read_body(self.store, wid, rec, self._cache)
+        value = read_body(self.store, wid, rec, self._cache, index)
         if rec.kind == Kind.ERROR:
             return _task_error(value, self.name, rec)
         return value
@@ -475,7 +475,8 @@ class Job:
             if f is not None and f[1][0] == ok and not f[1][1]:
                 rec = f[1]
                 values = cache.get((f[0], rec.res_off))
-                append(values[rec.item] if values is not None else read_body(store, f[0], rec, cache))
+                append(values[rec.item + i - rec.task] if values is not None
+                       else read_body(store, f[0], rec, cache, i))
             elif f is not None or snap.task_state(i) is TaskState.CANCELLED:  # errors, single bodies
                 out.append(self._value(i))
             else:
@@ -518,7 +519,11 @@ class Job:
             wid, rec = f
             if wid == CONTROL:
                 wid = self.store.queue().get("lost_by", {}).get(str(index), "")
-            return read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
+            text = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
+            if rec.count > 1 and text:
+                text = (f"[tasks {rec.task}..{rec.task + rec.count - 1} ran as one fast batch; "
+                        "this is their output together]\n") + text
+            return text
         r = snap.running.get(index)
         if r is not None:
             _, _, off = self.store.read_running(r[0])

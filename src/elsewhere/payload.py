@@ -93,6 +93,7 @@ class PayloadReader:
         self._heads: list[ChunkHeader] = []
         self._common: ChunkHeader | None = None
         self._cached: tuple[int, list[TaskEntry]] | None = None
+        self._raw: tuple[int, list[tuple[Any, ...]]] | None = None
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -157,4 +158,14 @@ class PayloadReader:
         tag, part = self._load(head)
         entries = [(None, a, _NO_KWARGS) for a in part] if tag == "a" else part
         self._cached = (head.first, entries)
+        self._raw = (head.first, part) if tag == "a" else None
         return entries[index - head.first]
+
+    def args_run(self, index: int) -> tuple[int, list[tuple[Any, ...]]] | None:
+        """(first task, argument tuples) of the chunk holding ``index``, if its tasks
+        all use the common function with positional arguments only; else None."""
+        self.task(index)
+        raw = self._raw
+        if raw is not None and raw[0] <= index < raw[0] + len(raw[1]):
+            return raw
+        return None

@@ -12,14 +12,16 @@ u32 crc32 of the records that follow. A record (fixed size, little-endian)::
     2      2    attempt     0 for the first run, +1 per retry
     4      4    task        0-based task index
     8      4    item        position of this task's value in the result body's list
-    12     8    res_off     offset of the result body in the worker's results file
-    20     8    res_len     length of the body
-    28     8    log_off     offset of the task's output in the worker's log file
-    36     8    log_len     length of that output
-    44     8    t_start     unix time the task started (float64)
-    52     8    t_end       unix time it ended (float64)
-    60     8    peak_rss    the worker's peak resident memory so far, bytes
-    68     8    seed        the seed the task ran with
+    12     4    count       tasks this record covers: task .. task+count-1 (a range
+                            record: fast tasks run as one batch, values at item ..)
+    16     8    res_off     offset of the result body in the worker's results file
+    24     8    res_len     length of the body
+    32     8    log_off     offset of the task's output in the worker's log file
+    40     8    log_len     length of that output (a range's: the whole batch's)
+    48     8    t_start     unix time the task (range: the batch) started (float64)
+    56     8    t_end       unix time it ended (float64)
+    64     8    peak_rss    the worker's peak resident memory so far, bytes
+    72     8    seed        the seed the task (range: the first task) ran with
 
 Frames are written after the result bodies they point to; a reader stops at
 the first frame that is short or whose checksum is wrong (a frame being
@@ -60,10 +62,10 @@ class Kind(enum.IntEnum):
     CANCELLED = 4
 
 
-_REC = struct.Struct("<BBHIIqqqqddqq")
+_REC = struct.Struct("<BBHIIIqqqqddqq")
 _FRAME = struct.Struct("<III")
 _FRAME_MAGIC = 0x45574A31
-RECORD_SIZE = _REC.size  # 76
+RECORD_SIZE = _REC.size  # 80
 
 
 class Record(NamedTuple):
@@ -74,6 +76,7 @@ class Record(NamedTuple):
     attempt: int
     task: int
     item: int = 0
+    count: int = 1
     res_off: int = 0
     res_len: int = 0
     log_off: int = 0

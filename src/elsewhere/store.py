@@ -238,7 +238,30 @@ def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int
 
 
 class JournalReader:
-    """Reads every worker's journal incrementally: only what is new each time."""
+    """Reads every worker's journal incrementally: only what is new each time.
+
+    ``final`` maps a task to (worker id, record); a range record stands for
+    each of its tasks (the task's value is item ``rec.item + task - rec.task``).
+    """
+
+    def _add_range(self, wid: str, r: Record) -> int:
+        final = self.final
+        tasks = range(r.task, r.task + r.count)
+        entry = (wid, r)
+        if not any(t in final for t in (r.task, r.task + r.count - 1)) and final.keys().isdisjoint(tasks):
+            final.update(dict.fromkeys(tasks, entry))
+            self.kind_counts[r.kind] += r.count
+            return r.count
+        new = 0
+        for t in tasks:  # overlaps earlier outcomes (a retry): one by one, same rule as single records
+            old = final.get(t)
+            if old is None or r.attempt > old[1].attempt:
+                if old is not None:
+                    self.kind_counts[old[1].kind] -= 1
+                final[t] = entry
+                self.kind_counts[r.kind] += 1
+                new += 1
+        return new
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
@@ -265,6 +288,9 @@ class JournalReader:
             final = self.final
             counts = self.kind_counts
             for r in recs:
+                if r.count > 1:
+                    new += self._add_range(wid, r)
+                    continue
                 old = final.get(r.task)
                 if old is None:
                     final[r.task] = (wid, r)
@@ -318,7 +344,7 @@ class OutcomeWriter:
         if log:
             writev_all(self.log_fd, [log])
             self.log_end += len(log)
-        rec = Record(int(Kind.OK if ok else Kind.ERROR), FLAG_SINGLE, attempt, task, 0, off, size,
+        rec = Record(int(Kind.OK if ok else Kind.ERROR), FLAG_SINGLE, attempt, task, 0, 1, off, size,
                      log_off, len(log), t_start, t_end, peak_rss, seed)
         if sync:
             os.fsync(self.res_fd)
@@ -334,8 +360,9 @@ class OutcomeWriter:
                 pass
 
 
-def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int], list[Any]]) -> Any:
-    """The value (or error description) of one task, from its result body."""
+def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int], list[Any]],
+              task: int | None = None) -> Any:
+    """The value (or error description) of one task (``task``, for a range record), from its body."""
     key = (wid, rec.res_off)
     values = cache.get(key)
     if values is None and rec.flags & FLAG_SINGLE:
@@ -357,7 +384,7 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
 
         values = serial.loads(pickled, bufs)
         cache[key] = values
-    return values[rec.item]
+    return values[rec.item + ((task - rec.task) if task is not None else 0)]
 
 
 def read_log(store: JobStore, wid: str, off: int, length: int) -> str:
@@ -394,7 +421,7 @@ def resulted_by(store: JobStore, wid: str) -> set[int]:
     except FileNotFoundError:
         return set()
     recs, _ = records.parse_frames(data)
-    return {r.task for r in recs}
+    return {t for r in recs for t in range(r.task, r.task + r.count)}
 
 
 def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> list[str]:

@@ -47,6 +47,8 @@ from .store import CUR, JobStore, reap, writev_all
 
 _FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
 _SYNC_S = 0.05  # ... and fsync at least this often (and at the end of every claim)
+_QUIET_BEFORE_FAST = 32  # tasks in a row without output before the fast path is used
+_FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
 _MAX_BATCH = 4096
 _WAIT = object()
@@ -248,6 +250,13 @@ class Worker:
     # -- one job --------------------------------------------------------------
     def run_job(self, job_dir: str, tasks: list[int] | None = None) -> None:
         """Join ``job_dir``, run tasks until none are left, leave."""
+        try:
+            self._run_job(job_dir, tasks)
+        except FileNotFoundError as exc:
+            # The job folder went away under us (purged): back to the pool.
+            print(f"elsewhere worker {self.wid}: job {job_dir} is gone ({exc})", file=sys.stderr, flush=True)
+
+    def _run_job(self, job_dir: str, tasks: list[int] | None) -> None:
         store = JobStore(job_dir)
         try:
             meta = store.meta()
@@ -307,6 +316,7 @@ class _JobRun:
         self.mean_s = 0.0
         self.n_done = 0
         self.attempts: dict[int, int] = {}
+        self.quiet = 0  # tasks in a row that printed nothing
 
     # -- set-up and tear-down ---------------------------------------------
     def run(self) -> None:
@@ -394,13 +404,16 @@ class _JobRun:
         return restore
 
     def _leave(self) -> None:
-        if self.fixed is not None or not (self.store.path / "queue.lock").exists():
+        if self.fixed is not None:
             return
-        with self.store.locked_queue() as q:
-            m = q["members"].get(self.wid)
-            if m is not None and m.get("state") != "dead":
-                m["state"] = "left"
-                m["claim"] = []
+        try:
+            with self.store.locked_queue() as q:
+                m = q["members"].get(self.wid)
+                if m is not None and m.get("state") != "dead":
+                    m["state"] = "left"
+                    m["claim"] = []
+        except FileNotFoundError:
+            return  # purged: nothing to leave
         self.store.notify()
 
     # -- claiming -------------------------------------------------------------
@@ -410,9 +423,13 @@ class _JobRun:
         return max(1, min(_MAX_BATCH, int(_TARGET_BATCH_S / self.mean_s)))
 
     def _claim(self, want: int) -> Any:
-        store = self.store
-        if not (store.path / "queue.lock").exists():
+        try:
+            return self._claim_locked(want)
+        except FileNotFoundError:
             return None  # the job was withdrawn (its submission failed) or purged
+
+    def _claim_locked(self, want: int) -> Any:
+        store = self.store
         with store.locked_queue() as q:
             m = q["members"].get(self.wid)
             if m is None or m.get("state") == "dead" or q.get("cancelled"):
@@ -509,6 +526,104 @@ class _JobRun:
         return self._common()[1]
 
     def _run_batch(self, indices: Any) -> None:
+        """Run a claim: the fast path for floods of quiet, tiny tasks, else one by one."""
+        if (self.quiet >= _QUIET_BEFORE_FAST and isinstance(indices, range) and len(indices) > 1
+                and not self.attempts and not _MPI and 0 < self.mean_s < _FAST_TASK_S):
+            self._run_fast(indices)
+        else:
+            self._run_each(indices)
+
+    def _run_fast(self, indices: range) -> None:
+        """Tasks that took microseconds and printed nothing: run a chunk in one loop,
+        one range record per run of successes (see records.py), one log check per batch."""
+        import random
+
+        rseed = random.seed if self.seeding else _no_seed
+        npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
+        payload = self._load_payload()
+        fn = None
+        ctx = self.ctx
+        cur = self.cur
+        pack_into = CUR.pack_into
+        js = self.job_seed
+        i, stop = indices.start, indices.stop
+        while i < stop:
+            run = payload.args_run(i)
+            if run is None:  # tasks with their own function or keywords: one by one
+                self._run_each(range(i, stop))
+                return
+            if fn is None:
+                fn = self._common()[0]
+            first, args = run
+            end = min(stop, first + len(args))
+            log_off = self.log_pos
+            values: list[Any] = []
+            append = values.append
+            t0 = time.time()
+            start = i
+            j = i
+            try:
+                for j in range(i, end):
+                    pack_into(cur, 0, j, t0, log_off)
+                    ctx.index = j
+                    ctx.seed = js + j
+                    rseed(js + j)
+                    npseed(js, j)
+                    append(fn(*args[j - first]))
+            except BaseException as exc:  # noqa: BLE001 - a task's error is its result
+                self._emit_range(start, values, t0, log_off)
+                err = _describe_error(exc, self.w.host, j, js + j)
+                log_end = os.lseek(1, 0, 2)
+                self.pending.append((j, False, 0, self.log_pos, log_end - self.log_pos,
+                                     t0, time.time(), js + j, err))
+                self.log_pos = log_end
+                self.quiet = 0
+                i = j + 1
+                continue
+            self._emit_range(start, values, t0, log_off)
+            i = end
+        pack_into(cur, 0, -1, 0.0, 0)
+
+    def _emit_range(self, start: int, values: list[Any], t0: float, log_off: int) -> None:
+        """Write a range record for tasks start .. start+len(values)-1 (all succeeded)."""
+        n = len(values)
+        if not n:
+            return
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        t1 = time.time()
+        log_end = os.lseek(1, 0, 2)
+        if log_end != log_off:
+            self.quiet = 0  # output appeared: back to one by one, to attribute it per task
+        self.log_pos = log_end
+        self.n_done += n
+        self.mean_s += ((t1 - t0) / n - self.mean_s) / 2
+        from . import serial
+
+        self._flush(sync=False)  # keep the journal in task order
+        try:
+            data, bufs = serial.dumps_plain(values)
+        except Exception:
+            # Some value cannot be pickled: record them one by one instead.
+            for k, v in enumerate(values):
+                self.pending.append((start + k, True, 0, log_off, 0, t0, t1, self.job_seed + start + k, v))
+            return
+        parts = records.pack_body(data, bufs)
+        size = records.body_size(parts)
+        off = self.res_end
+        writev_all(self.res_fd, parts)
+        self.res_end += size
+        rec = Record(int(Kind.OK), 0, 0, start, 0, n, off, size, log_off, log_end - log_off, t0, t1,
+                     _rss_bytes(), self.job_seed + start)
+        os.write(self.jfd, records.pack_frame([rec]))
+        self.unsynced = True
+        self.last_flush = t1
+        self.store.notify()
+
+    def _run_each(self, indices: Any) -> None:
         """Run tasks one after another; the hot loop of every worker."""
         import random
 
@@ -561,6 +676,7 @@ class _JobRun:
             t1 = now()
             log_end = lseek(1, 0, 2)
             pending.append((idx, ok, attempt, log_off, log_end - log_off, t0, t1, seed, value))
+            self.quiet = self.quiet + 1 if log_end == log_off else 0
             log_off = log_end
             n = self.n_done = self.n_done + 1
             self.mean_s += ((t1 - t0) - self.mean_s) / (n if n < 20 else 20)
@@ -598,7 +714,7 @@ class _JobRun:
         rss = _rss_bytes()
         ok_kind, err_kind = int(Kind.OK), int(Kind.ERROR)
         recs = [
-            Record(ok_kind if p[1] else err_kind, 0, p[2], p[0], i, off, size, p[3], p[4], p[5], p[6], rss, p[7])
+            Record(ok_kind if p[1] else err_kind, 0, p[2], p[0], i, 1, off, size, p[3], p[4], p[5], p[6], rss, p[7])
             for i, p in enumerate(pending)
         ]
         if sync:

@@ -379,9 +379,9 @@ class LocalCluster(Cluster):
             reap(job.store, q)
 
     def delete_job(self, job: Job) -> None:
-        q = job.store.queue()
-        if any(m.get("state") in ("active", "waiting") and not lock_is_free(m.get("lock", ""))
-               for m in q.get("members", {}).values()):
+        # Workers of a finished job are about to leave it for the pool: let them
+        # (they notice the folder is gone). Only a job with work left is stopped.
+        if not job.state.done:
             self.cancel_job(job)
 
 

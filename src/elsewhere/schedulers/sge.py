@@ -273,6 +273,8 @@ class SGESyntax(BatchSyntax):
 def _reason(native_state: str) -> str:
     if "E" in native_state:
         return "error state " + native_state
+    if "d" in native_state:
+        return "deleted by qdel"
     if "h" in native_state:
         return "held"
     if "s" in native_state or "S" in native_state or "T" in native_state:

@@ -1,0 +1,310 @@
+"""The peer backend: tasks run on workstations of a peer group (FieldTrip's peer toolbox).
+
+Each machine that offers its cores runs ``elsewhere peer worker``; workers
+announce themselves by multicast (or to a static list of peers) and are found
+without any central server. For each job, :meth:`PeerCluster.submit_independent`
+starts a :class:`~elsewhere.peer.controller.Controller` in this process: it
+sends each task straight to a chosen worker and stores each result in the job
+folder as it arrives. A job recovered in a new process (``ew.recover``) gets a
+new controller from ``poll``, which carries on where the old one stopped.
+
+    ew.map(pow, [1, 2, 3], [2, 2, 2], on=ew.peers())
+    with ew.Executor(on=ew.peers(memory="2G", time="10min")) as ex:
+        fut = ex.submit(fit, start)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+from . import register_builtin
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..job import Job, Snapshot
+    from ..peer.controller import Controller, ControllerSettings
+    from ..peer.discovery import DiscoveryConfig
+    from ..peer.keys import GroupKey
+
+__all__ = ["PeerCluster", "key_path", "peers"]
+
+_DIARY = ("always", "warning", "error", "never")
+
+
+def key_path(group: str) -> Path:
+    """Where the key of ``group`` lives: ``<config dir>/peer/<group>.key``."""
+    from .. import paths
+    from ..peer.keys import check_group_name
+
+    return paths.config_dir() / "peer" / f"{check_group_name(group)}.key"
+
+
+def parse_peer(entry: str | tuple[str, int] | list[Any], default_port: int) -> tuple[str, int]:
+    """``"host"``, ``"host:port"`` or ``(host, port)`` -> ``(host, port)``."""
+    if isinstance(entry, (tuple, list)):
+        if len(entry) != 2:
+            raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+        return str(entry[0]), int(entry[1])
+    if not isinstance(entry, str) or not entry:
+        raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+    host, sep, port = entry.rpartition(":")
+    if not sep:
+        return entry, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ConfigError(f"peer {entry!r}: the port must be a number")
+
+
+class PeerCluster(Cluster):
+    """Workstations running ``elsewhere peer worker``, found by multicast.
+
+    Args:
+        group: the peer group; its key is read from ``<config dir>/peer/GROUP.key``
+            (made with ``elsewhere peer keygen GROUP``). Default: the group
+            "default" if its key exists, else loopback-only mode (workers of
+            this user on this machine, no key).
+        key: a key file to use instead of the default place.
+        memory: memory each task needs ("2G"); workers offering less refuse it,
+            and a task that uses more is stopped.
+        time: time each task needs ("10min"); a task that runs past it is
+            stopped, and one that takes twice as long runs elsewhere too.
+        peers: where multicast is not allowed: the other peers, as "host" or
+            "host:port" (their discovery ports).
+        port, multicast_group, interface: discovery settings (see
+            ``elsewhere.peer.discovery.DiscoveryConfig``).
+        diary: when a task's printed output comes back: "always", "warning"
+            (if it warned or failed), "error" (if it failed), "never".
+        prefer_local: place tasks on workers of this machine first.
+        cores_per_task: cores each task needs (a worker with fewer refuses it).
+    """
+
+    kind = "peer"
+
+    def __init__(
+        self,
+        group: str | None = None,
+        *,
+        key: str | os.PathLike[str] | None = None,
+        memory: str | int | None = None,
+        time: str | float | None = None,
+        peers: list[Any] | tuple[Any, ...] = (),
+        port: int | None = None,
+        multicast_group: str | None = "default",
+        interface: str | None = None,
+        diary: str = "always",
+        prefer_local: bool = True,
+        cores_per_task: int = 1,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)  # fmt: skip
+        self.group = group
+        self.key_file = str(Path(key).expanduser().absolute()) if key is not None else None
+        self.memory = memory
+        self.time = time
+        self.peers = [list(parse_peer(p, 0)) if not isinstance(p, str) else p for p in peers]
+        self.port = port
+        self.multicast_group = multicast_group
+        self.interface = interface
+        self.diary = diary
+        self.prefer_local = prefer_local
+        self._lock = threading.Lock()
+        self._controllers: dict[str, Controller] = {}
+        self.post_construct()
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "group": self.group, "key": self.key_file, "memory": self.memory, "time": self.time,
+            "peers": self.peers, "port": self.port, "multicast_group": self.multicast_group,
+            "interface": self.interface, "diary": self.diary, "prefer_local": self.prefer_local,
+            **super().settings(),
+        }  # fmt: skip
+
+    def post_construct(self) -> None:
+        from ..peer.units import parse_duration, parse_size
+
+        if self.diary not in _DIARY:
+            raise ConfigError(f"diary must be one of {', '.join(_DIARY)}, not {self.diary!r}")
+        self.mem_bytes = parse_size(self.memory, what="memory") or 0
+        time_s = parse_duration(self.time, what="time") or 0.0
+        self.time_s = 0.0 if time_s == float("inf") else time_s
+        self.group_key = self._find_key()
+        self.discovery = self._discovery()
+
+    def _find_key(self) -> GroupKey | None:
+        from ..peer.keys import DEFAULT_GROUP, load_key
+
+        if self.key_file is not None:
+            return load_key(self.key_file, self.group)
+        path = key_path(self.group or DEFAULT_GROUP)
+        if path.exists():
+            return load_key(path, self.group or DEFAULT_GROUP)
+        if self.group is not None and self.group != DEFAULT_GROUP:
+            raise ConfigError(
+                f"no key for peer group {self.group!r} at {path}: make one with "
+                f"`elsewhere peer keygen {self.group}` and copy it to the workers"
+            )
+        return None  # loopback-only mode
+
+    def _discovery(self) -> DiscoveryConfig:
+        from ..peer.discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
+
+        port = self.port or DEFAULT_PORT
+        group = DEFAULT_MULTICAST_GROUP if self.multicast_group == "default" else self.multicast_group
+        static = tuple(parse_peer(p, port) for p in self.peers)
+        return DiscoveryConfig(port=port, multicast_group=group, interface=self.interface,
+                               static_peers=static)  # fmt: skip
+
+    def shares_filesystem(self) -> bool:
+        # The job records the caller's working directory and sys.path; workers use
+        # those that exist there. Code of the user's own modules travels by value.
+        return True
+
+    def max_workers(self, n_tasks: int) -> int:
+        return max(1, n_tasks)
+
+    # -- controllers ---------------------------------------------------------------
+    def controller_settings(self, job: Job) -> ControllerSettings:
+        """What the controller of ``job`` needs to know."""
+        from ..peer.announce import new_peer_id
+        from ..peer.controller import ControllerSettings
+
+        data = self.get_job_cluster_data(job)
+        peer_id = data.get("peer_id")
+        if not isinstance(peer_id, str) or len(peer_id) != 32:
+            peer_id = new_peer_id()
+            self.set_job_cluster_data(job, {**data, "peer_id": peer_id})
+        return ControllerSettings(
+            key=self.group_key, discovery=self.discovery, mem_bytes=self.mem_bytes,
+            time_s=self.time_s, cores=self.cores_per_task, diary=self.diary,
+            prefer_local=self.prefer_local, peer_id=peer_id,
+        )  # fmt: skip
+
+    def controller(self, job: Job) -> Controller | None:
+        """The live controller of ``job`` in this process, if any."""
+        with self._lock:
+            c = self._controllers.get(job.id)
+        return c if c is not None and c.alive() else None
+
+    def _start_controller(self, job: Job) -> Controller:
+        from ..peer.controller import Controller
+
+        with self._lock:
+            c = self._controllers.get(job.id)
+            if c is not None and c.alive():
+                return c
+            settings = self.controller_settings(job)
+            c = Controller(job, settings).start()
+            self._controllers[job.id] = c
+        data = self.get_job_cluster_data(job)
+        data["controller"] = {"host": socket.gethostname(), "pid": os.getpid(),
+                              "create_time": _create_time(os.getpid())}  # fmt: skip
+        self.set_job_cluster_data(job, data)
+        return c
+
+    def _other_controller_alive(self, job: Job) -> bool:
+        info = self.get_job_cluster_data(job).get("controller") or {}
+        pid = info.get("pid")
+        if not isinstance(pid, int) or pid == os.getpid() or info.get("host") != socket.gethostname():
+            return False
+        ct = _create_time(pid)
+        return ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01
+
+    # -- the plugin operations ---------------------------------------------------------
+    def submit_independent(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["max_workers"] = max(1, int(q.get("n", 0)))
+        self._start_controller(job)
+
+    def poll(self, job: Job) -> None:
+        c = self.controller(job)
+        if c is not None:
+            c.refresh_queue()
+            return
+        q = job.store.queue()
+        if not q.get("submitted") or q.get("cancelled"):
+            return
+        snap = job._snapshot(fresh=True)
+        unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
+        if unfinished and not self._other_controller_alive(job):
+            self._start_controller(job)
+
+    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+        c = self.controller(job)
+        if c is None:
+            return snapshot
+        final = snapshot.final
+        snapshot.running = {i: v for i, v in c.running().items() if i not in final}
+        snapshot.note = c.note
+        snapshot.reasons = {i: r for i, r in dict(c.reasons).items() if i not in final}
+        return snapshot
+
+    def tasks_added(self, job: Job) -> None:
+        """The Executor appended a task to a stream job: place it now."""
+        c = self.controller(job)
+        if c is None:
+            c = self._start_controller(job)
+        c.tasks_added()
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+            q["retry"] = []
+        c = self.controller(job)
+        if c is not None:
+            c.cancel()
+            c.stop()
+
+    def cancel_task(self, job: Job, index: int) -> None:
+        with job.store.locked_queue() as q:
+            ct = set(q.get("cancelled_tasks", []))
+            ct.add(index)
+            q["cancelled_tasks"] = sorted(ct)
+            if index in q.get("retry", []):
+                q["retry"].remove(index)
+        c = self.controller(job)
+        if c is not None:
+            c.cancel_task(index)
+
+    def delete_job(self, job: Job) -> None:
+        with self._lock:
+            c = self._controllers.pop(job.id, None)
+        if c is not None:
+            if c.alive() and not job.state.done:
+                c.cancel()
+            c.stop()
+
+    def stop(self) -> None:
+        """Stop every controller of this cluster object (results so far are kept)."""
+        with self._lock:
+            controllers = list(self._controllers.values())
+            self._controllers.clear()
+        for c in controllers:
+            c.stop()
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return float(psutil.Process(pid).create_time())
+    return None
+
+
+def peers(group: str | None = None, *, memory: str | int | None = None,
+          time: str | float | None = None, **settings: Any) -> PeerCluster:  # fmt: skip
+    """The peer network (FieldTrip's peercellfun / peerfeval): see :class:`PeerCluster`."""
+    return PeerCluster(group, memory=memory, time=time, **settings)
+
+
+# Until the registry of clusters/__init__.py names it: recover() must find the kind.
+register_builtin("peer", "elsewhere.clusters.peer:PeerCluster")

@@ -1,0 +1,540 @@
+"""The task-running child of a peer worker daemon, and how the two talk.
+
+The daemon never unpickles anything: it hands the authenticated bytes of a
+TASK to a child process and gets pickled results back. A child is started
+once (``python -m elsewhere.peer.child SOCK_FD CUR_FD``) and runs batch after
+batch, so a task does not pay for a fresh interpreter. When a task crashes it,
+or the daemon kills it for running past the time or memory it was admitted
+under, only the child dies; the daemon starts another::
+
+    daemon                                    child
+    ------                                    -----
+    "run" {job, items, parts}  + memfds  -->  unpickle (fn, job_data) and the batch
+                                              per task: cwd, sys.path, env, seeds,
+                                              ew.task(); run; pickle the value
+                                      <--     "results" {items, parts} + memfds
+                                              (every 10 ms and at the end of a batch)
+    reads CUR (shared map) after a crash:     CUR = (task now running, since, log offset)
+    which task was running
+
+Messages on the Unix socket: a 16-byte head ``<IIQ`` (number of file
+descriptors, msgpack header length, body length), the msgpack header, the
+body. File descriptors (``SCM_RIGHTS``) travel with the first bytes of their
+message; a reader keeps them in order and hands each message the number it
+declares. A *part* list ``[[length, where], ...]`` says how to cut the body:
+``where`` 0 means the next ``length`` bytes of the body, 1 means the next
+file descriptor (a memfd of that length, for large buffers: no copy).
+
+The child's stdout and stderr (file descriptors 1 and 2) are a memfd the
+daemon also holds: each task's output is the bytes written while it ran,
+which the daemon can still read after a crash (a faulthandler traceback).
+"""
+
+from __future__ import annotations
+
+import array
+import collections
+import enum
+import mmap
+import os
+import socket
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "CUR",
+    "HEAD",
+    "LOG_CAP",
+    "OOB_MEMFD_BYTES",
+    "MessageReader",
+    "Outcome",
+    "cut_parts",
+    "main",
+    "pack_message",
+    "send_message",
+]
+
+HEAD = struct.Struct("<IIQ")
+CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), log offset
+OOB_MEMFD_BYTES = 1 << 20
+"""Out-of-band buffers at least this large cross to the other process as a memfd."""
+LOG_CAP = 4 << 20
+"""Most output kept per task (the end of it is kept)."""
+_MAX_FDS = 253  # SCM_MAX_FD
+_FLUSH_S = 0.01
+_MAX_RESULT_OOB = 1000  # RESULT frames carry at most 1024 buffers: 2 + these
+_RESET_LOG_AT = 16 << 20
+
+
+class Outcome(enum.IntEnum):
+    """What happened to one task of a batch. The numbers are part of the RESULT format."""
+
+    OK = 0
+    ERROR = 1
+    """It raised: the value is the error description (``worker._describe_error``)."""
+    LOST = 2
+    """Its process died under it (crash, out of memory): retried while the budget lasts."""
+    REQUEUE = 3
+    """Not run (its batch was handed back): run it elsewhere; no value."""
+    KILLED = 4
+    """Killed for exceeding the time or memory it was admitted under: an error."""
+
+
+# ---------------------------------------------------------------- messages
+
+
+def pack_message(header: dict[str, Any], body: Sequence[bytes | bytearray | memoryview],
+                 nfds: int = 0) -> list[Any]:  # fmt: skip
+    """The parts of one message, ready for ``sendmsg``."""
+    head = msgpack.packb(header, use_bin_type=True)
+    size = sum(len(b) for b in body)
+    return [HEAD.pack(nfds, len(head), size), head, *body]
+
+
+def send_message(sock: socket.socket, header: dict[str, Any],
+                 body: Sequence[bytes | bytearray | memoryview] = (),
+                 fds: Sequence[int] = ()) -> None:  # fmt: skip
+    """Send one message on a blocking socket (the child's side)."""
+    if len(fds) > _MAX_FDS:
+        raise ValueError(f"at most {_MAX_FDS} file descriptors per message")
+    parts = [memoryview(p).cast("B") for p in pack_message(header, body, len(fds)) if len(p)]
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    while parts:
+        n = sock.sendmsg(parts[:512], anc)
+        anc = []
+        while n:
+            if n >= len(parts[0]):
+                n -= len(parts[0])
+                parts.pop(0)
+            else:
+                parts[0] = parts[0][n:]
+                n = 0
+
+
+class MessageReader:
+    """Reassembles messages (and their file descriptors) from a stream socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buf = bytearray()
+        self._fds: collections.deque[int] = collections.deque()
+        self._anc = socket.CMSG_SPACE(_MAX_FDS * 4)
+
+    def _recv(self, size: int) -> bool:
+        """Read up to ``size`` bytes; False at the end of the stream."""
+        data, anc, _flags, _addr = self.sock.recvmsg(size, self._anc)
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+                self._fds.extend(fds)
+        if not data:
+            return False
+        self._buf += data
+        return True
+
+    def _pop(self) -> tuple[dict[str, Any], memoryview, list[int]] | None:
+        buf = self._buf
+        if len(buf) < HEAD.size:
+            return None
+        nfds, hlen, blen = HEAD.unpack_from(buf)
+        end = HEAD.size + hlen + blen
+        if len(buf) < end or len(self._fds) < nfds:
+            return None
+        header = msgpack.unpackb(bytes(buf[HEAD.size : HEAD.size + hlen]), raw=False)
+        body = memoryview(bytes(buf[HEAD.size + hlen : end]))
+        del buf[:end]
+        fds = [self._fds.popleft() for _ in range(nfds)]
+        return header, body, fds
+
+    def read_available(self) -> tuple[list[tuple[dict[str, Any], memoryview, list[int]]], bool]:
+        """Non-blocking: the whole messages readable now, and whether the stream is still open."""
+        out = []
+        open_ = True
+        while True:
+            try:
+                if not self._recv(1 << 18):
+                    open_ = False
+                    break
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                open_ = False
+                break
+        while (msg := self._pop()) is not None:
+            out.append(msg)
+        return out, open_
+
+    def read_one(self) -> tuple[dict[str, Any], memoryview, list[int]] | None:
+        """Blocking: the next message, or None at the end of the stream."""
+        while True:
+            msg = self._pop()
+            if msg is not None:
+                return msg
+            if not self._recv(1 << 18):
+                return None
+
+    def close_pending_fds(self) -> None:
+        """Close descriptors received but not handed out (the stream ended mid-message)."""
+        while self._fds:
+            try:
+                os.close(self._fds.popleft())
+            except OSError:
+                pass
+
+
+def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[int],
+              *, writable: bool = True) -> list[memoryview]:  # fmt: skip
+    """The buffers a part list describes: slices of ``body`` and maps of ``fds`` (closed here).
+
+    Maps are private (copy on write), so a task may change its arrays in place.
+    """
+    out: list[memoryview] = []
+    pos = 0
+    fd_iter = iter(fds)
+    for length, where in parts:
+        if where == 0:
+            out.append(body[pos : pos + length])
+            pos += length
+        else:
+            fd = next(fd_iter)
+            try:
+                if length == 0:
+                    out.append(memoryview(b""))
+                else:
+                    prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+                    mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot)
+                    out.append(memoryview(mm))
+            finally:
+                os.close(fd)
+    return out
+
+
+# ---------------------------------------------------------------- the child
+
+
+def _is_system_path(path: str) -> bool:
+    """Paths that belong to an interpreter installation, not to the user's code."""
+    return any(s in path for s in ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python3")) or path.endswith(".zip")
+
+
+class _Child:
+    """The state of one child process: its job context and its caches."""
+
+    def __init__(self, sock: socket.socket, cur: mmap.mmap) -> None:
+        self.sock = sock
+        self.cur = cur
+        self.reader = MessageReader(sock)
+        self.host = socket.gethostname()
+        self.base_path = list(sys.path)
+        self.base_modules = set(sys.modules)
+        self.job_id: str | None = None
+        self.saved_env: dict[str, str | None] = {}
+        self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
+        from ..worker import _NumpySeeder
+
+        self.seeder = _NumpySeeder()
+        self.warned = False
+        import warnings
+
+        self._show = warnings.showwarning
+        warnings.showwarning = self._showwarning
+
+    def _showwarning(self, *args: Any, **kwargs: Any) -> None:
+        self.warned = True
+        self._show(*args, **kwargs)
+
+    # -- the job's surroundings ------------------------------------------
+    def enter_job(self, job: dict[str, Any]) -> None:
+        if job.get("id") == self.job_id:
+            return
+        for k, v in self.saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        env = job.get("env") or {}
+        self.saved_env = {k: os.environ.get(k) for k in env}
+        for k, v in env.items():
+            os.environ[str(k)] = str(v)
+        cwd = job.get("cwd")
+        if not (isinstance(cwd, str) and os.path.isdir(cwd)):
+            cwd = self.scratch(str(job.get("id", "job")))
+        try:
+            os.chdir(cwd)
+        except OSError:
+            os.chdir(self.scratch(str(job.get("id", "job"))))
+        front = [p for p in job.get("sys_path") or []
+                 if isinstance(p, str) and p and not _is_system_path(p) and os.path.isdir(p)]  # fmt: skip
+        seen: set[str] = set()
+        sys.path[:] = [p for p in [*front, *self.base_path] if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
+        self.job_id = job.get("id")
+
+    @staticmethod
+    def scratch(job_id: str) -> str:
+        import tempfile
+
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:80] or "job"
+        base = os.path.join(tempfile.gettempdir(), f"elsewhere-peer-{os.getuid()}")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        path = os.path.join(base, safe)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        return path
+
+    def dirty(self) -> bool:
+        """Whether user modules (not the installation's) were imported by tasks."""
+        for name in set(sys.modules) - self.base_modules:
+            f = getattr(sys.modules.get(name), "__file__", None)
+            if f and not _is_system_path(f) and "elsewhere" not in name:
+                return True
+        return False
+
+    # -- one batch -------------------------------------------------------
+    def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
+        import pickle
+
+        parts = cut_parts(header["parts"], body, fds)
+        ntask = int(header["ntask"])
+        task_parts, fn_parts = parts[:ntask], parts[ntask:]
+        job = header.get("job") or {}
+        digest = header.get("fn") or ""
+        items: list[list[Any]] = header["items"]
+        failure: BaseException | None = None
+        entries: list[Any] = []
+        try:
+            self.enter_job(job)
+            if fn_parts and digest not in self.common:
+                self.common[digest] = pickle.loads(fn_parts[0], buffers=fn_parts[1:])
+                if len(self.common) > 16:
+                    self.common.pop(next(iter(self.common)))
+            entries = pickle.loads(task_parts[0], buffers=task_parts[1:])
+            if not isinstance(entries, list) or len(entries) != len(items):
+                raise ValueError("the batch does not match its items")
+        except BaseException as exc:  # e.g. a module that is not installed here
+            failure = exc
+        del task_parts, fn_parts, parts
+        common = self.common.get(digest, (None, None))
+        self._run_items(header, items, entries, common, failure)
+
+    def _run_items(self, header: dict[str, Any], items: list[list[Any]], entries: list[Any],
+                   common: tuple[Any, Any], failure: BaseException | None) -> None:  # fmt: skip
+        import random
+
+        from ..context import TaskContext, set_current
+        from ..worker import _describe_error
+
+        job = header.get("job") or {}
+        diary = header.get("diary", "always")
+        seeding = job.get("seed") is not None
+        job_seed = int(job.get("seed") or 0)
+        ctx = TaskContext(index=-1, job=str(job.get("name", "")), job_id=str(job.get("id", "")),
+                          cores=int(job.get("cores", 1)), seed=0, job_seed=job_seed,
+                          host=self.host, _job_data=lambda: common[1])  # fmt: skip
+        token = set_current(ctx)
+        out = _Results(self, header["batch"])
+        import warnings
+
+        try:
+            for pos, (index, attempt) in enumerate(items):
+                seed = job_seed + index
+                log_start = os.lseek(1, 0, os.SEEK_CUR)
+                t0 = time.time()
+                CUR.pack_into(self.cur, 0, index, t0, log_start)
+                ctx.index, ctx.seed, ctx.attempt = index, seed, attempt
+                self.warned = False
+                ok = True
+                with warnings.catch_warnings():
+                    warnings.simplefilter("default")  # each task sees its warnings once
+                    try:
+                        if failure is not None:
+                            raise _Unusable
+                        if seeding:
+                            random.seed(seed)
+                            self.seeder.seed(job_seed, index)
+                        fn, args, kwargs = entries[pos]
+                        if fn is None:
+                            fn = common[0]
+                        value: Any = fn(*args, **kwargs)
+                    except BaseException as exc:
+                        ok = False
+                        cause = failure if isinstance(exc, _Unusable) and failure else exc
+                        value = _describe_error(cause, self.host, index, seed)
+                        if isinstance(exc, KeyboardInterrupt):
+                            value["message"] = value["message"] or "interrupted"
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except Exception:
+                    pass
+                t1 = time.time()
+                log = self._log(log_start, diary, ok)
+                out.add(index, attempt, ok, value, t0, t1, log)
+                del value
+                if t1 - out.since >= _FLUSH_S:
+                    out.send(last=False)
+            CUR.pack_into(self.cur, 0, -1, 0.0, 0)
+            out.send(last=True)
+        finally:
+            from ..context import _current
+
+            _current.reset(token)
+
+    def _log(self, start: int, diary: str, ok: bool) -> bytes:
+        end = os.lseek(1, 0, os.SEEK_CUR)
+        keep = end > start and (
+            diary == "always" or (diary == "warning" and (self.warned or not ok))
+            or (diary == "error" and not ok)
+        )  # fmt: skip
+        data = b""
+        if keep:
+            length = end - start
+            if length > LOG_CAP:
+                cut = length - LOG_CAP
+                data = f"[elsewhere: {cut} bytes of output cut here]\n".encode() + os.pread(1, LOG_CAP, end - LOG_CAP)
+            else:
+                data = os.pread(1, length, start)
+        if end > _RESET_LOG_AT:
+            os.ftruncate(1, 0)
+            os.lseek(1, 0, os.SEEK_SET)
+        return data
+
+
+class _Unusable(Exception):
+    """The batch could not be unpickled here; every task reports why."""
+
+
+class _Results:
+    """Outcomes of a batch, sent to the daemon in groups.
+
+    A group is the values of the tasks that ended since the last send (at
+    most 10 ms apart), pickled together as one list, like the local worker's
+    result bodies: one write and one read per group, not per task.
+    """
+
+    def __init__(self, child: _Child, batch: str) -> None:
+        self.child = child
+        self.batch = batch
+        self.since = time.time()
+        self.values: list[Any] = []
+        self.items: list[list[Any]] = []
+        self.logs: list[bytes] = []
+        self.oob = 0
+
+    def add(self, index: int, attempt: int, ok: bool, value: Any, t0: float, t1: float,
+            log: bytes) -> None:  # fmt: skip
+        status = Outcome.OK if ok else Outcome.ERROR
+        self.items.append([index, attempt, int(status), len(self.values), t0, t1, 0, len(log)])
+        self.values.append(value)
+        self.logs.append(log)
+
+    def _pickle(self) -> tuple[bytes, list[memoryview]]:
+        import pickle
+
+        from .. import serial
+        from ..worker import _describe_error
+
+        try:
+            if self.oob >= _MAX_RESULT_OOB:  # a RESULT carries at most 1024 buffers
+                return pickle.dumps(self.values, protocol=5), []
+            return serial.dumps_plain(self.values)
+        except Exception:
+            pass
+        for j, value in enumerate(self.values):  # find the values that cannot be pickled
+            try:
+                serial.dumps_plain(value)
+            except Exception as exc:
+                index = self.items[j][0]
+                err = _describe_error(exc, self.child.host, index, 0)
+                err["message"] = f"the result of task {index} cannot be serialised: {err['message']}"
+                self.values[j] = err
+                self.items[j][2] = int(Outcome.ERROR)
+        return serial.dumps_plain(self.values)
+
+    def send(self, *, last: bool) -> None:
+        header: dict[str, Any] = {"op": "results", "batch": self.batch, "items": self.items,
+                                  "last": last, "group": None}  # fmt: skip
+        body: list[Any] = []
+        fds: list[int] = []
+        try:
+            if self.items:
+                data, bufs = self._pickle()
+                parts: list[list[int]] = []
+                body.append(data)
+                for b in bufs:
+                    if len(b) >= OOB_MEMFD_BYTES and len(fds) < _MAX_FDS:
+                        fds.append(_copy_to_memfd(b))
+                        parts.append([len(b), 1])
+                    else:
+                        body.append(b)
+                        parts.append([len(b), 0])
+                self.oob += len(bufs)
+                header["group"] = [len(data), parts]
+                rss = _peak_rss()
+                for item in self.items:
+                    item[6] = rss
+                body.extend(self.logs)
+            if last:
+                header["dirty"] = self.child.dirty()
+            send_message(self.child.sock, header, body, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.values, self.items, self.logs = [], [], []
+        self.since = time.time()
+
+
+def _copy_to_memfd(buf: memoryview) -> int:
+    fd = os.memfd_create("elsewhere-result", os.MFD_CLOEXEC)
+    view = memoryview(buf).cast("B")
+    pos = 0
+    while pos < len(view):
+        pos += os.write(fd, view[pos : pos + (64 << 20)])
+    return fd
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m elsewhere.peer.child SOCK_FD CUR_FD``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m elsewhere.peer.child SOCK_FD CUR_FD (started by the peer daemon)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    import faulthandler
+    import signal
+
+    faulthandler.enable(file=sys.stderr, all_threads=False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the daemon, which drains
+    sock = socket.socket(fileno=int(args[0]))
+    cur_fd = int(args[1])
+    cur = mmap.mmap(cur_fd, CUR.size)
+    os.close(cur_fd)
+    child = _Child(sock, cur)
+    send_message(sock, {"op": "ready", "pid": os.getpid(), "rss": _peak_rss()})
+    while True:
+        msg = child.reader.read_one()
+        if msg is None:
+            return 0
+        header, body, fds = msg
+        op = header.get("op")
+        if op == "run":
+            child.run(header, body, fds)
+        elif op == "exit":
+            return 0
+        else:
+            for fd in fds:
+                os.close(fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""``elsewhere peer worker|list|keygen``: the peer network from a shell.
+
+    elsewhere peer worker                         offer this machine's cores (peerworker)
+    elsewhere peer worker --maxtime 8h --maxidle 1h --memavail 8G --slots 4 --group lab
+    elsewhere peer list                           every peer seen: host, user, group, state, ...
+    elsewhere peer keygen lab [--output FILE]     a new group key, mode 0600
+
+The main ``elsewhere`` command calls :func:`add_peer_commands` with its
+sub-parsers; every handler returns an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_worker", "worker_options"]
+
+
+def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``peer worker|list|keygen`` to an ``add_subparsers()`` object; returns the parser."""
+    p = subparsers.add_parser("peer", help="the peer network: offer cores, list peers, make keys",
+                              description=__doc__.split("\n")[0])  # fmt: skip
+    sub = p.add_subparsers(dest="peer_command", required=True)
+
+    w = sub.add_parser("worker", help="offer this machine's cores to a peer group (runs until stopped)",
+                       description="Run a peer worker. Ctrl-C or SIGTERM drains: running tasks "
+                       "finish and are delivered; a second Ctrl-C hands them back.")  # fmt: skip
+    _group_args(w)
+    w.add_argument("--slots", type=int, default=None, help="tasks at once (cores on offer; default: all)")
+    w.add_argument("--memavail", help="memory on offer, e.g. 8G (default: the machine's)")
+    w.add_argument("--timavail", help="longest a single task may run, e.g. 2h (default: no limit)")
+    w.add_argument("--maxtime", help="stop (draining) after this long, e.g. 8h")
+    w.add_argument("--maxidle", help="stop after this long without tasks, e.g. 1h")
+    w.add_argument("--maxnum", type=int, default=None, help="stop after this many tasks")
+    w.add_argument("--allow-user", action="append", default=[], metavar="USER")
+    w.add_argument("--refuse-user", action="append", default=[], metavar="USER")
+    w.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                   help="host name, address or network (10.1.2.0/24); may repeat")  # fmt: skip
+    w.add_argument("--refuse-host", action="append", default=[], metavar="HOST")
+    w.add_argument("--bind", help="address to accept tasks on (default: the interface, or all)")
+    w.add_argument("--tcp-port", type=int, default=0, help="TCP port for tasks (default: any free)")
+    w.add_argument("--fcfs", action="store_true",
+                   help="first come, first served instead of fair share between controllers")  # fmt: skip
+    w.add_argument("--half-life", type=float, default=60.0,
+                   help="seconds after which a controller's use counts half (fair share)")  # fmt: skip
+    w.add_argument("--stats-file", help="write counters (JSON) here every second and at exit")
+    w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    w.set_defaults(func=cmd_worker)
+
+    ls = sub.add_parser("list", help="list every peer seen: host, user, group, state, slots, memory")
+    _group_args(ls, all_groups=True)
+    ls.add_argument("--wait", type=float, default=2.5, help="seconds to listen (default 2.5)")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list)
+
+    k = sub.add_parser("keygen", help="make a new group key (mode 0600)")
+    k.add_argument("group", help="group name: 1-64 of A-Z a-z 0-9 . _ -")
+    k.add_argument("--output", "-o", help="key file (default: <config dir>/peer/GROUP.key)")
+    k.add_argument("--force", action="store_true", help="replace an existing key file")
+    k.set_defaults(func=cmd_keygen)
+    return p
+
+
+def _group_args(p: argparse.ArgumentParser, *, all_groups: bool = False) -> None:
+    what = "listen in" if all_groups else "join"
+    p.add_argument("--group", help=f"peer group to {what} (its key: <config dir>/peer/GROUP.key)"
+                   + ("; default: every group you have a key for" if all_groups else
+                      "; default: 'default' if its key exists, else loopback only"))  # fmt: skip
+    p.add_argument("--key", help="key file (instead of the default place)")
+    p.add_argument("--port", type=int, default=None, help="discovery port (default 17700)")
+    p.add_argument("--multicast-group", default=None, help="multicast address, or 'none'")
+    p.add_argument("--interface", default=None, help="local IPv4 address of the network to use")
+    p.add_argument("--peer", action="append", default=[], metavar="HOST[:PORT]",
+                   help="a peer to announce to where multicast is not allowed; may repeat")  # fmt: skip
+
+
+def _keys(args: argparse.Namespace, *, all_groups: bool) -> list[Any]:
+    """The group keys the arguments name (None: loopback-only mode)."""
+    from ..clusters.peer import key_path
+    from ..errors import ConfigError
+    from .keys import DEFAULT_GROUP, load_key
+
+    if args.key:
+        return [load_key(Path(args.key).expanduser(), args.group)]
+    if args.group:
+        path = key_path(args.group)
+        if not path.exists():
+            raise ConfigError(f"no key for peer group {args.group!r} at {path}: make one with "
+                              f"`elsewhere peer keygen {args.group}`")  # fmt: skip
+        return [load_key(path, args.group)]
+    if all_groups:
+        from .. import paths
+
+        found = [load_key(p) for p in sorted((paths.config_dir() / "peer").glob("*.key"))]
+        return [*found, None]
+    path = key_path(DEFAULT_GROUP)
+    return [load_key(path, DEFAULT_GROUP) if path.exists() else None]
+
+
+def _discovery(args: argparse.Namespace) -> Any:
+    from ..clusters.peer import parse_peer
+    from .discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
+
+    port = args.port or DEFAULT_PORT
+    group = args.multicast_group or DEFAULT_MULTICAST_GROUP
+    return DiscoveryConfig(
+        port=port, multicast_group=None if group.lower() == "none" else group,
+        interface=args.interface, static_peers=tuple(parse_peer(p, port) for p in args.peer),
+    )  # fmt: skip
+
+
+def worker_options(args: argparse.Namespace) -> Any:
+    """The :class:`~elsewhere.peer.daemon.WorkerOptions` that ``peer worker`` arguments ask for."""
+    from .access import AccessRules
+    from .daemon import WorkerOptions
+    from .units import parse_duration, parse_size
+
+    key = _keys(args, all_groups=False)[0]
+    extra: dict[str, Any] = {}
+    if args.slots is not None:
+        extra["slots"] = args.slots
+    return WorkerOptions(
+        key=key, discovery=_discovery(args), bind=args.bind, port=args.tcp_port,
+        memavail=parse_size(args.memavail, what="--memavail"),
+        timavail=parse_duration(args.timavail, what="--timavail") or math.inf,
+        maxtime=parse_duration(args.maxtime, what="--maxtime") or math.inf,
+        maxidle=parse_duration(args.maxidle, what="--maxidle") or math.inf,
+        maxnum=args.maxnum,
+        access=AccessRules(tuple(args.allow_user), tuple(args.refuse_user),
+                           tuple(args.allow_host), tuple(args.refuse_host)),
+        fair_share=not args.fcfs, half_life_s=args.half_life, stats_file=args.stats_file,
+        **extra,
+    )  # fmt: skip
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """``elsewhere peer worker``: run the daemon in the foreground until it drains."""
+    import logging
+
+    from .daemon import PeerWorker
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s elsewhere peer: %(message)s")  # fmt: skip
+    opts = worker_options(args)
+    if opts.key is None:
+        print("elsewhere peer: no group key: loopback-only mode (this user's controllers on this "
+              "machine only). Make a key with `elsewhere peer keygen default` to join a network.",
+              file=sys.stderr)  # fmt: skip
+    worker = PeerWorker(opts)
+    host, port = worker.start()
+    print(f"elsewhere peer worker {worker.peer_id[:8]} listening on {host}:{port} "
+          f"(discovery port {opts.discovery.port}); Ctrl-C to stop", file=sys.stderr, flush=True)  # fmt: skip
+    return worker.serve()
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """``elsewhere peer list``: listen for announcements, then print the peers seen."""
+    from .discovery import Listener
+    from .units import format_duration, format_size
+
+    cfg = _discovery(args)
+    listeners = []
+    for key in _keys(args, all_groups=True):
+        try:
+            listeners.append((key, Listener(key, cfg).start()))
+        except OSError as exc:
+            print(f"elsewhere peer: cannot listen on port {cfg.port}: {exc}", file=sys.stderr)
+    time.sleep(max(0.0, args.wait))
+    rows: list[dict[str, Any]] = []
+    now = time.monotonic()
+    for key, listener in listeners:
+        for p in listener.peers():
+            a = p.announcement
+            rows.append({
+                "host": a.host, "user": a.user, "group": key.group if key else "(loopback)",
+                "state": a.state.name.lower(), "slots": a.slots, "free": a.slots_free,
+                "memory": a.mem_bytes, "time": a.time_s, "task": a.task or "",
+                "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
+                "seen_s_ago": round(now - p.last_seen, 1),
+            })  # fmt: skip
+        listener.stop()
+    rows.sort(key=lambda r: (r["group"], r["host"], r["state"], r["peer_id"]))
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+        return 0
+    if not rows:
+        print(f"no peers seen in {args.wait:g} s (discovery port {cfg.port})")
+        return 0
+    header = ["host", "user", "group", "state", "slots", "memory", "time", "task", "address"]
+    table: list[list[str]] = [[r["host"], r["user"], r["group"], r["state"], f"{r['free']}/{r['slots']}",
+              format_size(r["memory"]) if r["state"] != "controller" else "",
+              format_duration(r["time"]) if r["state"] != "controller" else "",
+              r["task"], r["address"]] for r in rows]  # fmt: skip
+    widths = [max(len(str(line[i])) for line in [header, *table]) for i in range(len(header))]
+    for line in [header, *table]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """``elsewhere peer keygen GROUP``: write a new key file, mode 0600."""
+    from ..clusters.peer import key_path
+    from .keys import load_key, write_key
+
+    target = Path(args.output).expanduser() if args.output else key_path(args.group)
+    path = write_key(args.group, target, overwrite=args.force)
+    key = load_key(path, args.group)
+    print(f"wrote the key of peer group {args.group!r} to {path} (fingerprint {key.fingerprint})")
+    print("copy it, by a channel you trust, to every machine of the group (same path, mode 0600)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m elsewhere.peer.cli ...``: the peer commands without the main ``elsewhere`` one."""
+    from ..errors import ElsewhereError
+
+    parser = argparse.ArgumentParser(prog="elsewhere")
+    add_peer_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ElsewhereError as exc:
+        print(f"elsewhere: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

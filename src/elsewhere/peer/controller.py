@@ -1,0 +1,1065 @@
+"""The controller: runs one job's tasks on the peers of a group (peercellfun, peerfeval).
+
+A thread in the client process, owned by the job's :class:`PeerCluster`::
+
+    user thread ── tasks_added / cancel / stop ──> command queue + wake socket
+                                                        │
+    listener thread (discovery) ── workers changed ──> wake
+                                                        v
+    controller thread: one selector loop over its TCP connections to workers
+        place:   pending tasks -> batches -> ASK to the best worker (idle first,
+                 local first, best memory fit); held or refused with a reason
+        ACCEPT:  TASK = pickled (fn, args, kwargs) of the batch + out-of-band buffers
+                 (+ the job's function and job data, once per connection)
+        RESULT:  each task's pickled value, error or fate -> OutcomeWriter (job folder),
+                 notify; fsync at most every 10 ms, then ACK (the worker forgets it)
+        timers:  ASKs not admitted in time move elsewhere; overdue batches run twice;
+                 workers whose announcements stop, or whose connection is refused,
+                 lose their batches to others. The first result wins.
+
+Task fates in a RESULT (see ``child.Outcome``): OK and ERROR are written as
+they are; KILLED (past its admitted time or memory) is written as an error;
+LOST (its process crashed) is run again while the job's ``retries`` last, then
+written off as lost; REQUEUE (handed back by a stopping worker, or never run)
+is placed again at no cost. Tasks whose worker vanishes are placed again too
+(at most ``MAX_RESUBMITS`` times each).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import getpass
+import hashlib
+import logging
+import math
+import os
+import pickle
+import queue
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import records
+from ..errors import PeerError, ProtocolError
+from ..store import OutcomeWriter, writev_all
+from .access import same_user
+from .announce import Announcement, PeerInfo, PeerState, new_peer_id
+from .child import Outcome
+from .discovery import Announcer, DiscoveryConfig, Listener
+from .keys import GroupKey
+from .stream import Closed, ConnectionPump
+from .wire import (
+    Accept,
+    Ack,
+    Ask,
+    Bye,
+    Cancel,
+    Connection,
+    Error,
+    HandshakeComplete,
+    Identity,
+    Ping,
+    Received,
+    Refuse,
+    RefuseReason,
+    Result,
+    Role,
+    Task,
+)
+
+if TYPE_CHECKING:
+    from ..job import Job
+
+__all__ = ["MAX_RESUBMITS", "Controller", "ControllerSettings", "GroupWriter", "local_addresses"]
+
+log = logging.getLogger(__name__)
+
+MAX_RESUBMITS = 5
+"""How often one task is placed again because its worker vanished (not its own fault)."""
+_SYNC_S = 0.01
+_MAX_BATCH = 4096
+_MAX_BATCH_BYTES = 16 << 20
+_MAX_OOB = 1000
+_PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
+
+
+class GroupWriter(OutcomeWriter):
+    """An :class:`OutcomeWriter` that also writes a *group*: one result body holding the
+    pickled list of several tasks' values, and one journal record per task pointing at
+    its item (the format of the local worker's bodies: read once, not once per task)."""
+
+    def write_group(self, pickled: Any, buffers: list[Any],
+                    rows: list[tuple[int, bool, int, int, bytes, float, float, int, int]]) -> None:  # fmt: skip
+        """Append a body and its records. ``rows``: (task, ok, item, attempt, log, t_start,
+        t_end, peak_rss, seed) each. Not fsynced: the caller syncs before acknowledging."""
+        parts = records.pack_body(bytes(pickled), [memoryview(b).cast("B") for b in buffers])
+        size = records.body_size(parts)
+        off = self.res_end
+        writev_all(self.res_fd, parts)
+        self.res_end += size
+        logs = [r[4] for r in rows if r[4]]
+        log_off = self.log_end
+        if logs:
+            writev_all(self.log_fd, logs)  # type: ignore[arg-type]
+            self.log_end += sum(len(x) for x in logs)
+        ok_kind, err_kind = int(records.Kind.OK), int(records.Kind.ERROR)
+        recs = []
+        for task, ok, item, attempt, log, t0, t1, rss, seed in rows:
+            recs.append(records.Record(
+                kind=ok_kind if ok else err_kind, flags=0, attempt=attempt, task=task, item=item,
+                res_off=off, res_len=size, log_off=log_off, log_len=len(log), t_start=t0,
+                t_end=t1, peak_rss=rss, seed=seed,
+            ))  # fmt: skip
+            log_off += len(log)
+        os.write(self.jfd, records.pack_frame(recs))
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """What each task needs, and how the controller finds and uses workers."""
+
+    key: GroupKey | None = None
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    mem_bytes: int = 0
+    time_s: float = 0.0
+    cores: int = 1
+    diary: str = "always"
+    prefer_local: bool = True
+    batch_target_s: float = 0.02
+    start_timeout_s: float = 5.0
+    connect_timeout_s: float = 3.0
+    peer_id: str = ""
+
+
+@dataclass
+class _Batch:
+    bid: str
+    worker: _Worker
+    indices: list[int]
+    attempts: list[int]
+    asked: float
+    sent: float = 0.0
+    sent_wall: float = 0.0
+    copied: bool = False
+    withdrawn: bool = False  # its tasks went elsewhere; waiting for the worker's answer
+
+
+class _Worker:
+    """A worker as this controller knows it: its announcement and our connection."""
+
+    def __init__(self, peer_id: str, info: PeerInfo) -> None:
+        self.peer_id = peer_id
+        self.info = info
+        self.sock: socket.socket | None = None
+        self.conn: Connection | None = None
+        self.pump: ConnectionPump | None = None
+        self.state = "new"  # new, connecting, handshake, ready, closed
+        self.since = 0.0
+        self.batches: dict[str, _Batch] = {}
+        self.sent_fns: set[str] = set()
+        self.busy_until = 0.0
+        self.unsuitable = ""  # why it cannot take this job's tasks (memory, time, not allowed)
+        self.unsuitable_for: tuple[Any, ...] = ()
+        self.wid = ""
+        self.writer: GroupWriter | None = None
+        self.pid = 0
+        self.host = info.announcement.host
+        self.failures = 0
+        self.listed = True
+
+    @property
+    def offer(self) -> tuple[Any, ...]:
+        a = self.info.announcement
+        return (a.slots, a.mem_bytes // (64 << 20), a.time_s)
+
+
+class Controller:
+    """Places the tasks of one job on peers and stores their results (see the module doc)."""
+
+    def __init__(self, job: Job, settings: ControllerSettings) -> None:
+        from ..payload import PayloadReader
+
+        self.job = job
+        self.store = job.store
+        self.settings = settings
+        meta = job.store.meta()
+        self.meta = meta
+        self.stream = bool(meta.get("stream"))
+        self.retries = int(meta.get("retries", 0))
+        self.seed = meta.get("seed")
+        self.peer_id = settings.peer_id or new_peer_id()
+        self.short = os.urandom(3).hex()
+        self.identity = Identity(self.peer_id, getpass.getuser()[:256], socket.gethostname()[:256])
+        self.job_info = {
+            "id": meta.get("id", ""), "name": meta.get("name", ""), "seed": self.seed,
+            "cwd": meta.get("cwd"), "sys_path": list(meta.get("sys_path") or []),
+            "env": {str(k): str(v) for k, v in (meta.get("env") or {}).items()},
+            "cores": settings.cores,
+        }  # fmt: skip
+        self.payload = PayloadReader(job.store.path / "payload.log")
+        self.sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self.commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.running_view: dict[int, tuple[str, float]] = {}
+        self.note = ""
+        self.reasons: dict[int, str] = {}
+        self.workers: dict[str, _Worker] = {}
+        self.batches: dict[str, _Batch] = {}
+        self.pending: collections.deque[int] = collections.deque()
+        self.inflight: dict[int, set[str]] = {}
+        self.final: set[int] = set()
+        self.cancelled: set[int] = set()
+        self.attempts: dict[int, int] = {}
+        self.lost_count: dict[int, int] = {}
+        self.resubmits: dict[int, int] = {}
+        self.n = 0
+        self.closed = not self.stream
+        self.mean_s = 0.0
+        self.n_measured = 0
+        self.unsynced: set[int] = set()  # ids of writers with unsynced writes
+        self.ack_due: list[tuple[_Worker, str]] = []
+        self.first_unsynced = 0.0
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.common: tuple[str, list[Any]] | None = None
+        self._by_value: list[Any] = []
+        self._seq = 0
+        self._stop = threading.Event()
+        self._cancelled_job = False
+        self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
+        self.listener: Listener | None = None
+        self.announcer: Announcer | None = None
+        self.error: BaseException | None = None
+        self.local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
+        self.finished = threading.Event()
+
+    # -- the user's side (any thread) ----------------------------------------------------
+    def start(self) -> Controller:
+        """Start discovery and the controller thread; returns self."""
+        s = self.settings
+        group = s.key.group if s.key is not None else ""
+        self.local_addresses = local_addresses()
+        self.listener = Listener(s.key, s.discovery).start()
+        address = s.discovery.for_key(s.key).interface or "0.0.0.0"
+        ann = Announcement(self.peer_id, group, address, 0, self.identity.user, self.identity.host,
+                           PeerState.CONTROLLER, task=str(self.meta.get("name", ""))[:200])  # fmt: skip
+        try:
+            self.announcer = Announcer(ann, s.key, s.discovery).start()
+        except OSError as exc:
+            log.warning("controller announcements are off (%s)", exc)
+        self._load_state()
+        self._thread = threading.Thread(target=self._main, name="elsewhere-peer-controller", daemon=True)
+        self._thread.start()
+        self._watch = threading.Thread(target=self._watch_peers, name="elsewhere-peer-watch", daemon=True)
+        self._watch.start()
+        return self
+
+    def alive(self) -> bool:
+        """True while the controller thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def tasks_added(self) -> None:
+        """New tasks were appended to a stream job (``q["n"]`` grew)."""
+        self._command("tasks")
+
+    def cancel_task(self, index: int) -> None:
+        """Drop task ``index``: it is not placed again, and its result is not kept."""
+        self._command("cancel_task", index)
+
+    def cancel(self) -> None:
+        """Cancel every task and stop."""
+        self._command("cancel")
+
+    def refresh_queue(self) -> None:
+        """Re-read the queue (retries added by ``job.retry()``, a closed stream)."""
+        self._command("queue")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread (results received so far are stored and acknowledged)."""
+        self._stop.set()
+        self._command("stop")
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def running(self) -> dict[int, tuple[str, float]]:
+        """Tasks on workers now: index -> (worker id, since)."""
+        with self.lock:
+            return dict(self.running_view)
+
+    def _command(self, *cmd: Any) -> None:
+        self.commands.put(cmd)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"c")
+
+    # -- state from the job folder ---------------------------------------------------------
+    def _load_state(self) -> None:
+        from ..store import JournalReader
+
+        reader = JournalReader(self.store)
+        reader.refresh()
+        with self.store.locked_queue() as q:
+            self.n = int(q.get("n", 0))
+            self.closed = bool(q.get("closed", True)) or not self.stream
+            self.cancelled = set(q.get("cancelled_tasks", []))
+            again = [int(i) for i in q.get("retry", [])]
+            q["retry"] = []
+            attempts = {int(k): int(v) for k, v in q.get("attempts", {}).items()}
+            if q.get("cancelled"):
+                self._cancelled_job = True
+        self.final = set(reader.final) - set(again)
+        self.attempts = attempts
+        self._queue_new(0)
+        for i in again:
+            if i not in self.pending and i not in self.cancelled:
+                self.pending.append(i)
+
+    def _queue_new(self, start: int) -> None:
+        for i in range(start, self.n):
+            if i not in self.final and i not in self.cancelled:
+                self.pending.append(i)
+
+    def _read_queue(self) -> None:
+        q = self.store.queue()
+        n = int(q.get("n", 0))
+        if n > self.n:
+            old, self.n = self.n, n
+            self._queue_new(old)
+        self.closed = bool(q.get("closed", True)) or not self.stream
+        if q.get("retry"):
+            with self.store.locked_queue() as lq:
+                again = [int(i) for i in lq.get("retry", [])]
+                lq["retry"] = []
+                for i in again:
+                    self.attempts[i] = int(lq.get("attempts", {}).get(str(i), self.attempts.get(i, 0)))
+            for i in again:
+                self.final.discard(i)
+                self.cancelled.discard(i)
+                if i not in self.pending and i not in self.inflight:
+                    self.pending.append(i)
+        if q.get("cancelled"):
+            self._cancelled_job = True
+
+    # -- the loop -----------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug: say so where the user looks, then stop
+            self.error = exc
+            log.exception("peer controller of job %r failed", self.meta.get("name"))
+            self.note = f"the peer controller failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._close_all()
+            self.finished.set()
+
+    def _loop(self) -> None:
+        last_refresh = 0.0
+        last_queue = time.monotonic()
+        while True:
+            busy = bool(self.pending or self.batches)
+            timeout = _SYNC_S if self.unsynced else (0.05 if busy else 0.25)
+            for key, mask in self.sel.select(timeout):
+                kind, worker = key.data
+                if kind == "wake":
+                    self._on_wake()
+                elif kind == "connect":
+                    self._on_connected(worker)
+                else:
+                    self._on_readable(worker, mask)
+            now = time.monotonic()
+            if self._stop.is_set() or self._cancelled_job:
+                break
+            if now - last_refresh > 0.05:
+                self._refresh_workers(now)
+                self._timers(now)
+                last_refresh = now
+            if self.stream and now - last_queue > 0.5:
+                self._read_queue()
+                last_queue = now
+            self._place(now)
+            self._sync(now)
+            if self._done():
+                self._sync(now, force=True)
+                break
+        if self._cancelled_job:
+            for b in list(self.batches.values()):
+                self._send(b.worker, Cancel(b.bid))
+        self._sync(time.monotonic(), force=True)
+
+    def _done(self) -> bool:
+        if not self.closed or self.pending or any(not b.withdrawn for b in self.batches.values()):
+            return False
+        return all(i in self.final or i in self.cancelled for i in range(self.n))
+
+    def _on_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_r.recv(65536)
+        while True:
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "tasks" or cmd[0] == "queue":
+                self._read_queue()
+            elif cmd[0] == "cancel_task":
+                i = int(cmd[1])
+                self.cancelled.add(i)
+                with contextlib.suppress(ValueError):
+                    self.pending.remove(i)
+                for bid in list(self.inflight.get(i, ())):
+                    b = self.batches.get(bid)
+                    if b is not None and all(j in self.cancelled or j in self.final for j in b.indices):
+                        self._withdraw(b)
+            elif cmd[0] == "cancel":
+                self._cancelled_job = True
+
+    def _watch_peers(self) -> None:
+        """Wake the loop when the set of workers or their state changes."""
+        listener = self.listener
+        assert listener is not None
+        seen: list[Any] = [None]
+
+        def signature(peers: list[PeerInfo]) -> Any:
+            return tuple((p.peer_id, p.announcement.state, p.announcement.slots_free) for p in peers
+                         if p.announcement.state is not PeerState.CONTROLLER)  # fmt: skip
+
+        def changed(peers: list[PeerInfo]) -> bool:
+            return signature(peers) != seen[0] or self._stop.is_set() or self.finished.is_set()
+
+        while not (self._stop.is_set() or self.finished.is_set()):
+            if listener.wait_for(changed, timeout=1.0):
+                seen[0] = signature(listener.peers())
+                with contextlib.suppress(OSError):
+                    self._wake_w.send(b"p")
+
+    # -- workers --------------------------------------------------------------------------
+    def _refresh_workers(self, now: float) -> None:
+        assert self.listener is not None
+        listed: set[str] = set()
+        for info in self.listener.peers():
+            a = info.announcement
+            if a.state is PeerState.CONTROLLER or a.peer_id == self.peer_id:
+                continue
+            listed.add(a.peer_id)
+            w = self.workers.get(a.peer_id)
+            if w is None:
+                w = self.workers[a.peer_id] = _Worker(a.peer_id, info)
+            else:
+                w.info = info
+                w.listed = True
+            if w.unsuitable and w.offer != w.unsuitable_for:
+                w.unsuitable = ""  # its offer changed: ask again
+            if w.state in ("new", "closed") and self._usable(w) and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
+                self._connect(w, now)
+        for w in list(self.workers.values()):
+            if w.peer_id not in listed and w.listed:
+                w.listed = False
+                self._lose(w, "its announcements stopped (it expired)")
+        if not self.workers:
+            group = self.settings.key.group if self.settings.key else "loopback-only"
+            self.note = f"waiting for peers: none seen yet in group {group!r} (port {self.settings.discovery.port})"
+        elif self.pending and all(w.unsuitable for w in self.workers.values()):
+            why = "; ".join(sorted({f"{w.host}: {w.unsuitable}" for w in self.workers.values()}))[:500]
+            self.note = f"no peer can take these tasks: {why}"
+        else:
+            self.note = ""
+
+    def _usable(self, w: _Worker) -> bool:
+        a = w.info.announcement
+        if w.unsuitable or not w.listed or a.state is PeerState.ZOMBIE:
+            return False
+        s = self.settings
+        return a.slots >= s.cores and not (s.time_s and a.time_s < s.time_s)
+
+    def _connect(self, w: _Worker, now: float) -> None:
+        w.state, w.since = "connecting", now
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(w.info.connect_address)
+        if err not in (0, 115, 11):  # EINPROGRESS, EAGAIN
+            sock.close()
+            self._connect_failed(w, os.strerror(err))
+            return
+        w.sock = sock
+        self.sel.register(sock, selectors.EVENT_WRITE, ("connect", w))
+
+    def _on_connected(self, w: _Worker) -> None:
+        sock = w.sock
+        assert sock is not None
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            self.sel.unregister(sock)
+            sock.close()
+            w.sock = None
+            self._connect_failed(w, os.strerror(err))
+            return
+        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity)
+        w.pump = ConnectionPump(sock, w.conn)
+        w.state = "handshake"
+        self.sel.modify(sock, selectors.EVENT_READ, ("worker", w))
+        self._flush(w)
+
+    def _connect_failed(self, w: _Worker, why: str) -> None:
+        w.state = "closed"
+        w.failures += 1
+        w.since = time.monotonic()
+        log.debug("cannot connect to worker %s (%s): %s", w.host, w.info.connect_address, why)
+        if w.failures >= 2 or w.batches:
+            self._lose(w, f"its connection was refused ({why})")
+
+    def _on_readable(self, w: _Worker, mask: int) -> None:
+        if w.pump is None:
+            return
+        try:
+            if mask & selectors.EVENT_READ:
+                for event in w.pump.read():
+                    self._on_event(w, event)
+                    if w.pump is None:
+                        return
+            self._flush(w)
+        except (Closed, ProtocolError, OSError) as exc:
+            self._disconnected(w, str(exc) or type(exc).__name__)
+
+    def _flush(self, w: _Worker) -> None:
+        if w.pump is None or w.sock is None:
+            return
+        try:
+            done = w.pump.flush()
+        except OSError as exc:
+            self._disconnected(w, str(exc))
+            return
+        events = selectors.EVENT_READ if done else selectors.EVENT_READ | selectors.EVENT_WRITE
+        with contextlib.suppress(KeyError, ValueError):
+            if self.sel.get_key(w.sock).events != events:
+                self.sel.modify(w.sock, events, ("worker", w))
+
+    def _send(self, w: _Worker, message: Any, buffers: Any = ()) -> bool:
+        if w.conn is None or w.state != "ready":
+            return False
+        try:
+            w.conn.send(message, buffers)
+        except PeerError as exc:
+            log.debug("cannot send %s to %s: %s", type(message).__name__, w.host, exc)
+            return False
+        self._flush(w)
+        return True
+
+    def _drop_connection(self, w: _Worker) -> None:
+        if w.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(w.sock)
+            with contextlib.suppress(OSError):
+                w.sock.close()
+        w.sock = w.conn = w.pump = None
+        w.sent_fns.clear()
+        w.state = "closed"
+        w.since = time.monotonic()
+
+    def _disconnected(self, w: _Worker, why: str) -> None:
+        """The connection broke: ASKs are void; running batches wait for a reconnect."""
+        log.debug("connection to %s lost: %s", w.host, why)
+        self._drop_connection(w)
+        for b in list(w.batches.values()):
+            if not b.sent:
+                self._unplace(b, requeue_front=True)
+        if w.listed and self._usable(w):
+            self._connect(w, time.monotonic())  # results it keeps come again on the new one
+        elif w.batches:
+            self._lose(w, f"its connection broke ({why})")
+
+    def _lose(self, w: _Worker, why: str) -> None:
+        """The worker is gone: its batches go elsewhere."""
+        if w.batches:
+            log.info("worker %s lost (%s): %d batch(es) placed again", w.host, why, len(w.batches))
+        for b in list(w.batches.values()):
+            self._unplace(b, requeue_front=True, resubmit=bool(b.sent))
+        self._drop_connection(w)
+        if not w.listed:
+            self.workers.pop(w.peer_id, None)
+
+    # -- messages ------------------------------------------------------------------------
+    def _on_event(self, w: _Worker, event: Any) -> None:
+        if isinstance(event, HandshakeComplete):
+            self._on_handshake(w, event)
+            return
+        msg = event.message
+        assert isinstance(event, Received)
+        if isinstance(msg, Accept):
+            self._on_accept(w, msg.task_id)
+        elif isinstance(msg, Refuse):
+            self._on_refuse(w, msg)
+        elif isinstance(msg, Result):
+            self._on_result(w, msg, event.buffers)
+        elif isinstance(msg, Ping):
+            pass
+        elif isinstance(msg, (Bye, Error)):
+            self._disconnected(w, getattr(msg, "reason", "") or getattr(msg, "message", ""))
+
+    def _on_handshake(self, w: _Worker, event: HandshakeComplete) -> None:
+        g = event.peer
+        if g.peer_id != w.peer_id:  # another process at that address now: ours is gone
+            self._lose(w, "it was restarted")
+            w.unsuitable, w.unsuitable_for = "it answers with another peer id", w.offer
+            return
+        if self.settings.key is None and w.sock is not None and not same_user(w.sock):
+            self._drop_connection(w)
+            w.unsuitable, w.unsuitable_for = "it runs as another user (no group key)", w.offer
+            return
+        w.state = "ready"
+        w.failures = 0
+        w.host = g.host or w.host
+        if not w.wid:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in w.host)[:40] or "peer"
+            w.wid = f"peer-{safe}-{w.peer_id[:8]}-{self.short}"
+            self._write_worker_info(w)
+
+    def _write_worker_info(self, w: _Worker) -> None:
+        from ..store import write_json
+
+        info = {"host": w.host, "pid": w.pid, "peer_id": w.peer_id, "user": w.info.announcement.user,
+                "address": list(w.info.connect_address), "python": ""}  # fmt: skip
+        with contextlib.suppress(OSError):
+            write_json(self.store.path / "workers" / f"{w.wid}.json", info, fsync=False)
+
+    def _on_accept(self, w: _Worker, bid: str) -> None:
+        b = self.batches.get(bid)
+        if b is None or b.worker is not w or b.withdrawn:
+            self._send(w, Cancel(bid))
+            if b is not None:
+                self._forget(b)
+            return
+        keep = [(i, a) for i, a in zip(b.indices, b.attempts) if i not in self.final and i not in self.cancelled]
+        if not keep:
+            self._withdraw(b)
+            return
+        b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
+        try:
+            info, buffers = self._encode(w, b)
+        except Exception as exc:
+            self._withdraw(b)
+            self._fail_tasks(b.indices, exc)
+            return
+        if not self._send(w, Task(bid, info), buffers):
+            self._unplace(b, requeue_front=True)
+            return
+        b.sent, b.sent_wall = time.monotonic(), time.time()
+        self.stats["batches_sent"] += 1
+        with self.lock:
+            for i in b.indices:
+                self.running_view[i] = (w.wid, b.sent_wall)
+
+    def _on_refuse(self, w: _Worker, msg: Refuse) -> None:
+        b = self.batches.get(msg.task_id)
+        if b is None:
+            return
+        self.stats[f"refused_{msg.reason.name.lower()}"] += 1
+        self._unplace(b, requeue_front=True)
+        if b.withdrawn:
+            return
+        if msg.reason in _PERMANENT:
+            w.unsuitable, w.unsuitable_for = f"{msg.reason.name.lower()}: {msg.detail}", w.offer
+            for i in b.indices:
+                self.reasons[i] = f"refused by {w.host}: {msg.reason.name.lower()} ({msg.detail})"
+        else:
+            w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
+
+    def _on_result(self, w: _Worker, msg: Result, buffers: tuple[Any, ...]) -> None:
+        info = msg.info
+        pid = int(info.get("pid") or 0)
+        if pid and pid != w.pid:
+            w.pid = pid
+            self._write_worker_info(w)
+        b = self.batches.get(msg.task_id)
+        if b is not None:
+            self._forget(b)
+        try:
+            self._store_items(w, info, buffers)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            log.warning("malformed RESULT from %s: %s", w.host, exc)
+            self._disconnected(w, f"malformed RESULT: {exc}")
+            return
+        self.ack_due.append((w, msg.task_id))
+        if b is not None:
+            for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
+                if i not in self.final and i not in self.cancelled and not self.inflight.get(i):
+                    if i not in self.pending:
+                        self.pending.appendleft(i)
+                    self.attempts.setdefault(i, a)
+        self.store.notify()
+
+    def _store_items(self, w: _Worker, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
+        """Write a RESULT's outcomes to the job folder (not yet fsynced)."""
+        pickles = memoryview(buffers[0]).cast("B")
+        logs = memoryview(buffers[1]).cast("B")
+        groups: list[tuple[memoryview, list[Any]]] = []
+        ppos, opos = 0, 2
+        for plen, noob in info.get("groups", []):
+            groups.append((pickles[ppos : ppos + plen], list(buffers[opos : opos + noob])))
+            ppos, opos = ppos + plen, opos + noob
+        items = info["items"]
+        if items and info.get("seconds"):
+            per_task = float(info["seconds"]) / len(items)
+            self.mean_s = per_task if not self.n_measured else 0.7 * self.mean_s + 0.3 * per_task
+            self.n_measured += len(items)
+        lpos = 0
+        rows: dict[int, list[tuple[Any, ...]]] = {}  # group -> rows to write
+        for index, attempt, status, group, item, t0, t1, rss, log_len in items:
+            index, attempt, status = int(index), int(attempt), Outcome(int(status))
+            log_bytes = bytes(logs[lpos : lpos + log_len])
+            lpos += log_len
+            if index in self.final or index in self.cancelled or not 0 <= index < self.n:
+                self.stats["duplicates"] += 1
+                continue
+            if status is Outcome.REQUEUE:
+                self._requeue(index)
+                continue
+            if status is Outcome.LOST:
+                self.lost_count[index] = self.lost_count.get(index, 0) + 1
+                if self.lost_count[index] <= self.retries:
+                    self.attempts[index] = attempt + 1
+                    self._requeue(index)
+                    continue
+                self._write_lost(w, index, attempt, groups[group][0], log_bytes, t0, t1)
+                continue
+            seed = (int(self.seed) + index) if self.seed is not None else 0
+            rows.setdefault(int(group), []).append(
+                (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed))
+            self._finalise(index)
+        if not rows:
+            return
+        if w.writer is None:
+            if not w.wid:
+                w.wid = f"peer-x-{w.peer_id[:8]}-{self.short}"
+                self._write_worker_info(w)
+            w.writer = GroupWriter(self.store, w.wid)
+        for group, group_rows in rows.items():
+            pickled, oob = groups[group]
+            w.writer.write_group(pickled, oob, group_rows)
+        if not self.unsynced:
+            self.first_unsynced = time.monotonic()
+        self.unsynced.add(id(w))
+
+    def _write_lost(self, w: _Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
+                    t0: float, t1: float) -> None:  # fmt: skip
+        from ..records import Kind, make_record
+
+        try:
+            err = pickle.loads(pickled)  # [a small dict] the worker daemon made (authenticated)
+            message = str(err[0].get("message", "")) if isinstance(err, list) and err else ""
+        except Exception:
+            message = ""
+        tail = "\n".join(log_bytes.decode("utf-8", "replace").strip().splitlines()[-8:])
+        why = (f"{message or 'its process died'} on {w.host}"
+               f"{'' if self.retries == 0 else f' ({self.retries + 1} times)'}")  # fmt: skip
+        if tail:
+            why += f"; its last output:\n{tail}"
+        with self.store.locked_queue() as q:
+            q.setdefault("lost_reason", {})[str(index)] = why
+            self.store.append_control([make_record(Kind.LOST, index, attempt, t_start=t0, t_end=t1)])
+        self._finalise(index)
+
+    def _finalise(self, index: int) -> None:
+        self.final.add(index)
+        self.reasons.pop(index, None)
+        with self.lock:
+            self.running_view.pop(index, None)
+        for bid in list(self.inflight.pop(index, ())):
+            b = self.batches.get(bid)
+            if b is not None and all(i in self.final or i in self.cancelled for i in b.indices):
+                self._withdraw(b)  # a copy elsewhere that nobody needs any more
+
+    def _requeue(self, index: int) -> None:
+        if index not in self.pending:
+            self.pending.appendleft(index)
+
+    def _fail_tasks(self, indices: list[int], exc: BaseException) -> None:
+        """Tasks that cannot even be sent (their inputs cannot be pickled here)."""
+        from ..store import OutcomeWriter
+        from ..worker import _describe_error
+
+        writer = OutcomeWriter(self.store, f"peer-controller-{self.short}")
+        try:
+            for i in indices:
+                err = _describe_error(exc, socket.gethostname(), i, (self.seed or 0) + i)
+                err["message"] = f"the task could not be sent to a peer: {err['message']}"
+                writer.write(i, ok=False, pickled=pickle.dumps(err, protocol=5), sync=True)
+                self._finalise(i)
+        finally:
+            writer.close()
+        self.store.notify()
+
+    # -- placing --------------------------------------------------------------------------
+    def _place(self, now: float) -> None:
+        if not self.pending:
+            return
+        ready = [w for w in self.workers.values() if w.state == "ready" and self._usable(w)]
+        if not ready:
+            return
+        s = self.settings
+        total_slots = sum(max(1, w.info.announcement.slots // s.cores) for w in ready)
+        while self.pending:
+            best, best_key = None, None
+            for w in ready:
+                a = w.info.announcement
+                slots = max(1, a.slots // s.cores)
+                if len(w.batches) >= 2 * slots or w.busy_until > now:
+                    continue
+                running_here = sum(1 for b in w.batches.values() if b.sent)
+                idle = a.slots_free >= s.cores or (running_here < slots and a.state is PeerState.IDLE)
+                local = s.prefer_local and w.info.connect_address[0] in self.local_addresses
+                fit = (a.mem_bytes - s.mem_bytes) if s.mem_bytes else 0
+                key = (0 if idle else 1, 0 if local else 1, len(w.batches) / slots, fit)
+                if best_key is None or key < best_key:
+                    best, best_key = w, key
+            if best is None:
+                return
+            self._ask(best, self._batch_size(best, total_slots), now)
+
+    def _batch_size(self, w: _Worker, total_slots: int) -> int:
+        if self.n_measured == 0:
+            k = 1
+        else:
+            k = int(self.settings.batch_target_s / max(self.mean_s, 1e-6))
+        k = min(k, max(1, math.ceil(len(self.pending) / (2 * total_slots))), _MAX_BATCH)
+        if self.settings.time_s > 0:
+            k = min(k, max(1, int(w.info.announcement.time_s / self.settings.time_s)))
+        return max(1, k)
+
+    def _ask(self, w: _Worker, k: int, now: float) -> None:
+        indices: list[int] = []
+        while self.pending and len(indices) < k:
+            i = self.pending.popleft()
+            if i in self.final or i in self.cancelled:
+                continue
+            indices.append(i)
+        if not indices:
+            return
+        self._seq += 1
+        bid = f"{self.short}-{self._seq}"
+        b = _Batch(bid, w, indices, [self.attempts.get(i, 0) for i in indices], now)
+        s = self.settings
+        ask = Ask(bid, mem_bytes=s.mem_bytes, time_s=s.time_s * len(indices), cores=s.cores)
+        self.batches[bid] = b
+        w.batches[bid] = b
+        for i in indices:
+            self.inflight.setdefault(i, set()).add(bid)
+        if not self._send(w, ask):
+            self._unplace(b, requeue_front=True)
+        self.stats["asks"] += 1
+
+    def _encode(self, w: _Worker, b: _Batch) -> tuple[dict[str, Any], list[Any]]:
+        """The TASK of a batch: pickled entries (+ the job's function once per connection)."""
+        from .. import serial
+
+        entries = []
+        for i in b.indices:
+            fn, args, kwargs = self.payload.task(i)
+            if fn is not None:
+                self._register_by_value(fn)
+            entries.append((fn, args, kwargs))
+        data, oob = serial.dumps(entries)
+        if len(oob) > _MAX_OOB:
+            import cloudpickle
+
+            data, oob = cloudpickle.dumps(entries, protocol=5), []
+        buffers: list[Any] = [data, *oob]
+        digest, fn_parts = self._common()
+        info: dict[str, Any] = {
+            "job": self.job_info, "diary": self.settings.diary, "items": [[i, a] for i, a in zip(b.indices, b.attempts)],
+            "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.settings.time_s,
+        }  # fmt: skip
+        if digest not in w.sent_fns:
+            buffers += fn_parts
+            info["nfn"] = len(fn_parts)
+            w.sent_fns.add(digest)
+        self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
+        return info, buffers
+
+    def _common(self) -> tuple[str, list[Any]]:
+        if self.common is None:
+            from .. import serial
+
+            fn, job_data = self.payload.common()
+            if fn is not None:
+                self._register_by_value(fn)
+            data, oob = serial.dumps((fn, job_data))
+            h = hashlib.sha256(data)
+            for v in oob:
+                h.update(v)
+            self.common = (h.hexdigest()[:32], [data, *oob])
+        return self.common
+
+    def _register_by_value(self, fn: Any) -> None:
+        """Send the user's own modules' code with the task (the worker may not have it)."""
+        import sys
+
+        import cloudpickle
+
+        from .. import serial
+
+        name = getattr(fn, "__module__", None)
+        if not isinstance(name, str) or name not in sys.modules:
+            return
+        module = sys.modules[name]
+        if module in self._by_value or not serial.needs_by_value(name, shared_fs=False):
+            return
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            self._by_value.append(module)
+        except ValueError:
+            pass  # already registered (by the user)
+
+    def _unplace(self, b: _Batch, *, requeue_front: bool, resubmit: bool = False) -> None:
+        """Take a batch back from its worker; its unfinished tasks wait to be placed again."""
+        self._forget(b)
+        back = []
+        for i in b.indices:
+            if i in self.final or i in self.cancelled or self.inflight.get(i):
+                continue
+            if resubmit:
+                self.resubmits[i] = self.resubmits.get(i, 0) + 1
+                if self.resubmits[i] > MAX_RESUBMITS:
+                    self._write_gone(i, b.worker)
+                    continue
+            back.append(i)
+        for i in reversed(back):
+            if i not in self.pending:
+                if requeue_front:
+                    self.pending.appendleft(i)
+                else:
+                    self.pending.append(i)
+
+    def _write_gone(self, index: int, w: _Worker) -> None:
+        from ..records import Kind, make_record
+
+        with self.store.locked_queue() as q:
+            q.setdefault("lost_reason", {})[str(index)] = (
+                f"its worker vanished {MAX_RESUBMITS + 1} times (last: {w.host}); given up")
+            self.store.append_control([make_record(Kind.LOST, index, self.attempts.get(index, 0),
+                                                   t_end=time.time())])  # fmt: skip
+        self._finalise(index)
+        self.store.notify()
+
+    def _forget(self, b: _Batch) -> None:
+        self.batches.pop(b.bid, None)
+        b.worker.batches.pop(b.bid, None)
+        with self.lock:
+            for i in b.indices:
+                bids = self.inflight.get(i)
+                if bids is not None:
+                    bids.discard(b.bid)
+                    if not bids:
+                        del self.inflight[i]
+                        self.running_view.pop(i, None)
+
+    def _withdraw(self, b: _Batch) -> None:
+        """Take a batch's tasks back (they are done elsewhere, cancelled, or go elsewhere).
+
+        A batch already sent is cancelled at its worker. An ASK still unanswered
+        is not (an ACCEPT may be on its way: the protocol then refuses a CANCEL
+        that crossed it); the batch stays, empty, until the answer comes.
+        """
+        if b.sent:
+            self._send(b.worker, Cancel(b.bid))
+            self._forget(b)
+            return
+        tasks = b.indices
+        self._forget(b)
+        b.withdrawn, b.indices, b.attempts = True, [], []
+        self.batches[b.bid] = b
+        b.worker.batches[b.bid] = b
+        del tasks
+
+    # -- timers -------------------------------------------------------------------------
+    def _timers(self, now: float) -> None:
+        s = self.settings
+        spare = any(w.state == "ready" and self._usable(w) and not w.batches for w in self.workers.values())
+        for b in list(self.batches.values()):
+            w = b.worker
+            if not b.sent:
+                if now - b.asked > s.start_timeout_s and spare and not b.withdrawn:
+                    tasks = list(b.indices)
+                    self._withdraw(b)  # not admitted in time: try elsewhere
+                    for i in reversed(tasks):
+                        if i not in self.final and i not in self.cancelled:
+                            self._requeue(i)
+                    w.busy_until = now + 1.0
+                continue
+            if b.copied:
+                continue
+            expected = s.time_s * len(b.indices) if s.time_s else 0.0
+            if expected:
+                overdue = now - b.sent > 2 * expected + 5.0
+            else:
+                overdue = self.n_measured > 0 and now - b.sent > max(30.0, 20 * self.mean_s * len(b.indices))
+            if overdue and spare:
+                b.copied = True
+                self.stats["copies"] += 1
+                log.info("batch %s on %s is overdue: running it elsewhere too", b.bid, w.host)
+                for i in reversed(b.indices):
+                    if i not in self.final and i not in self.cancelled and i not in self.pending:
+                        self.pending.appendleft(i)
+
+    def _sync(self, now: float, *, force: bool = False) -> None:
+        """fsync what was written, then acknowledge the results it holds."""
+        if self.unsynced and (force or now - self.first_unsynced >= _SYNC_S):
+            for w in self.workers.values():
+                if id(w) in self.unsynced and w.writer is not None:
+                    for fd in (w.writer.res_fd, w.writer.log_fd, w.writer.jfd):
+                        with contextlib.suppress(OSError):
+                            os.fsync(fd)
+            self.unsynced.clear()
+        if self.ack_due and not self.unsynced:
+            due, self.ack_due = self.ack_due, []
+            for w, bid in due:
+                self._send(w, Ack(bid))
+
+    # -- the end -----------------------------------------------------------------------
+    def _close_all(self) -> None:
+        for w in list(self.workers.values()):
+            if w.state == "ready":
+                with contextlib.suppress(Exception):
+                    self._send(w, Bye("done"))
+            self._drop_connection(w)
+            if w.writer is not None:
+                w.writer.close()
+                w.writer = None
+        self._stop.set()
+        if self.announcer is not None:
+            self.announcer.stop()
+        if self.listener is not None:
+            self.listener.stop()
+        if self._watch is not None and self._watch is not threading.current_thread():
+            self._watch.join(2.0)
+        import cloudpickle
+
+        for module in self._by_value:
+            with contextlib.suppress(ValueError):
+                cloudpickle.unregister_pickle_by_value(module)
+        self._by_value.clear()
+        self.payload.close()
+        with self.lock:
+            self.running_view.clear()
+        for s in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                s.close()
+        self.sel.close()
+
+
+def local_addresses() -> frozenset[str]:
+    """This machine's IPv4 addresses (a worker at one of them is local)."""
+    import psutil
+
+    out = {"127.0.0.1"}
+    with contextlib.suppress(Exception):
+        for addrs in psutil.net_if_addrs().values():
+            out.update(a.address for a in addrs if a.family == socket.AF_INET)
+    return frozenset(out)

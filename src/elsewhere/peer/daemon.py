@@ -1,0 +1,1171 @@
+"""The peer worker daemon (``elsewhere peer worker``, FieldTrip's peerworker).
+
+One process offers this machine's slots to the group. Who talks to whom::
+
+    controllers ==TCP==> [listening socket] --accept--> _Peer (Connection + pump)
+                                                          |  ASK   -> refuse at once (reason), or hold
+                                                          |  held ASKs -> ACCEPT when a slot frees,
+                                                          |               fairest controller first
+                                                          |  TASK  -> _Run on a child process
+                                                          |  ACK   -> forget the result
+    announcer thread  <-- state changes (coalesced)       |
+    listener thread   --> a new controller appears: announce at once
+    child processes  <==unix socket==> "run" / "results" (see child.py)
+
+Everything but the two discovery threads runs in one selector loop: no
+thread per connection or per task, no process per task. The daemon never
+unpickles anything; it moves authenticated bytes to a child and back. A
+child that crashes, or that is killed for running past the time or memory
+its task was admitted under, is replaced; the daemon carries on.
+
+Results wait in memory until their controller acknowledges them (ACK); a
+controller that reconnects (same peer id) gets every unacknowledged result
+again. Ctrl-C or SIGTERM drains: no new work is admitted, running batches
+finish and are delivered; a second Ctrl-C hands the running batches back
+(their tasks go back to their controllers to run elsewhere) and exits.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import getpass
+import json
+import logging
+import math
+import mmap
+import os
+import pickle
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import PeerError, ProtocolError
+from . import child as childproto
+from .access import AccessRules, same_user
+from .announce import Announcement, PeerState, new_peer_id
+from .child import CUR, MessageReader, Outcome
+from .discovery import Announcer, DiscoveryConfig, Listener
+from .fairshare import FairShare, Waiting
+from .keys import LOOPBACK_HOST, GroupKey
+from .stream import Closed, ConnectionPump, SharedBuffers, new_memfd
+from .wire import (
+    Accept,
+    Ack,
+    Ask,
+    Bye,
+    Cancel,
+    Connection,
+    Error,
+    HandshakeComplete,
+    Identity,
+    Ping,
+    Pong,
+    Received,
+    Refuse,
+    RefuseReason,
+    Result,
+    Role,
+    Task,
+)
+
+__all__ = ["PeerWorker", "WorkerOptions", "machine_memory"]
+
+log = logging.getLogger(__name__)
+
+_MAX_PEERS = 256
+_HANDSHAKE_S = 10.0
+_ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements a second
+_MEM_CHECK_S = 0.25
+_ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
+_TICK_S = 0.1
+
+
+def machine_memory() -> int:
+    """Total memory of this machine, in bytes."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What a worker offers, to whom, and for how long.
+
+    ``key`` None is loopback-only mode (127.0.0.1, same user only). Times are
+    seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
+    ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
+    time without work before it exits; ``maxnum`` the tasks it runs.
+    """
+
+    key: GroupKey | None = None
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    bind: str | None = None
+    port: int = 0
+    slots: int = field(default_factory=_machine_cores)
+    memavail: int | None = None
+    timavail: float = math.inf
+    maxtime: float = math.inf
+    maxidle: float = math.inf
+    maxnum: int | None = None
+    access: AccessRules = field(default_factory=AccessRules)
+    fair_share: bool = True
+    half_life_s: float = 60.0
+    hold_s: float = 5.0
+    keep_results_s: float = 600.0
+    listen_for_controllers: bool = True
+    python: str = sys.executable
+    host: str = field(default_factory=socket.gethostname)
+    user: str = field(default_factory=getpass.getuser)
+    stats_file: str | None = None
+
+    def __post_init__(self) -> None:
+        from ..errors import ConfigError
+
+        if not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")
+        for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.maxnum is not None and self.maxnum < 1:
+            raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
+        if self.key is None and self.bind not in (None, LOOPBACK_HOST):
+            raise ConfigError(f"without a group key a worker listens on {LOOPBACK_HOST} only")
+
+    def bind_address(self) -> str:
+        """The TCP address to listen on."""
+        if self.key is None:
+            return LOOPBACK_HOST
+        return self.bind or self.discovery.interface or "0.0.0.0"
+
+
+# ---------------------------------------------------------------- state records
+
+
+class _Peer:
+    """One connection from a controller."""
+
+    def __init__(self, sock: socket.socket, address: str, conn: Connection) -> None:
+        self.sock = sock
+        self.address = address
+        self.conn = conn
+        self.pump = ConnectionPump(sock, conn)
+        self.opened = time.monotonic()
+        self.controller = ""  # its peer id, once the handshake is done
+        self.user = ""
+        self.host = ""
+        self.refusal: str | None = None
+        self.fns: dict[str, tuple[Any, ...]] = {}  # digest -> raw buffers of (fn, job_data)
+        self.closed = False
+
+
+@dataclass
+class _Held:
+    peer: _Peer
+    ask: Ask
+    arrival: float
+    passed_over: bool = False
+
+
+@dataclass
+class _Run:
+    """A batch of tasks admitted from one controller, queued for or running on a child."""
+
+    seq: int
+    controller: str
+    task_id: str
+    ask: Ask
+    info: dict[str, Any]
+    buffers: tuple[Any, ...] = ()
+    fn_buffers: tuple[Any, ...] = ()
+    started: float = 0.0
+    child: _Child | None = None
+    outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
+    groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
+    kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
+    accepted: float = 0.0
+
+
+@dataclass
+class _Done:
+    info: dict[str, Any]
+    buffers: list[Any]
+    finished: float
+
+
+class _Child:
+    """A task-running child process, as the daemon sees it."""
+
+    def __init__(self, python: str, capture_fd: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cur_fd, self.cur = new_memfd(CUR.size, "elsewhere-cur")
+        CUR.pack_into(self.cur, 0, -1, 0.0, 0)
+        self.capture_fd = capture_fd
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-m", "elsewhere.peer.child", str(theirs.fileno()), str(cur_fd)],
+                pass_fds=(theirs.fileno(), cur_fd), stdin=subprocess.DEVNULL,
+                stdout=capture_fd, stderr=capture_fd, env=env, start_new_session=True,
+                cwd="/",
+            )  # fmt: skip
+        finally:
+            theirs.close()
+            os.close(cur_fd)
+        ours.setblocking(False)
+        self.sock = ours
+        self.reader = MessageReader(ours)
+        self.out: collections.deque[tuple[collections.deque[memoryview], list[int]]] = (
+            collections.deque()
+        )
+        self.pid = self.popen.pid
+        self.ready = False
+        self.base_rss = 0
+        self.run: _Run | None = None
+        self.fns: set[str] = set()
+        self.job_id: str | None = None
+        self.dirty = False
+        self.dead = False
+        self.last_mem_check = 0.0
+
+    def send(self, header: dict[str, Any], body: list[Any], fds: list[int]) -> None:
+        parts = childproto.pack_message(header, body, len(fds))
+        self.out.append((collections.deque(memoryview(p).cast("B") for p in parts if len(p)), fds))
+
+    def flush(self) -> bool:
+        """Send what the socket takes; True when all is sent."""
+        import array
+
+        while self.out:
+            parts, fds = self.out[0]
+            if not parts:
+                self.out.popleft()
+                continue
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            try:
+                n = self.sock.sendmsg(list(parts)[:256], anc)
+            except (BlockingIOError, InterruptedError):
+                return False
+            if fds:
+                self.out[0] = (parts, [])
+            while n:
+                if n >= len(parts[0]):
+                    n -= len(parts[0])
+                    parts.popleft()
+                else:
+                    parts[0] = parts[0][n:]
+                    n = 0
+        return True
+
+    def current(self) -> tuple[int, float, int]:
+        """(task running now or -1, since, its output offset), from the shared map."""
+        idx, since, off = CUR.unpack_from(self.cur, 0)
+        return int(idx), float(since), int(off)
+
+    def kill(self) -> None:
+        if self.dead:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def reap(self) -> int | None:
+        self.dead = True
+        try:
+            return self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        self.reader.close_pending_fds()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(BufferError, ValueError):
+            self.cur.close()
+
+
+def _error_value(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> bytes:
+    """A group of one pickled error description in the worker's format (pickling is safe;
+    the daemon never loads anything)."""
+    value = {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
+             "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
+    return pickle.dumps([value], protocol=5)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: out of memory?)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+# ---------------------------------------------------------------- the daemon
+
+
+class PeerWorker:
+    """The worker daemon: see the module docstring. ``serve()`` runs it until it exits."""
+
+    def __init__(self, options: WorkerOptions) -> None:
+        self.options = options
+        self.key = options.key
+        self.peer_id = new_peer_id()
+        self.identity = Identity(self.peer_id, options.user[:256], options.host[:256])
+        self.fair = FairShare(options.half_life_s, enabled=options.fair_share)
+        self.allocate = SharedBuffers()
+        self.sel = selectors.DefaultSelector()
+        self.peers: set[_Peer] = set()
+        self.by_controller: dict[str, _Peer] = {}
+        self.held: list[_Held] = []
+        self.reserved: dict[tuple[int, str], _Run] = {}  # (id(peer), task_id) -> accepted run
+        self.queued: collections.deque[_Run] = collections.deque()  # TASK received, no child free
+        self.running: dict[int, _Run] = {}  # seq -> run on a child
+        self.children: list[_Child] = []
+        self.unacked: dict[str, dict[str, _Done]] = {}
+        self.gone_since: dict[str, float] = {}
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.started = time.monotonic()
+        self.last_busy = self.started
+        self.tasks_done = 0
+        self.draining: str | None = None
+        self.hand_back = False
+        self.stopping = False
+        self._seq = 0
+        self._announce_due = True
+        self._last_announce = 0.0
+        self._last_tick = 0.0
+        self._last_stats = 0.0
+        self._signals = 0
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._capture_fds: list[int] = []
+        self.listen_sock: socket.socket | None = None
+        self.announcer: Announcer | None = None
+        self.listener: Listener | None = None
+        self._watch_thread: threading.Thread | None = None
+        self.address: tuple[str, int] = ("", 0)
+        self._ready = threading.Event()
+
+    # -- set-up ------------------------------------------------------------------
+    def start(self) -> tuple[str, int]:
+        """Bind, start discovery and the first child; returns the TCP address."""
+        opts = self.options
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((opts.bind_address(), opts.port))
+        sock.listen(128)
+        sock.setblocking(False)
+        self.listen_sock = sock
+        self.address = (opts.bind_address(), sock.getsockname()[1])
+        self.sel.register(sock, selectors.EVENT_READ, ("listen", None))
+        self.sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._spawn_child()
+        announced = self.address[0]
+        if announced == "0.0.0.0":
+            announced = opts.discovery.interface or _primary_address()
+        ann = Announcement(
+            self.peer_id, self.key.group if self.key else "", announced, self.address[1],
+            opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
+            self._mem_offer(), min(opts.timavail, opts.maxtime),
+        )  # fmt: skip
+        self.announcer = Announcer(ann, self.key, opts.discovery).start()
+        if opts.listen_for_controllers:
+            try:
+                self.listener = Listener(self.key, opts.discovery).start()
+            except OSError as exc:  # e.g. static peers on a port another peer here holds
+                log.warning("not listening for controllers (%s); announcing anyway", exc)
+            else:
+                self._watch_thread = threading.Thread(target=self._watch_controllers,
+                                                      name="elsewhere-peer-watch", daemon=True)  # fmt: skip
+                self._watch_thread.start()
+        self._ready.set()
+        log.info("peer worker %s on %s:%d, group %r, %d slot(s), %s", self.peer_id[:8],
+                 self.address[0], self.address[1], self.key.group if self.key else "(loopback only)",
+                 opts.slots, "fair share" if opts.fair_share else "first come, first served")  # fmt: skip
+        return self.address
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until :meth:`start` has bound its socket (for callers in another thread)."""
+        return self._ready.wait(timeout)
+
+    def _watch_controllers(self) -> None:
+        """Announce at once when a new controller appears, so it finds us in milliseconds."""
+        listener, announcer = self.listener, self.announcer
+        assert listener is not None and announcer is not None
+        known: set[str] = set()
+
+        def controllers(peers: list[Any]) -> set[str]:
+            return {p.peer_id for p in peers if p.announcement.state is PeerState.CONTROLLER}
+
+        def new(peers: list[Any]) -> bool:
+            return bool(controllers(peers) - known) or self.stopping
+
+        while not self.stopping:
+            if listener.wait_for(new, timeout=1.0) and not self.stopping:
+                known.clear()
+                known.update(controllers(listener.peers()))
+                with contextlib.suppress(Exception):
+                    announcer.update_state()
+
+    # -- the loop ------------------------------------------------------------------
+    def serve(self, *, install_signals: bool = True) -> int:
+        """Run until drained or stopped; returns an exit status."""
+        if self.listen_sock is None:
+            self.start()
+        if install_signals and threading.current_thread() is threading.main_thread():
+            self._install_signals()
+        try:
+            while True:
+                now = time.monotonic()
+                if self._finished(now):
+                    break
+                for key, mask in self.sel.select(self._timeout()):
+                    kind, obj = key.data
+                    if kind == "peer":
+                        self._on_peer(obj, mask)
+                    elif kind == "child":
+                        self._on_child(obj)
+                    elif kind == "listen":
+                        self._accept()
+                    else:
+                        self._on_wake()
+                self._tick(time.monotonic())
+        finally:
+            self._shutdown()
+        return 0
+
+    def request_stop(self, *, hand_back: bool = False) -> None:
+        """Drain (or, with ``hand_back``, hand running batches back) and exit. Thread-safe."""
+        self._signals = max(self._signals + 1, 2 if hand_back else 1)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"s")
+
+    def _install_signals(self) -> None:
+        def handler(signum: int, frame: Any) -> None:
+            self._signals += 1
+            with contextlib.suppress(OSError):
+                self._wake_w.send(b"s")
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def _on_wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_r.recv(4096)
+        if self._signals >= 2 and not self.hand_back:
+            self.hand_back = True
+            self._drain("stopping now: running batches are handed back")
+            for run in list(self.running.values()):
+                self._kill_run(run, Outcome.REQUEUE, "the worker was stopped")
+            for run in list(self.queued):
+                self.queued.remove(run)
+                self._finish_unstarted(run)
+        elif self._signals >= 1 and self.draining is None:
+            self._drain("asked to stop: finishing the running tasks (Ctrl-C again hands them back)")
+
+    def _timeout(self) -> float:
+        return 0.0 if self._announce_due and time.monotonic() - self._last_announce >= _ANNOUNCE_EVERY_S else _TICK_S
+
+    def _finished(self, now: float) -> bool:
+        if self.draining is None:
+            return False
+        if self.running or self.queued or self.reserved:
+            return False
+        if not self.unacked:
+            return True
+        # results nobody is connected to collect: give controllers a moment to return
+        limit = 2.0 if self.hand_back else 10.0
+        return now - self.last_busy > limit
+
+    def _drain(self, why: str) -> None:
+        if self.draining is None:
+            log.info("draining: %s", why)
+        self.draining = why
+        for h in self.held:
+            self._refuse(h.peer, h.ask, RefuseReason.DRAINING, "the worker is stopping")
+        self.held.clear()
+        self._announce_due = True
+
+    # -- connections ------------------------------------------------------------------
+    def _accept(self) -> None:
+        assert self.listen_sock is not None
+        for _ in range(64):
+            try:
+                sock, addr = self.listen_sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.debug("accept failed: %s", exc)
+                return
+            self.stats["connections"] += 1
+            if len(self.peers) >= _MAX_PEERS:
+                sock.close()
+                self.stats["connections_over_cap"] += 1
+                continue
+            if self.key is None and not _is_loopback(addr[0]):
+                sock.close()
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = Connection(Role.RESPONDER, self.key, self.identity, allocate=self.allocate)
+            peer = _Peer(sock, addr[0], conn)
+            self.peers.add(peer)
+            self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))
+
+    def _on_peer(self, peer: _Peer, mask: int) -> None:
+        if peer.closed:
+            return
+        try:
+            if mask & selectors.EVENT_READ:
+                for event in peer.pump.read():
+                    self._on_event(peer, event)
+                    if peer.closed:
+                        return
+            self._flush(peer)
+        except Closed:
+            self._close(peer, "")
+        except ProtocolError as exc:
+            self.stats["protocol_errors"] += 1
+            log.debug("peer %s: %s", peer.address, exc)
+            with contextlib.suppress(OSError):
+                peer.pump.flush()  # perhaps an ERROR frame for the peer
+            self._close(peer, str(exc))
+        except OSError as exc:
+            self._close(peer, str(exc))
+
+    def _flush(self, peer: _Peer) -> None:
+        if peer.closed:
+            return
+        try:
+            done = peer.pump.flush()
+        except OSError as exc:
+            self._close(peer, str(exc))
+            return
+        events = selectors.EVENT_READ if done else selectors.EVENT_READ | selectors.EVENT_WRITE
+        with contextlib.suppress(KeyError, ValueError):
+            if self.sel.get_key(peer.sock).events != events:
+                self.sel.modify(peer.sock, events, ("peer", peer))
+
+    def _close(self, peer: _Peer, why: str) -> None:
+        if peer.closed:
+            return
+        peer.closed = True
+        self.peers.discard(peer)
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(peer.sock)
+        with contextlib.suppress(OSError):
+            peer.sock.close()
+        if why:
+            log.debug("closed connection from %s: %s", peer.address, why)
+        if peer.controller and self.by_controller.get(peer.controller) is peer:
+            del self.by_controller[peer.controller]
+            self.gone_since[peer.controller] = time.monotonic()
+        self.held = [h for h in self.held if h.peer is not peer]
+        for key in [k for k in self.reserved if k[0] == id(peer)]:
+            del self.reserved[key]
+        self._announce_due = True
+        self._admit()
+
+    def _send(self, peer: _Peer, message: Any, buffers: Any = ()) -> None:
+        if peer.closed:
+            return
+        try:
+            peer.conn.send(message, buffers)
+        except PeerError as exc:
+            log.debug("cannot send %s to %s: %s", type(message).__name__, peer.address, exc)
+            return
+        self._flush(peer)
+
+    def _refuse(self, peer: _Peer, ask: Ask, reason: RefuseReason, detail: str) -> None:
+        self.stats[f"refused_{reason.name.lower()}"] += 1
+        self._send(peer, Refuse(ask.task_id, reason, detail[:1000]))
+
+    # -- messages ----------------------------------------------------------------------
+    def _on_event(self, peer: _Peer, event: Any) -> None:
+        if isinstance(event, HandshakeComplete):
+            self._on_handshake(peer, event)
+            return
+        assert isinstance(event, Received)
+        msg = event.message
+        if isinstance(msg, Ask):
+            self._on_ask(peer, msg)
+        elif isinstance(msg, Task):
+            self._on_task(peer, msg, event.buffers)
+        elif isinstance(msg, Ack):
+            done = self.unacked.get(peer.controller, {})
+            if done.pop(msg.task_id, None) is not None and not done:
+                self.unacked.pop(peer.controller, None)
+        elif isinstance(msg, Cancel):
+            self._on_cancel(peer, msg.task_id)
+        elif isinstance(msg, Ping):
+            self._send(peer, Pong(msg.token))
+        elif isinstance(msg, (Bye, Error)):
+            self._close(peer, "")
+
+    def _on_handshake(self, peer: _Peer, event: HandshakeComplete) -> None:
+        self.stats["handshakes"] += 1
+        g = event.peer
+        peer.controller, peer.user, peer.host = g.peer_id, g.user, g.host
+        peer.refusal = self.options.access.check(g.user, g.host, peer.address)
+        if peer.refusal is None and self.key is None and not same_user(peer.sock):
+            peer.refusal = "without a group key a worker serves only its own user"
+        old = self.by_controller.get(g.peer_id)
+        self.by_controller[g.peer_id] = peer
+        self.gone_since.pop(g.peer_id, None)
+        if old is not None and old is not peer:
+            self._close(old, "replaced by a new connection of the same controller")
+        for task_id, done in list(self.unacked.get(g.peer_id, {}).items()):
+            self._send(peer, Result(task_id, done.info), done.buffers)
+
+    def _on_ask(self, peer: _Peer, ask: Ask) -> None:
+        self.stats["asks"] += 1
+        opts = self.options
+        if peer.refusal is not None:
+            self._refuse(peer, ask, RefuseReason.NOT_ALLOWED, peer.refusal)
+        elif self.draining is not None:
+            self._refuse(peer, ask, RefuseReason.DRAINING, "the worker is stopping")
+        elif ask.cores > opts.slots:
+            self._refuse(peer, ask, RefuseReason.BUSY,
+                         f"the task needs {ask.cores} cores; this worker has {opts.slots}")  # fmt: skip
+        elif ask.mem_bytes > self._mem_total():
+            self._refuse(peer, ask, RefuseReason.MEMORY,
+                         f"the task needs {ask.mem_bytes} bytes; this worker offers {self._mem_total()}")  # fmt: skip
+        elif ask.time_s > self._time_offer(time.monotonic()):
+            self._refuse(peer, ask, RefuseReason.TIME,
+                         f"the task needs {ask.time_s:.0f} s; this worker offers "
+                         f"{self._time_offer(time.monotonic()):.0f} s")  # fmt: skip
+        elif sum(1 for h in self.held if h.peer is peer) >= 2 * opts.slots + 2:
+            self._refuse(peer, ask, RefuseReason.BUSY, "too many requests waiting here")
+        else:
+            self.held.append(_Held(peer, ask, time.monotonic()))
+            self._admit()
+
+    def _admit(self) -> None:
+        """Accept waiting ASKs while slots and memory are free: fairest controller first."""
+        if self.draining is not None:
+            return
+        now = time.monotonic()
+        while self.held:
+            free_slots, free_mem = self._free(now)
+            fits = [h for h in self.held if h.ask.cores <= free_slots and h.ask.mem_bytes <= free_mem]
+            if not fits:
+                return
+            chosen = fits[self.fair.pick([Waiting(h.peer.controller, h.arrival) for h in fits], now)]
+            self.held.remove(chosen)
+            for h in self.held:
+                if h.peer.controller != chosen.peer.controller:
+                    h.passed_over = True
+            self._seq += 1
+            run = _Run(self._seq, chosen.peer.controller, chosen.ask.task_id, chosen.ask, {},
+                       accepted=now)  # fmt: skip
+            self.reserved[(id(chosen.peer), chosen.ask.task_id)] = run
+            self.stats["accepted"] += 1
+            self._announce_due = True
+            self._send(chosen.peer, Accept(chosen.ask.task_id))
+
+    def _on_task(self, peer: _Peer, msg: Task, buffers: tuple[Any, ...]) -> None:
+        run = self.reserved.pop((id(peer), msg.task_id), None)
+        if run is None:  # accepted earlier, then withdrawn by us (connection replaced)
+            self._seq += 1
+            run = _Run(self._seq, peer.controller, msg.task_id, Ask(msg.task_id), {})
+        info = msg.info
+        try:
+            ntask = int(info["ntask"])
+            nfn = int(info.get("nfn", 0))
+            items = [[int(i), int(a)] for i, a in info["items"]]
+            if not (ntask >= 1 and ntask + nfn == len(buffers) and items):
+                raise ValueError("buffer counts do not match")
+        except (KeyError, TypeError, ValueError) as exc:
+            self._send(peer, Error("task", f"malformed TASK {msg.task_id!r}: {exc}"))
+            self._close(peer, f"malformed TASK: {exc}")
+            return
+        digest = str(info.get("fn") or "")
+        if nfn:
+            peer.fns[digest] = tuple(buffers[ntask:])
+        elif digest and digest not in peer.fns:
+            self._send(peer, Error("task", f"TASK {msg.task_id!r} names a function never sent"))
+            self._close(peer, "TASK without its function")
+            return
+        run.info = {"job": info.get("job") or {}, "diary": str(info.get("diary", "always")),
+                    "items": items, "fn": digest, "time_s": float(info.get("time_s") or 0.0)}  # fmt: skip
+        run.buffers = tuple(buffers[:ntask])
+        run.fn_buffers = peer.fns.get(digest, ()) if digest else ()
+        if self.hand_back:
+            self._finish_unstarted(run)
+            return
+        self.queued.append(run)
+        self._dispatch()
+
+    def _on_cancel(self, peer: _Peer, task_id: str) -> None:
+        self.held = [h for h in self.held if not (h.peer is peer and h.ask.task_id == task_id)]
+        if self.reserved.pop((id(peer), task_id), None) is not None:
+            self._announce_due = True
+            self._admit()
+            return
+        for run in list(self.queued):
+            if run.controller == peer.controller and run.task_id == task_id:
+                self.queued.remove(run)
+                self._admit()
+                return
+        for run in list(self.running.values()):
+            if run.controller == peer.controller and run.task_id == task_id:
+                self._kill_run(run, None, "cancelled by its controller")
+                return
+
+    # -- children ----------------------------------------------------------------------
+    def _spawn_child(self) -> _Child:
+        cap = os.memfd_create("elsewhere-child-output", os.MFD_CLOEXEC)
+        try:
+            child = _Child(self.options.python, cap)
+        except OSError:
+            os.close(cap)
+            raise
+        self.children.append(child)
+        self.sel.register(child.sock, selectors.EVENT_READ, ("child", child))
+        self.stats["children_started"] += 1
+        return child
+
+    def _dispatch(self) -> None:
+        """Start queued runs on idle children; start children as needed."""
+        while self.queued:
+            run = self.queued[0]
+            child = next((c for c in self.children if c.ready and c.run is None and not c.dead
+                          and not (c.dirty and c.job_id != run.info["job"].get("id"))), None)  # fmt: skip
+            if child is None:
+                for c in self.children:  # a dirty idle child would run another job's code
+                    if c.ready and c.run is None and c.dirty:
+                        self._retire(c)
+                        break
+                starting = sum(1 for c in self.children if not c.ready and not c.dead)
+                if starting == 0 and len(self.children) < self.options.slots + 1:
+                    self._spawn_child()
+                return
+            self.queued.popleft()
+            self._start(run, child)
+        spare = [c for c in self.children if c.run is None and not c.dead]
+        if not spare and len(self.children) < self.options.slots:
+            self._spawn_child()  # keep one warm for the next batch
+
+    def _start(self, run: _Run, child: _Child) -> None:
+        now = time.monotonic()
+        body: list[Any] = []
+        fds: list[int] = []
+        parts: list[list[int]] = []
+        send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
+        for buf in run.buffers + (run.fn_buffers if send_fn else ()):
+            fd = self.allocate.fd_of(buf)
+            if fd >= 0 and len(fds) < 250:
+                fds.append(fd)
+                parts.append([len(buf), 1])
+            else:
+                body.append(buf)
+                parts.append([len(buf), 0])
+        header = {"op": "run", "batch": str(run.seq), "job": run.info["job"],
+                  "diary": run.info["diary"], "items": run.info["items"], "fn": run.info["fn"],
+                  "ntask": len(run.buffers), "parts": parts}  # fmt: skip
+        child.send(header, body, fds)
+        if send_fn:
+            child.fns.add(run.info["fn"])
+        child.run = run
+        child.job_id = run.info["job"].get("id")
+        run.child = child
+        run.started = now
+        self.running[run.seq] = run  # run.buffers stay referenced: their memfds must stay open
+        self.fair.started(run.controller, run.seq, now)
+        self.last_busy = now
+        self._announce_due = True
+        self._flush_child(child)
+
+    def _flush_child(self, child: _Child) -> None:
+        try:
+            done = child.flush()
+        except OSError:
+            done = True  # it died: its socket will say so
+        events = selectors.EVENT_READ if done else selectors.EVENT_READ | selectors.EVENT_WRITE
+        with contextlib.suppress(KeyError, ValueError):
+            if self.sel.get_key(child.sock).events != events:
+                self.sel.modify(child.sock, events, ("child", child))
+
+    def _on_child(self, child: _Child) -> None:
+        self._flush_child(child)
+        try:
+            messages, open_ = child.reader.read_available()
+            for header, body, fds in messages:
+                op = header.get("op")
+                if op == "ready":
+                    child.ready = True
+                    child.base_rss = int(header.get("rss", 0))
+                elif op == "results":
+                    self._on_results(child, header, body, fds)
+                else:
+                    for fd in fds:
+                        os.close(fd)
+        except Exception as exc:  # a task may scribble on its socket: replace the child
+            log.warning("child %d sent something unreadable (%s); replacing it", child.pid, exc)
+            if child.run is not None:
+                self._kill_run(child.run, Outcome.LOST, "its process sent garbage and was replaced")
+            child.kill()
+            return
+        if not open_:
+            self._child_died(child)
+        elif messages:
+            self._dispatch()
+
+    def _on_results(self, child: _Child, header: dict[str, Any], body: memoryview,
+                    fds: list[int]) -> None:  # fmt: skip
+        """A group of outcomes from a child: one pickled list of values, then the logs."""
+        run = child.run
+        pos = 0
+        group_no = -1
+        group = header.get("group")
+        fd_iter = iter(fds)
+        if group is not None:
+            plen, parts = group
+            pickled = body[pos : pos + plen]
+            pos += plen
+            oob: list[Any] = []
+            for length, where in parts:
+                if where == 0:
+                    oob.append(body[pos : pos + length])
+                    pos += length
+                else:
+                    fd = next(fd_iter)
+                    try:
+                        mm = mmap.mmap(fd, max(length, 1), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                    finally:
+                        os.close(fd)
+                    oob.append(memoryview(mm)[:length])
+            if run is not None:
+                run.groups.append((pickled, oob))
+                group_no = len(run.groups) - 1
+        for item in header.get("items", []):
+            index, attempt, status, item_no, t0, t1, rss, log_len = item
+            logged = body[pos : pos + log_len]
+            pos += log_len
+            if run is not None:
+                run.outcomes[int(index)] = (
+                    [index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged,
+                )  # fmt: skip
+        for fd in fd_iter:
+            os.close(fd)
+        if header.get("last") and run is not None:
+            child.dirty = bool(header.get("dirty"))
+            child.run = None
+            self._complete(run)
+
+    def _child_died(self, child: _Child) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.sel.unregister(child.sock)
+        code = child.reap()
+        run = child.run
+        idx, since, log_off = child.current()
+        child.close()
+        self.children.remove(child)
+        if run is not None:
+            self.stats["child_deaths"] += 1
+            culprit, why = run.kill if run.kill is not None else (
+                Outcome.LOST, f"the process running it {_describe_exit(code)}")  # fmt: skip
+            tail = b""
+            if culprit is not Outcome.REQUEUE:
+                tail = _read_capture(child.capture_fd, log_off)
+            self._fill_unfinished(run, idx, culprit, why, tail, since, child.pid)
+            self._complete(run)
+        with contextlib.suppress(OSError):
+            os.close(child.capture_fd)
+        if not self.stopping and not self.hand_back:
+            self._spawn_child()
+        self._dispatch()
+
+    def _fill_unfinished(self, run: _Run, culprit_index: int, culprit: Outcome | None, why: str,
+                         tail: bytes, since: float, pid: int) -> None:  # fmt: skip
+        """Outcomes for the tasks of ``run`` that did not report one."""
+        job = run.info.get("job", {})
+        seed0 = int(job.get("seed") or 0)
+        host = self.options.host
+        for index, attempt in run.info.get("items", []):
+            if index in run.outcomes:
+                continue
+            t = since or time.time()
+            if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
+                kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
+                msg = f"task {index} {why}" if culprit is Outcome.LOST else why
+                run.groups.append((_error_value(kind, msg, host, index, seed0 + index, pid), []))
+                row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
+                run.outcomes[index] = (row, tail)
+            else:
+                row = [index, attempt, int(Outcome.REQUEUE), -1, -1, t, t, 0, 0]
+                run.outcomes[index] = (row, b"")
+
+    def _retire(self, child: _Child) -> None:
+        child.send({"op": "exit"}, [], [])
+        self._flush_child(child)
+        child.kill()
+
+    def _kill_run(self, run: _Run, outcome: Outcome | None, why: str) -> None:
+        """Stop a running batch by killing its child (replaced at once)."""
+        if run.child is None or run.kill is not None:
+            return
+        run.kill = (outcome if outcome is not None else Outcome.REQUEUE, why)
+        if outcome is None:
+            run.info["cancelled"] = True
+        run.child.kill()
+
+    def _complete(self, run: _Run) -> None:
+        """A batch ended: deliver its RESULT (kept until acknowledged); free its slot."""
+        now = time.monotonic()
+        self.running.pop(run.seq, None)
+        charged = self.fair.finished(run.seq, now)
+        self.stats["batches"] += 1
+        self.tasks_done += len(run.info.get("items", []))
+        self.stats["tasks"] = self.tasks_done
+        self.last_busy = now
+        self._announce_due = True
+        if run.info.get("cancelled"):
+            self._after_batch()
+            return
+        order = [i for i, _ in run.info.get("items", [])]
+        rows = [run.outcomes[i] for i in order if i in run.outcomes]
+        info = {"items": [r[0] for r in rows], "groups": [[len(g[0]), len(g[1])] for g in run.groups],
+                "host": self.options.host, "pid": run.child.pid if run.child else 0,
+                "seconds": charged}  # fmt: skip
+        buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
+        for g in run.groups:
+            buffers.extend(g[1])
+        self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now)
+        peer = self.by_controller.get(run.controller)
+        if peer is not None:
+            self._send(peer, Result(run.task_id, info), buffers)
+        self._after_batch()
+
+    def _finish_unstarted(self, run: _Run) -> None:
+        """Hand a batch that never reached a child back to its controller."""
+        self._fill_unfinished(run, -1, None, "", b"", 0.0, 0)
+        self._complete(run)
+
+    def _after_batch(self) -> None:
+        maxnum = self.options.maxnum
+        if maxnum is not None and self.tasks_done >= maxnum and self.draining is None:
+            self._drain(f"ran {self.tasks_done} tasks (maxnum {maxnum})")
+        self._dispatch()
+        self._admit()
+
+    # -- time ---------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        if self._announce_due and now - self._last_announce >= _ANNOUNCE_EVERY_S:
+            self._announce(now)
+        if now - self._last_tick < 0.05:
+            return
+        self._last_tick = now
+        opts = self.options
+        if now - self.started > opts.maxtime and self.draining is None:
+            self._drain(f"ran for its maximum time ({opts.maxtime:.0f} s)")
+        idle = not (self.running or self.queued or self.reserved or self.held)
+        if idle and now - self.last_busy > opts.maxidle and self.draining is None:
+            self._drain(f"idle for {opts.maxidle:.0f} s (maxidle)")
+        self._check_limits(now)
+        for h in [h for h in self.held if now - h.arrival > opts.hold_s]:
+            self.held.remove(h)
+            if h.passed_over and self.fair.enabled:
+                self._refuse(h.peer, h.ask, RefuseReason.FAIR_SHARE,
+                             "other controllers, with less recent use, came first")  # fmt: skip
+            else:
+                self._refuse(h.peer, h.ask, RefuseReason.BUSY, "no slot became free in time")
+        for peer in [p for p in self.peers if not p.controller and now - p.opened > _HANDSHAKE_S]:
+            self._close(peer, "handshake timed out")
+        for key, run in list(self.reserved.items()):
+            if now - run.accepted > 60.0:  # accepted, but its TASK never came
+                del self.reserved[key]
+                self._admit()
+        for controller, done in list(self.unacked.items()):
+            for task_id, d in list(done.items()):
+                if now - d.finished > opts.keep_results_s:
+                    del done[task_id]
+            if not done:
+                del self.unacked[controller]
+        for run in list(self.running.values()):
+            gone = self.gone_since.get(run.controller)
+            if run.controller not in self.by_controller and gone is not None and now - gone > _ORPHAN_S:
+                self._kill_run(run, None, "its controller is gone")
+        if opts.stats_file and now - self._last_stats > 1.0:
+            self._write_stats()
+            self._last_stats = now
+
+    def _check_limits(self, now: float) -> None:
+        opts = self.options
+        for run in list(self.running.values()):
+            child = run.child
+            if child is None or run.kill is not None:
+                continue
+            idx, since, _ = child.current()
+            per_task = run.info.get("time_s") or 0.0
+            limit = min(opts.timavail, per_task * 1.2 + 2.0 if per_task > 0 else math.inf)
+            if idx >= 0 and since and time.time() - since > limit:
+                self._kill_run(run, Outcome.KILLED,
+                               f"task {idx} ran past the time it was admitted under ({limit:.1f} s) "
+                               "and was stopped")  # fmt: skip
+                continue
+            mem = run.ask.mem_bytes
+            if mem > 0 and now - child.last_mem_check > _MEM_CHECK_S:
+                child.last_mem_check = now
+                rss = _tree_rss(child.pid)
+                if rss - child.base_rss > mem * 1.1 + (16 << 20):
+                    self._kill_run(run, Outcome.KILLED,
+                                   f"task {idx} used {rss >> 20} MiB, more than the "
+                                   f"{mem >> 20} MiB it was admitted with, and was stopped")  # fmt: skip
+
+    def _free(self, now: float) -> tuple[int, int]:
+        used_slots = sum(r.ask.cores for r in self.reserved.values())
+        used_slots += sum(r.ask.cores for r in self.running.values())
+        used_slots += sum(r.ask.cores for r in self.queued)
+        committed = sum(r.ask.mem_bytes for r in self.reserved.values())
+        committed += sum(r.ask.mem_bytes for r in [*self.running.values(), *self.queued])
+        return self.options.slots - used_slots, self._mem_total() - committed
+
+    def _mem_total(self) -> int:
+        total = machine_memory()
+        return min(total, self.options.memavail) if self.options.memavail is not None else total
+
+    def _mem_offer(self) -> int:
+        import psutil
+
+        return max(0, min(self._free(time.monotonic())[1], int(psutil.virtual_memory().available)))
+
+    def _time_offer(self, now: float) -> float:
+        return min(self.options.timavail, self.options.maxtime - (now - self.started))
+
+    def _announce(self, now: float) -> None:
+        self._announce_due = False
+        self._last_announce = now
+        if self.announcer is None:
+            return
+        free, _ = self._free(now)
+        if self.draining is not None:
+            state = PeerState.ZOMBIE
+        else:
+            state = PeerState.IDLE if free > 0 else PeerState.BUSY
+        task = None
+        for run in self.running.values():
+            job = run.info.get("job", {})
+            items = run.info.get("items") or [[0, 0]]
+            task = f"{str(job.get('name', ''))[:200]}#{items[0][0]}"
+            break
+        time_offer = max(0.0, self._time_offer(now))
+        with contextlib.suppress(Exception):
+            self.announcer.update_state(state=state, slots_free=max(0, free), mem_bytes=self._mem_offer(),
+                                        time_s=time_offer, task=task)  # fmt: skip
+
+    def _write_stats(self) -> None:
+        path = self.options.stats_file
+        if not path:
+            return
+        data: dict[str, Any] = dict(self.stats)
+        if self.listener is not None:
+            data["datagrams_dropped"] = self.listener.dropped
+            data["datagrams_received"] = self.listener.received
+        data["pid"] = os.getpid()
+        data["peer_id"] = self.peer_id
+        data["port"] = self.address[1]
+        data["children"] = [c.pid for c in self.children]
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+
+    # -- the end -----------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        self.stopping = True
+        for peer in list(self.peers):
+            if peer.controller:
+                self._send(peer, Bye("the worker stops"))
+            self._close(peer, "")
+        for child in list(self.children):
+            with contextlib.suppress(OSError):
+                child.send({"op": "exit"}, [], [])
+                child.flush()
+        deadline = time.monotonic() + 2.0
+        for child in list(self.children):
+            try:
+                child.popen.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.reap()
+            child.close()
+            with contextlib.suppress(OSError):
+                os.close(child.capture_fd)
+        self.children.clear()
+        if self.announcer is not None:
+            self.announcer.stop()
+        if self.listener is not None:
+            self.listener.stop()
+        if self._watch_thread is not None:
+            self._watch_thread.join(2.0)
+        if self.listen_sock is not None:
+            self.listen_sock.close()
+        if self.options.stats_file:
+            with contextlib.suppress(OSError):
+                self._write_stats()
+        for s in (self._wake_r, self._wake_w):
+            s.close()
+        self.sel.close()
+        log.info("peer worker %s stopped after %d task(s)", self.peer_id[:8], self.tasks_done)
+
+
+def _read_capture(fd: int, offset: int, cap: int = 64 << 10) -> bytes:
+    """What a crashed task printed (its last ``cap`` bytes), from the child's output memfd."""
+    try:
+        end = os.fstat(fd).st_size
+        start = max(offset, end - cap)
+        return os.pread(fd, end - start, start) if end > start else b""
+    except OSError:
+        return b""
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        rss = p.memory_info().rss
+        for c in p.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                rss += c.memory_info().rss
+        return int(rss)
+    except psutil.Error:
+        return 0
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.")
+
+
+def _primary_address() -> str:
+    """The address of the interface of the default route (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed
+            return str(s.getsockname()[0])
+        except OSError:
+            return LOOPBACK_HOST
