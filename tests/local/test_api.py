@@ -284,3 +284,24 @@ def test_warm_worker_sees_edited_user_module(ew_home, tmp_path, monkeypatch):
 
     importlib.reload(usermod_ew)
     assert ew.map(usermod_ew.get, [0], on=ew.local(cores=1)) == [2]
+
+
+def _draw(i):
+    if i == 1500:
+        raise KeyError(i)
+    return random.random()
+
+
+def test_fast_batches_keep_seeds_errors_and_order(ew_home):
+    # thousands of microsecond tasks run in fast batches (range records): the
+    # values, the per-task seeds and an error in the middle must be as one by one
+    job = ew.submit(_draw, range(3000), seed=11, on=ew.local(cores=2))
+    job.wait(timeout=60)
+    out = job.results()
+    assert any(rec.count > 1 for _, rec in job._reader.final.values())  # the fast path ran
+    expected = []
+    for i in range(3000):
+        random.seed(11 + i)
+        expected.append(random.random())
+    assert isinstance(out[1500], ew.TaskError) and out[1500].type_name == "KeyError"
+    assert out[:1500] == expected[:1500] and out[1501:] == expected[1501:]
