@@ -15,7 +15,10 @@ fast (it imports this package but needs none of the client side).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # keep `import elsewhere` light: workers import this package too
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

@@ -6,16 +6,17 @@ Kept free of heavy imports: the worker imports it at start-up.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
     "elsewhere_task", default=None
 )
 
 
-@dataclass
 class TaskContext:
     """What a running task knows about itself.
 
@@ -32,18 +33,31 @@ class TaskContext:
             ranks and an mpi4py communicator; ``None`` in independent jobs.
     """
 
-    index: int
-    job: str
-    job_id: str
-    cores: int
-    seed: int
-    job_seed: int
-    attempt: int = 0
-    host: str = ""
-    rank: int | None = None
-    size: int | None = None
-    _job_data: Callable[[], Any] | None = field(default=None, repr=False)
-    _comm: Any = field(default=None, repr=False)
+    __slots__ = ("_comm", "_job_data", "attempt", "cores", "host", "index", "job", "job_id", "job_seed",
+                 "rank", "seed", "size")
+
+    def __init__(
+        self, index: int, job: str, job_id: str, cores: int, seed: int, job_seed: int, attempt: int = 0,
+        host: str = "", rank: int | None = None, size: int | None = None,
+        _job_data: Callable[[], Any] | None = None, _comm: Any = None,
+    ) -> None:
+        self.index = index
+        self.job = job
+        self.job_id = job_id
+        self.cores = cores
+        self.seed = seed
+        self.job_seed = job_seed
+        self.attempt = attempt
+        self.host = host
+        self.rank = rank
+        self.size = size
+        self._job_data = _job_data
+        self._comm = _comm
+
+    def __repr__(self) -> str:
+        extra = f", rank={self.rank}, size={self.size}" if self.rank is not None else ""
+        return (f"TaskContext(index={self.index}, job={self.job!r}, cores={self.cores}, seed={self.seed}, "
+                f"attempt={self.attempt}, host={self.host!r}{extra})")
 
     @property
     def job_data(self) -> Any:

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import bisect
 import os
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 from . import records, serial
 from .records import ChunkHeader, ChunkKind
 
-TaskEntry = tuple[Any, tuple[Any, ...], dict[str, Any]]
+TaskEntry = tuple  # (fn or None, args tuple, kwargs dict)
 
-_NO_KWARGS: dict[str, Any] = {}
+_NO_KWARGS: dict = {}
 _TARGET_CHUNK_BYTES = 512 * 1024
 _MAX_CHUNK_TASKS = 4096
 

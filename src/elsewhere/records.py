@@ -48,9 +48,11 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from collections import namedtuple
+
+TYPE_CHECKING = False  # no typing at run time: the worker imports this module
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 class Kind(enum.IntEnum):
@@ -68,28 +70,37 @@ _FRAME_MAGIC = 0x45574A31
 RECORD_SIZE = _REC.size  # 80
 
 
-class Record(NamedTuple):
-    """One journal record: the outcome of one run of one task."""
+class Record(namedtuple(
+    "Record",
+    "kind flags attempt task item count res_off res_len log_off log_len t_start t_end peak_rss seed",
+    defaults=(0, 1, 0, 0, 0, 0, 0.0, 0.0, 0, 0),
+)):
+    """One journal record: the outcome of one run of one task (or a range, see ``count``).
 
-    kind: int  # a Kind
+    Fields as in the table above: kind (a :class:`Kind`), flags, attempt, task,
+    item, count, res_off, res_len, log_off, log_len, t_start, t_end, peak_rss, seed.
+    """
+
+    __slots__ = ()
+    kind: int
     flags: int
     attempt: int
     task: int
-    item: int = 0
-    count: int = 1
-    res_off: int = 0
-    res_len: int = 0
-    log_off: int = 0
-    log_len: int = 0
-    t_start: float = 0.0
-    t_end: float = 0.0
-    peak_rss: int = 0
-    seed: int = 0
+    item: int
+    count: int
+    res_off: int
+    res_len: int
+    log_off: int
+    log_len: int
+    t_start: float
+    t_end: float
+    peak_rss: int
+    seed: int
 
 
 def make_record(kind: Kind, task: int, attempt: int = 0, **fields: float) -> Record:
     """A record with the given fields, the others zero."""
-    return Record(int(kind), 0, attempt, task, **fields)  # type: ignore[arg-type]
+    return Record(int(kind), 0, attempt, task, **fields)
 
 
 def pack_frame(records: list[Record]) -> bytes:
@@ -181,15 +192,19 @@ class ChunkKind(enum.IntEnum):
     TASKS = 2  # the inputs of tasks first .. first+count-1
 
 
-@dataclass(frozen=True)
-class ChunkHeader:
-    """The header of one payload chunk, and where its parts lie in the file."""
+class ChunkHeader(namedtuple("ChunkHeader", "kind first count offset data_off data_len buf_lens crc")):
+    """The header of one payload chunk, and where its parts lie in the file.
 
+    kind (a :class:`ChunkKind`), first task, count, offset of the chunk,
+    data_off and data_len of the compressed pickle, buf_lens, crc.
+    """
+
+    __slots__ = ()
     kind: ChunkKind
     first: int
     count: int
-    offset: int  # of the chunk in the file
-    data_off: int  # of the compressed pickle
+    offset: int
+    data_off: int
     data_len: int
     buf_lens: tuple[int, ...]
     crc: int

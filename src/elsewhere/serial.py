@@ -13,8 +13,11 @@ to name the part that fails, so the error says *which* object is to blame.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 #: Buffers at least this large travel out of band; smaller ones stay in the pickle.
 OOB_MIN_BYTES = 64 * 1024

@@ -24,15 +24,18 @@ This module is imported by the worker: keep its imports light.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import struct
 import time
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False  # neither typing nor pathlib at run time: the worker imports this module
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+PathLike = "str | os.PathLike[str]"
 
 from . import records
 from .records import Kind, Record
@@ -48,9 +51,11 @@ CONTROL = "_control"  # pseudo-worker id of records written by reapers and cance
 CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
 
 
-def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
+def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` via a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    path = os.fspath(path)
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         view = memoryview(data)
@@ -64,12 +69,12 @@ def atomic_write(path: Path, data: bytes, *, fsync: bool = True) -> None:
     os.replace(tmp, path)
 
 
-def write_json(path: Path, obj: Any, *, fsync: bool = True) -> None:
+def write_json(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
     """Atomically write ``obj`` as JSON."""
     atomic_write(path, json.dumps(obj, separators=(",", ":"), default=str).encode(), fsync=fsync)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file."""
     with open(path, "rb") as f:
         return json.loads(f.read())
@@ -94,14 +99,24 @@ class JobStore:
     """Access to one job folder."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        self.dir = os.fspath(path)
+
+    @property
+    def path(self) -> Path:
+        """The job folder, as a Path (for the client; workers use ``dir``)."""
+        from pathlib import Path
+
+        return Path(self.dir)
+
+    def _p(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
 
     def __repr__(self) -> str:
-        return f"JobStore({str(self.path)!r})"
+        return f"JobStore({self.dir!r})"
 
     # -- creation ---------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, meta: dict[str, Any]) -> JobStore:
+    def create(cls, path: Path, meta: dict[str, Any]) -> JobStore:  # client only
         """Make a new job folder (mode 0700) with its metadata."""
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         path.mkdir(mode=0o700)
@@ -116,55 +131,46 @@ class JobStore:
     # -- metadata ---------------------------------------------------------
     def meta(self) -> dict[str, Any]:
         """The job's metadata."""
-        return read_json(self.path / META)
+        return read_json(self._p(META))
 
     def update_meta(self, **changes: Any) -> dict[str, Any]:
         """Change metadata fields (the client is the only writer)."""
         meta = self.meta()
         meta.update(changes)
-        write_json(self.path / META, meta)
+        write_json(self._p(META), meta)
         return meta
 
     def cluster_data(self) -> dict[str, Any]:
         """What the backend stored with ``set_job_cluster_data``."""
         try:
-            return read_json(self.path / CLUSTER)
+            return read_json(self._p(CLUSTER))
         except FileNotFoundError:
             return {}
 
     def set_cluster_data(self, data: dict[str, Any]) -> None:
         """Store the backend's own data (scheduler ids, hosts, pids)."""
-        write_json(self.path / CLUSTER, data)
+        write_json(self._p(CLUSTER), data)
 
     # -- the queue ----------------------------------------------------------
-    @contextlib.contextmanager
-    def locked_queue(self) -> Iterator[dict[str, Any]]:
-        """The queue state under its lock; changes are written back on exit."""
-        fd = os.open(self.path / QUEUE_LOCK, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                q = read_json(self.path / QUEUE)
-            except FileNotFoundError:
-                q = new_queue(0)
-            before = json.dumps(q, sort_keys=True)
-            yield q
-            if json.dumps(q, sort_keys=True) != before:
-                write_json(self.path / QUEUE, q, fsync=False)
-        finally:
-            os.close(fd)  # releases the lock
+    def locked_queue(self) -> _LockedQueue:
+        """The queue state under its lock; changes are written back on exit::
+
+            with store.locked_queue() as q:
+                q["next"] += 1
+        """
+        return _LockedQueue(self)
 
     def queue(self) -> dict[str, Any]:
         """A snapshot of the queue state (no lock: the file is replaced atomically)."""
         try:
-            return read_json(self.path / QUEUE)
+            return read_json(self._p(QUEUE))
         except FileNotFoundError:
             return new_queue(0)
 
     def notify(self) -> None:
         """Wake a client waiting on this job, if any (never blocks)."""
         try:
-            fd = os.open(self.path / NOTIFY, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(self._p(NOTIFY), os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             return  # no reader (ENXIO) or no fifo: nobody waits
         try:
@@ -175,19 +181,19 @@ class JobStore:
             os.close(fd)
 
     # -- journals and results -----------------------------------------------
-    def journal_path(self, wid: str) -> Path:
-        return self.path / "journal" / f"{wid}.rec"
+    def journal_path(self, wid: str) -> str:
+        return self._p("journal", f"{wid}.rec")
 
-    def results_path(self, wid: str) -> Path:
-        return self.path / "results" / f"{wid}.bin"
+    def results_path(self, wid: str) -> str:
+        return self._p("results", f"{wid}.bin")
 
-    def log_path(self, wid: str) -> Path:
-        return self.path / "logs" / f"{wid}.log"
+    def log_path(self, wid: str) -> str:
+        return self._p("logs", f"{wid}.log")
 
     def workers(self) -> list[str]:
         """Ids of every worker that has written a journal."""
         try:
-            names = os.listdir(self.path / "journal")
+            names = os.listdir(self._p("journal"))
         except FileNotFoundError:
             return []
         return [n[:-4] for n in names if n.endswith(".rec")]
@@ -204,7 +210,7 @@ class JobStore:
     def read_running(self, wid: str) -> tuple[int, float, int]:
         """(task index, since, log offset) of what worker ``wid`` runs now; index -1 if none."""
         try:
-            with open(self.path / "workers" / f"{wid}.cur", "rb") as f:
+            with open(self._p("workers", f"{wid}.cur"), "rb") as f:
                 data = f.read(CUR.size)
         except FileNotFoundError:
             return -1, 0.0, 0
@@ -215,9 +221,40 @@ class JobStore:
 
     def worker_info(self, wid: str) -> dict[str, Any]:
         try:
-            return read_json(self.path / "workers" / f"{wid}.json")
+            return read_json(self._p("workers", f"{wid}.json"))
         except (FileNotFoundError, ValueError):
             return {}
+
+
+class _LockedQueue:
+    """``with store.locked_queue() as q``: flock, read, yield, write back if changed."""
+
+    __slots__ = ("before", "fd", "q", "store")
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+
+    def __enter__(self) -> dict[str, Any]:
+        self.fd = os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            try:
+                q = read_json(self.store._p(QUEUE))
+            except FileNotFoundError:
+                q = new_queue(0)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.before = json.dumps(q, sort_keys=True)
+        self.q = q
+        return q
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is None and json.dumps(self.q, sort_keys=True) != self.before:
+                write_json(self.store._p(QUEUE), self.q, fsync=False)
+        finally:
+            os.close(self.fd)  # releases the lock
 
 
 def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:

@@ -34,11 +34,12 @@ import fcntl
 import mmap
 import os
 import select
-import socket
 import sys
 import time
-import traceback
-from typing import Any
+
+TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
+if TYPE_CHECKING:
+    from typing import Any
 
 from . import records
 from .context import TaskContext, set_current
@@ -135,7 +136,7 @@ class Worker:
         self.wid = wid
         self.pool = pool
         self.idle_timeout_s = idle_timeout_s
-        self.host = socket.gethostname()
+        self.host = os.uname().nodename
         self.pid = os.getpid()
         self.numpy_seeder = _NumpySeeder()
         self._started_at = time.time()
@@ -262,7 +263,7 @@ class Worker:
             meta = store.meta()
         except FileNotFoundError:
             return  # purged before we got here
-        lock_path = str(store.path / "workers" / f"{self.wid}.lock")
+        lock_path = store._p("workers", f"{self.wid}.lock")
         lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         try:
@@ -325,8 +326,8 @@ class _JobRun:
                 "version": sys.version.split()[0], "started": time.time()}
         from .store import write_json
 
-        write_json(store.path / "workers" / f"{wid}.json", info, fsync=False)
-        cur_path = store.path / "workers" / f"{wid}.cur"
+        write_json(store._p("workers", f"{wid}.json"), info, fsync=False)
+        cur_path = store._p("workers", f"{wid}.cur")
         with open(cur_path, "wb") as f:
             f.write(CUR.pack(-1, 0.0, 0))
         cur_fd = os.open(cur_path, os.O_RDWR)
@@ -373,10 +374,10 @@ class _JobRun:
         old_cwd = os.getcwd()
         old_path = list(sys.path)
         old_env = {k: os.environ.get(k) for k in meta.get("env", {})}
-        files = str(self.store.path / "files")
+        files = self.store._p("files")
         cwd = meta.get("cwd")
         if not cwd or not os.path.isdir(cwd):
-            cwd = files if os.path.isdir(files) else str(self.store.path)
+            cwd = files if os.path.isdir(files) else self.store.dir
         try:
             os.chdir(cwd)
         except OSError:
@@ -514,7 +515,7 @@ class _JobRun:
         if self.payload is None:
             from .payload import PayloadReader
 
-            self.payload = PayloadReader(self.store.path / "payload.log")
+            self.payload = PayloadReader(self.store._p("payload.log"))
         return self.payload
 
     def _common(self) -> tuple[Any, Any]:
@@ -755,6 +756,7 @@ def _reset(token: Any) -> None:
 
 def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dict[str, Any]:
     import pickle
+    import traceback
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
@@ -797,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     import faulthandler
 
     faulthandler.enable(file=sys.stderr, all_threads=False)
-    wid = args.wid or f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+    wid = args.wid or f"{os.uname().nodename}-{os.getpid()}-{os.urandom(3).hex()}"
     if args.mpi:
         rank, size = mpi_rank_size()
         _MPI["rank"], _MPI["size"] = rank, size
@@ -859,7 +861,7 @@ def _print_header(job: str, tasks: list[int]) -> None:
         "PBS_JOBID", "PBS_ARRAYID", "PBS_ARRAY_INDEX", "LSB_JOBID", "LSB_JOBINDEX", "FLUX_JOB_ID")}
     shown = f"{tasks[0]}..{tasks[-1]}" if len(tasks) > 3 else ",".join(map(str, tasks))
     print(
-        f"elsewhere worker: host {socket.gethostname()}, python {sys.version.split()[0]} ({sys.executable}), "
+        f"elsewhere worker: host {os.uname().nodename}, python {sys.version.split()[0]} ({sys.executable}), "
         f"elsewhere {__version__}, cwd {os.getcwd()}, job {job}, tasks {shown}, "
         + " ".join(f"{k}={v}" for k, v in sorted(ids.items())),
         file=sys.stderr, flush=True,

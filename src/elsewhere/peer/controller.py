@@ -164,6 +164,7 @@ class _Worker:
         self.busy_until = 0.0
         self.unsuitable = ""  # why it cannot take this job's tasks (memory, time, not allowed)
         self.unsuitable_for: tuple[Any, ...] = ()
+        self.unsuitable_since = 0.0
         self.wid = ""
         self.writer: GroupWriter | None = None
         self.pid = 0
@@ -173,8 +174,9 @@ class _Worker:
 
     @property
     def offer(self) -> tuple[Any, ...]:
+        """What a refusal for memory, time or access depended on (asked again when it changes)."""
         a = self.info.announcement
-        return (a.slots, a.mem_bytes // (64 << 20), a.time_s)
+        return (a.slots, a.user, a.host, math.floor(a.time_s / 60) if a.time_s != math.inf else -1)
 
 
 class Controller:
@@ -454,9 +456,9 @@ class Controller:
             else:
                 w.info = info
                 w.listed = True
-            if w.unsuitable and w.offer != w.unsuitable_for:
-                w.unsuitable = ""  # its offer changed: ask again
-            if w.state in ("new", "closed") and self._usable(w) and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
+            if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
+                w.unsuitable = ""  # its offer changed, or a while passed: ask again
+            if w.state in ("new", "closed") and self._connectable(w) and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
                 self._connect(w, now)
         for w in list(self.workers.values()):
             if w.peer_id not in listed and w.listed:
@@ -465,18 +467,37 @@ class Controller:
         if not self.workers:
             group = self.settings.key.group if self.settings.key else "loopback-only"
             self.note = f"waiting for peers: none seen yet in group {group!r} (port {self.settings.discovery.port})"
-        elif self.pending and all(w.unsuitable for w in self.workers.values()):
-            why = "; ".join(sorted({f"{w.host}: {w.unsuitable}" for w in self.workers.values()}))[:500]
-            self.note = f"no peer can take these tasks: {why}"
+        elif self.pending and not any(self._usable(w) for w in self.workers.values()):
+            why = "; ".join(sorted({f"{w.host}: {self._why_not(w)}" for w in self.workers.values()}))
+            self.note = f"no peer can take these tasks now: {why}"[:1000]
         else:
             self.note = ""
 
-    def _usable(self, w: _Worker) -> bool:
+    def _connectable(self, w: _Worker) -> bool:
+        return not w.unsuitable and w.listed and w.info.announcement.state is not PeerState.ZOMBIE
+
+    def _why_not(self, w: _Worker) -> str:
+        """Why this job's tasks cannot go to ``w`` now ("" if they can)."""
+        from .units import format_duration, format_size
+
         a = w.info.announcement
-        if w.unsuitable or not w.listed or a.state is PeerState.ZOMBIE:
-            return False
         s = self.settings
-        return a.slots >= s.cores and not (s.time_s and a.time_s < s.time_s)
+        if w.unsuitable:
+            return w.unsuitable
+        if not w.listed:
+            return "gone"
+        if a.state is PeerState.ZOMBIE:
+            return "stopping"
+        if a.slots < s.cores:
+            return f"{a.slots} core(s), the tasks need {s.cores}"
+        if s.time_s and a.time_s < s.time_s:
+            return f"offers {format_duration(a.time_s)}, the tasks need {format_duration(s.time_s)}"
+        if s.mem_bytes and a.mem_bytes < s.mem_bytes:
+            return f"offers {format_size(a.mem_bytes)} of memory, the tasks need {format_size(s.mem_bytes)}"
+        return ""
+
+    def _usable(self, w: _Worker) -> bool:
+        return not self._why_not(w)
 
     def _connect(self, w: _Worker, now: float) -> None:
         w.state, w.since = "connecting", now
@@ -570,7 +591,7 @@ class Controller:
         for b in list(w.batches.values()):
             if not b.sent:
                 self._unplace(b, requeue_front=True)
-        if w.listed and self._usable(w):
+        if w.listed and self._connectable(w):
             self._connect(w, time.monotonic())  # results it keeps come again on the new one
         elif w.batches:
             self._lose(w, f"its connection broke ({why})")
@@ -666,6 +687,7 @@ class Controller:
             return
         if msg.reason in _PERMANENT:
             w.unsuitable, w.unsuitable_for = f"{msg.reason.name.lower()}: {msg.detail}", w.offer
+            w.unsuitable_since = time.monotonic()
             for i in b.indices:
                 self.reasons[i] = f"refused by {w.host}: {msg.reason.name.lower()} ({msg.detail})"
         else:
@@ -805,12 +827,15 @@ class Controller:
             return
         s = self.settings
         total_slots = sum(max(1, w.info.announcement.slots // s.cores) for w in ready)
+        # While other workers are still connecting, hold no more than fits at once here:
+        # queueing behind a busy slot would be a loss if a free worker appears a moment later.
+        depth = 1 if any(w.state in ("connecting", "handshake") for w in self.workers.values()) else 2
         while self.pending:
             best, best_key = None, None
             for w in ready:
                 a = w.info.announcement
                 slots = max(1, a.slots // s.cores)
-                if len(w.batches) >= 2 * slots or w.busy_until > now:
+                if len(w.batches) >= depth * slots or w.busy_until > now:
                     continue
                 running_here = sum(1 for b in w.batches.values() if b.sent)
                 idle = a.slots_free >= s.cores or (running_here < slots and a.state is PeerState.IDLE)
@@ -985,7 +1010,11 @@ class Controller:
         for b in list(self.batches.values()):
             w = b.worker
             if not b.sent:
-                if now - b.asked > s.start_timeout_s and spare and not b.withdrawn:
+                # Not admitted yet: it waits behind busy slots there. Move it when a worker
+                # sits idle (soon), or when it waited too long anyway.
+                patience = 0.25 if spare else s.start_timeout_s
+                if now - b.asked > patience and (spare or now - b.asked > s.start_timeout_s) \
+                        and not b.withdrawn and len(self.workers) > 1:
                     tasks = list(b.indices)
                     self._withdraw(b)  # not admitted in time: try elsewhere
                     for i in reversed(tasks):
