@@ -16,12 +16,12 @@ from __future__ import annotations
 import bisect
 import os
 
+from . import records, serial
+from .records import ChunkHeader, ChunkKind
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-from . import records, serial
-from .records import ChunkHeader, ChunkKind
 
 TaskEntry = tuple  # (fn or None, args tuple, kwargs dict)
 

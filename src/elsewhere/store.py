@@ -30,15 +30,13 @@ import os
 import struct
 import time
 
+from . import records
+from .records import Kind, Record
+
 TYPE_CHECKING = False  # neither typing nor pathlib at run time: the worker imports this module
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
-
-PathLike = "str | os.PathLike[str]"
-
-from . import records
-from .records import Kind, Record
 
 META = "job.json"
 PAYLOAD = "payload.log"

@@ -37,14 +37,14 @@ import select
 import sys
 import time
 
-TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
-if TYPE_CHECKING:
-    from typing import Any
-
 from . import records
 from .context import TaskContext, set_current
 from .records import Kind, Record
 from .store import CUR, JobStore, reap, writev_all
+
+TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
+if TYPE_CHECKING:
+    from typing import Any
 
 _FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
 _SYNC_S = 0.05  # ... and fsync at least this often (and at the end of every claim)
@@ -571,7 +571,7 @@ class _JobRun:
                     rseed(js + j)
                     npseed(js, j)
                     append(fn(*args[j - first]))
-            except BaseException as exc:  # noqa: BLE001 - a task's error is its result
+            except BaseException as exc:
                 self._emit_range(start, values, t0, log_off)
                 err = _describe_error(exc, self.w.host, j, js + j)
                 log_end = os.lseek(1, 0, 2)

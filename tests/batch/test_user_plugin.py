@@ -1,0 +1,194 @@
+"""A user's own scheduler on the generic interface: examples/nohup_scheduler.py.
+
+It is found the three ways a user names one: by "module:Class", through a profile, and
+through the entry-point group ``elsewhere.schedulers`` (a temporary dist-info folder on
+sys.path stands in for an installed package). A scheduler *syntax* registered alone gets
+the shared batch base (tried on the real SGE).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import elsewhere as ew
+from elsewhere.clusters import cluster_class
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = "examples.nohup_scheduler:NohupCluster"
+
+sys.path.insert(0, str(REPO / "tests"))
+import services
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(autouse=True)
+def importable_examples(monkeypatch):
+    """``examples`` importable here and in the processes the tests start."""
+    monkeypatch.syspath_prepend(str(REPO))
+    old = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", str(REPO) + (os.pathsep + old if old else ""))
+
+
+@pytest.fixture
+def entry_points(tmp_path, monkeypatch):
+    """Register entry points of group elsewhere.schedulers without installing anything."""
+
+    def register(**names: str) -> None:
+        dist = tmp_path / "site" / "ew_user_plugins-0.1.dist-info"
+        dist.mkdir(parents=True)
+        (dist / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: ew-user-plugins\nVersion: 0.1\n"
+        )
+        lines = "".join(f"{k} = {v}\n" for k, v in names.items())
+        (dist / "entry_points.txt").write_text(f"[elsewhere.schedulers]\n{lines}")
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+    return register
+
+
+def square(x):
+    print(f"squaring {x}")
+    return x * x
+
+
+def sleepy(x):
+    time.sleep(x)
+    return x
+
+
+def _procs(cl, job):
+    return cl.get_job_cluster_data(job)["processes"]
+
+
+def _wait(cond, what, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.1)
+
+
+def test_by_module_path(ew_home):
+    cls = cluster_class(TARGET)
+    assert issubclass(cls, ew.Cluster) and cls.kind == "nohup"
+    cl = ew.batch(TARGET, slots=3)
+    assert type(cl) is cls
+    job = ew.submit(square, range(7), on=cl)
+    job.wait(timeout=30)
+    assert job.results() == [x * x for x in range(7)]
+    assert "squaring 6" in job.log(6)
+    assert [p["tasks"] for p in _procs(cl, job)] == [[0, 3], [3, 6], [6, 7]]
+    assert ew.map(square, range(5), on=cl) == [0, 1, 4, 9, 16]
+
+
+def test_by_entry_point(ew_home, entry_points):
+    entry_points(nohup=TARGET)
+    cl = ew.batch("nohup", slots=2)
+    assert type(cl).__name__ == "NohupCluster"
+    assert ew.map(square, range(4), on=cl) == [0, 1, 4, 9]
+    with pytest.raises(ew.ConfigError, match=r"unknown cluster kind 'nohup2'.*nohup"):
+        ew.batch("nohup2")
+
+
+def test_by_profile(ew_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.toml").write_text(
+        textwrap.dedent(f"""
+        [profiles.bg]
+        scheduler = "{TARGET}"
+        slots = 2
+        [profiles.bg.additional_properties]
+        note = "from the profile"
+    """)
+    )
+    assert ew.map(square, [5, 6], on="bg") == [25, 36]
+    cl = ew.cluster("bg")
+    assert cl.slots == 2 and cl.additional_properties == {"note": "from the profile"}
+
+
+def test_bad_settings_are_refused(ew_home):
+    with pytest.raises(ew.ConfigError, match="slots"):
+        ew.batch(TARGET, slots=0)
+    with pytest.raises(ew.ConfigError, match="not an executable"):
+        ew.batch(TARGET, python="/no/such/python")
+    with pytest.raises(ew.ConfigError, match="cannot load the cluster class"):
+        cluster_class("examples.nohup_scheduler:NoSuchCluster")
+
+
+def test_killed_process_loses_its_tasks_with_reason_others_kept(ew_home):
+    cl = ew.batch(TARGET, slots=3)
+    job = ew.submit(sleepy, [0, 60, 0], on=cl)
+    victim = _procs(cl, job)[1]
+    assert victim["tasks"] == [1, 2]
+    _wait(lambda: job.check().counts["finished"] == 2, job.check)
+    os.killpg(victim["pid"], signal.SIGKILL)
+    job.wait(timeout=30)
+    res = job.results()
+    assert res[0] == 0 and res[2] == 0
+    assert isinstance(res[1], ew.TaskError) and res[1].reason == "lost"
+    assert f"pid {victim['pid']}" in res[1].message
+    assert job.check().state is ew.JobState.FAILED
+
+
+def test_cancel_stops_the_processes(ew_home):
+    cl = ew.batch(TARGET, slots=2)
+    job = ew.submit(sleepy, [60, 60], on=cl)
+    pids = [p["pid"] for p in _procs(cl, job)]
+    started = job.path / "workers"
+    _wait(lambda: len(list(started.glob("*.cur"))) == 2, job.check)  # both tasks have begun
+    job.cancel()
+    assert job.check().state is ew.JobState.CANCELLED
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    job.purge()
+
+
+CLIENT = f"""
+import time
+import elsewhere as ew
+def slow(x):
+    time.sleep(0.5)
+    return -x
+ew.submit(slow, range(4), name="nohup-detached", on=ew.batch("{TARGET}", slots=2))
+print("ok", flush=True)
+"""
+
+
+def test_recover_from_a_new_process(ew_home, tmp_path):
+    script = tmp_path / "c.py"
+    script.write_text(CLIENT)
+    subprocess.run([sys.executable, str(script)], check=True, timeout=30, env=dict(os.environ))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import elsewhere as ew; j = ew.recover('nohup-detached'); "
+            "print(type(j.cluster).__name__, flush=True); j.wait(timeout=30, progress=False); print(j.results())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        env=dict(os.environ),
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["NohupCluster", "[0, -1, -2, -3]"]
+
+
+def test_a_scheduler_syntax_alone_gets_the_batch_base(ew_home, entry_points):
+    if services.sge() is None:
+        pytest.skip(services.why_no_sge())
+    entry_points(mysge="elsewhere.schedulers.sge:SGESyntax")
+    cl = ew.batch("mysge", status_interval_s=0.5)
+    assert type(cl).__name__ == "SGESyntaxCluster" and cl.syntax.submit_command == "qsub"
+    assert ew.map(square, range(3), on=cl) == [0, 1, 4]
+    assert [c[0] for c in cl.commands_run].count("qsub") == 1

@@ -1,0 +1,271 @@
+"""The peer backend end to end: real worker daemons on loopback, real controllers.
+
+Two workers (one slot each) with a fresh group key serve every test of the
+module; tests that break workers start their own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from peer_procs import Workers, env, free_port, wait_until
+
+import elsewhere as ew
+from elsewhere.clusters.peer import PeerCluster, peers
+from elsewhere.errors import ConfigError, TaskError
+from elsewhere.peer.keys import write_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, Workers]]:
+    tmp = tmp_path_factory.mktemp("lab")
+    key = write_key("lab", tmp / "lab.key")
+    port = free_port()
+    with Workers(tmp, 2, port=port, key=key) as workers:
+        yield key, port, workers
+
+
+@pytest.fixture
+def on(lab: tuple[Path, int, Workers], ew_home: Path, tmp_path: Path,
+       monkeypatch: pytest.MonkeyPatch) -> PeerCluster:  # fmt: skip
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "config"))
+    key, port, _ = lab
+    return peers("lab", key=key, port=port, interface="127.0.0.1")
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_map_pow_gives_the_results_in_order(on: PeerCluster) -> None:
+    assert ew.map(pow, [1, 2, 3], [2, 2, 2], on=on) == [1, 4, 9]
+
+
+def test_many_tiny_tasks_spread_over_both_workers(on: PeerCluster) -> None:
+    job = ew.submit(square, range(2000), on=on)
+    job.wait(timeout=30)
+    assert job.results() == [x * x for x in range(2000)]
+    hosts = {p.name for p in (job.path / "workers").glob("peer-*.json")}
+    assert len(hosts) == 2, hosts  # both workers took part
+    job.purge()
+
+
+def draw(_: int) -> float:
+    import numpy as np
+
+    return float(np.random.rand())
+
+
+def test_numpy_random_differs_per_task_and_repeats_with_the_seed(on: PeerCluster) -> None:
+    a = ew.map(draw, range(8), on=on, seed=7)
+    b = ew.map(draw, range(8), on=on, seed=7)
+    assert len(set(a)) == 8  # not the same stream in every task
+    assert a == b  # seed + task index, whichever worker ran it
+
+
+def fails_on_two(x: int) -> int:
+    if x == 2:
+        raise ValueError(f"bad input {x}")
+    return x
+
+
+def test_user_errors_come_back_as_task_errors(on: PeerCluster) -> None:
+    out = ew.map(fails_on_two, range(4), on=on, errors="return")
+    assert out[:2] == [0, 1] and out[3] == 3
+    err = out[2]
+    assert isinstance(err, TaskError) and err.type_name == "ValueError"
+    assert "bad input 2" in err.message and "fails_on_two" in err.traceback
+    with pytest.raises(ValueError, match="bad input 2"):
+        ew.map(fails_on_two, range(4), on=on)
+
+
+def chatty(x: int) -> int:
+    import sys
+    import warnings
+
+    print(f"out {x}")
+    os.write(2, f"fd2 {x}\n".encode())  # below Python: captured at the fd level
+    if x == 1:
+        warnings.warn(f"careful {x}", stacklevel=1)
+    if x == 2:
+        sys.stdout.flush()
+        raise RuntimeError("boom")
+    return x
+
+
+@pytest.mark.parametrize("diary, logged", [("always", {0, 1, 2}), ("warning", {1, 2}),
+                                            ("error", {2}), ("never", set())])  # fmt: skip
+def test_output_comes_back_with_the_result(lab: tuple[Path, int, Workers], ew_home: Path,
+                                           diary: str, logged: set[int]) -> None:  # fmt: skip
+    key, port, _ = lab
+    job = ew.submit(chatty, range(3), on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                               diary=diary))  # fmt: skip
+    job.wait(timeout=30)
+    logs = {i: job.log(i) for i in range(3)}
+    assert {i for i, text in logs.items() if text} == logged
+    if 1 in logged:
+        assert "out 1" in logs[1] and "fd2 1" in logs[1] and "careful 1" in logs[1]
+    if 2 in logged:
+        assert "out 2" in logs[2]
+    job.purge()
+
+
+def where(_: int) -> tuple[str, bool]:
+    import helper_mod  # only importable from the caller's sys.path
+
+    return os.getcwd(), helper_mod.VALUE == 42
+
+
+def test_tasks_run_in_the_callers_cwd_with_its_sys_path(on: PeerCluster, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "helper_mod.py").write_text("VALUE = 42\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(lib))
+    assert ew.map(where, range(2), on=on) == [(str(work), True)] * 2
+
+
+def test_executor_submit_and_results(on: PeerCluster) -> None:
+    with ew.Executor(on=on) as ex:
+        futs = [ex.submit(pow, i, 2) for i in range(20)]
+        assert [f.result(timeout=20) for f in futs] == [i * i for i in range(20)]
+        bad = ex.submit(fails_on_two, 2)
+        with pytest.raises(ValueError, match="bad input 2"):
+            bad.result(timeout=20)
+
+
+def test_job_states_and_task_hosts(on: PeerCluster) -> None:
+    job = ew.submit(time.sleep, [0.4, 0.4], on=on)
+    wait_until(lambda: job.check().running == 2, 10, "both tasks to run")
+    assert all(t.host for t in job.tasks)
+    job.wait(timeout=20)
+    assert job.state.value == "finished" and job.results() == [None, None]
+    job.purge()
+
+
+def test_cancel_stops_the_running_tasks(on: PeerCluster, tmp_path: Path) -> None:
+    job = ew.submit(time.sleep, [30, 30, 30], on=on)
+    wait_until(lambda: job.check().running >= 1, 10, "a task to run")
+    t0 = time.monotonic()
+    job.cancel()
+    assert job.state.value == "cancelled"
+    # the workers are free again at once: a new job runs
+    assert ew.map(square, [3], on=on) == [9]
+    assert time.monotonic() - t0 < 10
+
+
+def test_memory_nobody_offers_is_explained_not_run(lab: tuple[Path, int, Workers],
+                                                   ew_home: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    job = ew.submit(square, [1], on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                          memory="100T"))  # fmt: skip
+    wait_until(lambda: job.check().note, 10, "a note on the job")
+    status = job.check()  # (a Status is true only once the job is done)
+    assert "memory" in status.note and status.queued == 1
+    job.cancel()
+    job.purge()
+
+
+def test_a_missing_group_key_is_a_clear_error(ew_home: Path, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
+    with pytest.raises(ConfigError, match="elsewhere peer keygen nolab"):
+        peers("nolab")
+
+
+def slow_square(x: int) -> int:
+    time.sleep(0.6)
+    return x * x
+
+
+def test_a_worker_killed_mid_task_loses_nothing(ew_home: Path, tmp_path: Path) -> None:
+    key = write_key("lab", tmp_path / "k.key")
+    port = free_port()
+    with Workers(tmp_path, 2, port=port, key=key) as workers:
+        job = ew.submit(slow_square, range(6), on=peers("lab", key=key, port=port,
+                                                        interface="127.0.0.1"))  # fmt: skip
+        wait_until(lambda: job.check().running == 2, 15, "tasks on both workers")
+        workers[0].kill()  # SIGKILL: daemon and child, mid-task
+        job.wait(timeout=30)
+        assert job.results() == [x * x for x in range(6)]
+        job.purge()
+
+
+def crash_first_time(x: int) -> int:
+    if ew.task().attempt == 0 and x == 1:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return x
+
+
+def test_a_crashing_task_is_retried_and_the_worker_survives(on: PeerCluster) -> None:
+    assert ew.map(crash_first_time, range(3), on=on, retries=1) == [0, 1, 2]
+    out = ew.map(crash_first_time, range(3), on=on, retries=0, errors="return")
+    assert out[0] == 0 and out[2] == 2
+    assert isinstance(out[1], TaskError) and out[1].reason == "lost"
+    assert "SIGSEGV" in out[1].message
+    assert ew.map(square, [5], on=on) == [25]  # the daemons carried on
+
+
+def test_a_task_past_its_time_is_stopped(lab: tuple[Path, int, Workers], ew_home: Path) -> None:
+    key, port, _ = lab
+    t0 = time.monotonic()
+    out = ew.map(time.sleep, [30], on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                            time="1s"), errors="return")  # fmt: skip
+    assert isinstance(out[0], TaskError) and out[0].type_name == "TaskKilled"
+    assert "time" in out[0].message
+    assert time.monotonic() - t0 < 15
+
+
+def hog(mb: int) -> int:
+    block = bytearray(mb << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    time.sleep(3)
+    return len(block)
+
+
+def test_a_task_past_its_memory_is_stopped(lab: tuple[Path, int, Workers], ew_home: Path) -> None:
+    key, port, _ = lab
+    out = ew.map(hog, [400], on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                      memory="64M"), errors="return")  # fmt: skip
+    assert isinstance(out[0], TaskError) and out[0].type_name == "TaskKilled"
+    assert "MiB" in out[0].message
+
+
+RECOVER_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import elsewhere as ew
+    from elsewhere.clusters.peer import peers
+    job = ew.submit(time.sleep, [0.3] * 6, name="recover-me",
+                    on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
+    while job.check().finished < 1:
+        time.sleep(0.02)
+    os._exit(0)  # the controller dies with this process, mid-job
+""")
+
+
+def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Workers], ew_home: Path,
+                                                    tmp_path: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    script = tmp_path / "submit.py"
+    script.write_text(RECOVER_SCRIPT)
+    subprocess.run([sys.executable, str(script), str(key), str(port)], check=True, timeout=30,
+                   env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
+    job = ew.recover("recover-me")
+    assert not job.state.done
+    job.wait(timeout=30)
+    assert job.results() == [None] * 6
+    job.purge()
