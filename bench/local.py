@@ -1,0 +1,580 @@
+"""The local backend against what a user would pick instead, side by side.
+
+    .venv/bin/python bench/local.py [--rounds 3] [--quick] [--only cold10k,first,...]
+
+Measures in one run, on this machine, each measurement in a fresh interpreter
+(rounds interleaved, median reported), every elsewhere job durable on disk and
+its workers detached, ``on=ew.local(cores=2)``:
+
+1. ``cold10k``: 10 000 no-op tasks with no workers running beforehand (fresh
+   ``ELSEWHERE_HOME``): ``ew.map``, ``ew.map(seed=False)``, ``ew.submit(...)
+   .wait(); .get()`` against ProcessPoolExecutor(2) one submit per task and
+   ``ProcessPoolExecutor.map`` with a good chunksize, pool start included;
+   also multiprocessing.Pool and loky.
+2. ``cold100k``: the same with 100 000 tasks (against the ``map`` APIs).
+3. ``warm10k``: 10 000 no-op tasks on warm workers (one job run first, and
+   the workers idle again) against warm pools' ``map``.
+4. ``first``: submit to the first result with no workers running, against
+   dask.distributed ``LocalCluster(n_workers=2, processes=True,
+   threads_per_worker=1)`` start-up to first result (and ProcessPoolExecutor's).
+5. ``cpu``: 20 tasks of 0.5 s of CPU time each against the same work in two
+   bare ``multiprocessing.Process`` (10 tasks each), measured just before.
+6. ``big``: one task whose argument is a 100 MB NumPy array (returns its sum),
+   on warm workers, against a warm ProcessPoolExecutor.
+
+"ratio" is always the alternative's time over elsewhere's (its speed relative
+to the alternative): above 1, elsewhere is faster. A FAIL is reported, never
+turned into an exit status: this is a benchmark, not a test.
+
+The task functions below are module-level so that workers import them by
+reference (``bench/`` is on the job's ``sys.path``); keep the module's
+top-level imports cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+# -- task functions (imported by workers as local.<name>) ------------------------
+
+
+def noop(x):
+    return x
+
+
+def spin_cpu(secs):
+    """Loop until this thread has used ``secs`` of CPU time (the vCPU speed drifts)."""
+    tt = time.thread_time
+    end = tt() + secs
+    x = 0
+    while tt() < end:
+        for i in range(10000):
+            x += i
+    return x
+
+
+def arr_sum(a):
+    return float(a.sum())
+
+
+# -- measurements (run in a fresh child process each) ------------------------------
+pc = time.perf_counter
+W = 2  # workers / cores everywhere
+
+
+def _chunk(n: int) -> int:
+    """A good chunksize: multiprocessing.Pool.map's own rule (4 chunks per worker)."""
+    return max(1, -(-n // (4 * W)))
+
+
+def _ew():
+    import elsewhere as ew
+
+    return ew, ew.local(cores=W)
+
+
+def _check(vals, n):
+    assert len(vals) == n and vals[-1] == n - 1, (len(vals), vals[-1:])
+
+
+def _stop(ew):
+    from _common import stop_workers
+
+    return stop_workers(os.environ["ELSEWHERE_HOME"], 5.0, ew.local().shutdown)
+
+
+def _wait_idle(cl, k: int = W, timeout_s: float = 1.0) -> float:
+    """Wait until ``k`` workers of the pool are idle again; seconds waited.
+
+    Waiting the whole ``timeout_s`` means the pool lost a worker: purging a
+    finished job (as ``ew.map`` does) kills a worker that has not yet left it.
+    """
+    idle = cl.pool_dir() / "idle"
+    t0 = pc()
+    while pc() - t0 < timeout_s:
+        if len(os.listdir(idle)) >= k:
+            break
+        time.sleep(0.002)
+    return pc() - t0
+
+
+def _warm(ew, cl, fn, xs) -> None:
+    """Run one job so that ``W`` workers are warm and idle afterwards.
+
+    The job is purged only once its workers are idle again: purging it
+    earlier (as ``ew.map`` does) can kill a worker that has not left yet.
+    """
+    job = ew.submit(fn, xs, on=cl)
+    job.wait(progress=False)
+    job.results()
+    _wait_idle(cl)
+    job.purge()
+
+
+def _ensure_warm(ew, cl, fn, xs) -> int:
+    """Warm the pool again if it lost a worker; 1 if it had, else 0."""
+    if _wait_idle(cl) < 1.0:
+        return 0
+    _warm(ew, cl, fn, xs)
+    return 1
+
+
+def _ew_run(ew, cl, variant: str, fn, xs) -> tuple[float, list, dict]:
+    """One elsewhere job of ``variant``; (seconds, values, extra timings)."""
+    extra = {}
+    if variant in ("map", "map_noseed"):
+        kw = {"seed": False} if variant == "map_noseed" else {}
+        t0 = pc()
+        vals = ew.map(fn, xs, on=cl, progress=False, **kw)
+        t = pc() - t0
+    elif variant == "submit":
+        t0 = pc()
+        job = ew.submit(fn, xs, on=cl)
+        extra["t_submit"] = pc() - t0
+        job.wait(progress=False)
+        vals = job.get()
+        t = pc() - t0
+        t1 = pc()
+        job.purge()
+        extra["t_purge"] = pc() - t1
+    elif variant == "executor":
+        t0 = pc()
+        ex = ew.Executor(on=cl)
+        futs = [ex.submit(fn, x) for x in xs]
+        vals = [f.result() for f in futs]
+        t = pc() - t0
+        ex.shutdown()
+    else:
+        raise ValueError(variant)
+    return t, vals, extra
+
+
+def m_ew_cold(n: int, variant: str) -> dict:
+    ew, cl = _ew()
+    try:
+        xs = list(range(n))
+        t, vals, extra = _ew_run(ew, cl, variant, noop, xs)
+        _check(vals, n)
+        return {"t": t, **extra}
+    finally:
+        _stop(ew)
+
+
+def m_ew_warm(n: int, variants: list[str]) -> dict:
+    ew, cl = _ew()
+    try:
+        xs = list(range(n))
+        _warm(ew, cl, noop, xs)
+        out = {"lost": 0}
+        for v in variants:
+            out["lost"] += _ensure_warm(ew, cl, noop, xs)
+            t, vals, _ = _ew_run(ew, cl, v, noop, xs)
+            _check(vals, n)
+            out[v] = t
+        return out
+    finally:
+        _stop(ew)
+
+
+def m_ew_first(variant: str) -> dict:
+    ew, cl = _ew()
+    try:
+        if variant == "submit":
+            t0 = pc()
+            job = ew.submit(noop, [7], on=cl)
+            job.wait(progress=False)
+            vals = job.results()
+            t = pc() - t0
+            job.purge()
+        else:
+            t, vals, _ = _ew_run(ew, cl, variant, noop, [7])
+        assert vals == [7], vals
+        return {"t": t}
+    finally:
+        _stop(ew)
+
+
+def _pool_api(system: str):
+    """(start, submit-each, map(xs, chunksize), close) for a standard pool."""
+    if system == "ppe":
+        import concurrent.futures as cf
+
+        def start():
+            return cf.ProcessPoolExecutor(W)
+
+        def each(p, xs):
+            fs = [p.submit(noop, x) for x in xs]
+            return [f.result() for f in fs]
+
+        def pmap(p, xs, cs):
+            return list(p.map(noop, xs, chunksize=cs))
+
+        def close(p):
+            p.shutdown(wait=True)
+    elif system == "mp":
+        import multiprocessing as mp
+
+        def start():
+            return mp.Pool(W)
+
+        def each(p, xs):
+            rs = [p.apply_async(noop, (x,)) for x in xs]
+            return [r.get() for r in rs]
+
+        def pmap(p, xs, cs):
+            return p.map(noop, xs, chunksize=cs)
+
+        def close(p):
+            p.close()
+            p.join()
+    elif system == "loky":
+        import loky
+
+        def start():
+            return loky.get_reusable_executor(max_workers=W)
+
+        def each(p, xs):
+            fs = [p.submit(noop, x) for x in xs]
+            return [f.result() for f in fs]
+
+        def pmap(p, xs, cs):
+            return list(p.map(noop, xs, chunksize=cs))
+
+        def close(p):
+            p.shutdown(wait=True)
+    else:
+        raise ValueError(system)
+    return start, each, pmap, close
+
+
+def m_pool_cold(system: str, n: int, mode: str) -> dict:
+    """Pool start included; shutdown not."""
+    start, each, pmap, close = _pool_api(system)
+    xs = list(range(n))
+    t0 = pc()
+    p = start()
+    vals = each(p, xs) if mode == "each" else pmap(p, xs, _chunk(n))
+    t = pc() - t0
+    close(p)
+    _check(vals, n)
+    return {"t": t}
+
+
+def m_pool_warm(system: str, n: int) -> dict:
+    start, _each, pmap, close = _pool_api(system)
+    xs = list(range(n))
+    p = start()
+    pmap(p, xs, _chunk(n))
+    t0 = pc()
+    vals = pmap(p, xs, _chunk(n))
+    t = pc() - t0
+    close(p)
+    _check(vals, n)
+    return {"t": t}
+
+
+def m_ppe_first() -> dict:
+    import concurrent.futures as cf
+
+    t0 = pc()
+    with cf.ProcessPoolExecutor(W) as ex:
+        v = ex.submit(noop, 7).result()
+        t = pc() - t0
+    assert v == 7
+    return {"t": t}
+
+
+def m_dask_first() -> dict:
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+    t0 = pc()
+    cluster = LocalCluster(n_workers=W, processes=True, threads_per_worker=1,
+                           host="127.0.0.1", dashboard_address=None)
+    client = Client(cluster)
+    v = client.submit(noop, 7).result()
+    t = pc() - t0
+    client.close()
+    cluster.close()
+    assert v == 7
+    return {"t": t}
+
+
+def _bare_cpu(secs: float, k: int) -> None:
+    for _ in range(k):
+        spin_cpu(secs)
+
+
+def m_cpu(n: int, secs: float) -> dict:
+    """Bare processes first, then elsewhere; with the share of the machine's
+    CPU that others (other tenants, vCPU steal) took during each."""
+    import multiprocessing as mp
+
+    from _common import machine_busy_s, proc_cpu_s, worker_pids
+
+    def ours() -> float:
+        t = os.times()
+        return t.user + t.system + t.children_user + t.children_system
+
+    b0, o0, t0 = machine_busy_s(), ours(), pc()
+    ps = [mp.Process(target=_bare_cpu, args=(secs, n // W)) for _ in range(W)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    bare = pc() - t0
+    others_bare = (machine_busy_s() - b0 - (ours() - o0)) / (W * bare)
+    ew, cl = _ew()
+    try:
+        b0, o0, t0 = machine_busy_s(), ours(), pc()
+        vals = ew.map(spin_cpu, [secs] * n, on=cl, progress=False)
+        t = pc() - t0
+        workers = sum(proc_cpu_s(p) for p in worker_pids(os.environ["ELSEWHERE_HOME"]))
+        others_ew = (machine_busy_s() - b0 - (ours() - o0) - workers) / (W * t)
+        assert len(vals) == n
+    finally:
+        _stop(ew)
+    return {"bare": bare, "ew": t, "ideal": n * secs / W, "others_bare": others_bare, "others_ew": others_ew}
+
+
+def m_big(system: str, mb: int, variant: str = "map", reps: int = 3) -> dict:
+    """One task with a ``mb`` MB array argument on a warm pool; median of ``reps``
+    (writing 100 MB into the page cache varies a lot on this VM)."""
+    import statistics
+
+    import numpy as np
+
+    a = np.ones(mb * 1_000_000 // 8)
+    small = np.ones(1000)
+    want = float(a.size)
+    ts = []
+    if system == "ppe":
+        import concurrent.futures as cf
+
+        with cf.ProcessPoolExecutor(W) as ex:
+            [f.result() for f in [ex.submit(arr_sum, small) for _ in range(2 * W)]]
+            for _ in range(reps):
+                t0 = pc()
+                v = ex.submit(arr_sum, a).result()
+                ts.append(pc() - t0)
+                assert v == want, (v, want)
+    else:
+        ew, cl = _ew()
+        try:
+            _warm(ew, cl, arr_sum, [small] * (2 * W))  # numpy imported in both workers
+            for _ in range(reps):
+                _ensure_warm(ew, cl, arr_sum, [small] * (2 * W))
+                t, vals, _ = _ew_run(ew, cl, variant, arr_sum, [a])
+                ts.append(t)
+                assert vals[0] == want, (vals[0], want)
+        finally:
+            _stop(ew)
+    return {"t": statistics.median(ts)}
+
+
+CHILDREN = {
+    "ew_cold": m_ew_cold,
+    "ew_warm": m_ew_warm,
+    "ew_first": m_ew_first,
+    "pool_cold": m_pool_cold,
+    "pool_warm": m_pool_warm,
+    "ppe_first": m_ppe_first,
+    "dask_first": m_dask_first,
+    "cpu": m_cpu,
+    "big": m_big,
+}
+
+
+# -- the parent: plan, run, report ------------------------------------------------
+def plan(quick: bool) -> list[tuple[str, str, dict, bool]]:
+    """(key, child, params, fresh home) of every measurement of one round."""
+    from _common import have
+
+    n10, n100 = 10_000, 100_000
+    pools = ["ppe", "mp"] + (["loky"] if have("loky") else [])
+    m: list[tuple[str, str, dict, bool]] = []
+    for v in ("map", "map_noseed", "submit"):
+        m.append((f"cold10k/ew/{v}", "ew_cold", {"n": n10, "variant": v}, True))
+    for s in pools:
+        m.append((f"cold10k/{s}/each", "pool_cold", {"system": s, "n": n10, "mode": "each"}, False))
+        m.append((f"cold10k/{s}/map", "pool_cold", {"system": s, "n": n10, "mode": "map"}, False))
+    for v in ("map", "map_noseed") + (() if quick else ("submit",)):
+        m.append((f"cold100k/ew/{v}", "ew_cold", {"n": n100, "variant": v}, True))
+    for s in pools:
+        m.append((f"cold100k/{s}/map", "pool_cold", {"system": s, "n": n100, "mode": "map"}, False))
+    m.append(("warm10k/ew", "ew_warm", {"n": n10, "variants": ["map", "map_noseed", "submit"]}, True))
+    for s in pools:
+        m.append((f"warm10k/{s}/map", "pool_warm", {"system": s, "n": n10}, False))
+    for v in ("submit", "map", "executor"):
+        m.append((f"first/ew/{v}", "ew_first", {"variant": v}, True))
+    m.append(("first/ppe", "ppe_first", {}, False))
+    if have("distributed"):
+        m.append(("first/dask", "dask_first", {}, False))
+    m.append(("cpu", "cpu", {"n": 20, "secs": 0.5}, True))
+    if have("numpy"):
+        m.append(("big/ew/map", "big", {"system": "ew", "mb": 100, "variant": "map"}, True))
+        m.append(("big/ew/submit", "big", {"system": "ew", "mb": 100, "variant": "submit"}, True))
+        m.append(("big/ppe", "big", {"system": "ppe", "mb": 100}, False))
+    return m
+
+
+def collect(rounds: int, quick: bool, only: set[str] | None) -> tuple[dict[str, list[dict]], float]:
+    from _common import ChildFailed, run_child
+
+    steps = [s for s in plan(quick) if not only or s[0].split("/")[0] in only]
+    got: dict[str, list[dict]] = {}
+    t_start = pc()
+    for r in range(rounds):
+        t_round = pc()
+        for key, child, params, home in steps:
+            try:
+                got.setdefault(key, []).append(run_child(__file__, child, params, home=home))
+            except ChildFailed as exc:
+                print(f"  {key}: {exc}", file=sys.stderr)
+        print(f"  round {r + 1}/{rounds}: {pc() - t_round:.0f} s", file=sys.stderr)
+    return got, pc() - t_start
+
+
+def report(got: dict[str, list[dict]]) -> tuple[str, str]:
+    """(figures table, ratio table) as Markdown."""
+    from _common import fmt_rate, fmt_time, median, table, verdict
+
+    def t(key: str, field: str = "t") -> float:
+        return median(r.get(field) for r in got.get(key, []))
+
+    def spread(key: str, field: str = "t") -> str:
+        xs = [r[field] for r in got.get(key, []) if field in r]
+        return f"{fmt_time(min(xs))}-{fmt_time(max(xs))}" if len(xs) > 1 else ""
+
+    labels = {
+        "ew/map": "elsewhere ew.map", "ew/map_noseed": "elsewhere ew.map(seed=False)",
+        "ew/submit": "elsewhere ew.submit().wait(); get()", "ew/executor": "elsewhere Executor.submit().result()",
+        "ppe/each": "ProcessPoolExecutor, submit per task", "ppe/map": "ProcessPoolExecutor.map(chunksize)",
+        "mp/each": "mp.Pool apply_async per task", "mp/map": "mp.Pool.map(chunksize)",
+        "loky/each": "loky submit per task", "loky/map": "loky map(chunksize)",
+        "ppe": "ProcessPoolExecutor", "dask": "dask.distributed LocalCluster",
+    }
+
+    # The figures: one row per (measurement, system).
+    fig_rows = []
+    warm = got.get("warm10k/ew", [])
+
+    def others(key: str) -> str:
+        x = median(r.get("_others") for r in got.get(key, []))
+        return f"{100 * x:.0f}%" if x == x else ""
+
+    for key in sorted(got, key=lambda k: list(got).index(k)):
+        group, _, sysname = key.partition("/")
+        if key == "warm10k/ew":
+            for v in ("map", "map_noseed", "submit"):
+                x = t(key, v)
+                fig_rows.append([group, labels[f"ew/{v}"], fmt_time(x), spread(key, v), fmt_rate(10_000 / x),
+                                 others(key)])
+            lost = sum(r.get("lost", 0) for r in warm)
+            if lost:
+                fig_rows.append([group, f"  (the pool had lost a worker before {lost} of {3 * len(warm)} timed jobs: "
+                                 "warmed again first)", "", "", "", ""])
+            continue
+        if group == "cpu":
+            for f, lab in (("bare", "2 bare mp.Process"), ("ew", "elsewhere ew.map")):
+                o = t(key, f"others_{f}")
+                fig_rows.append([group, lab, fmt_time(t(key, f)), spread(key, f), "",
+                                 f"{100 * o:.0f}%" if o == o else ""])
+            fig_rows.append([group, "ideal: 20 x 0.5 s / 2", fmt_time(t(key, "ideal")), "", "", ""])
+            continue
+        n = {"cold10k": 10_000, "cold100k": 100_000, "warm10k": 10_000}.get(group)
+        x = t(key)
+        rate = fmt_rate(n / x) if n else (f"{100 / x:.0f} MB/s" if group == "big" else "")
+        fig_rows.append([group, labels.get(sysname, sysname), fmt_time(x), spread(key), rate, others(key)])
+        if sysname == "ew/submit" and "t_submit" in (got[key][0] if got[key] else {}):
+            fig_rows.append([group, "  of which submit() returns after", fmt_time(t(key, "t_submit")), "", "", ""])
+    figures = table(["measurement", "system", "median", "min-max", "rate", "others' CPU"], fig_rows)
+
+    # The ratios: alternative's time / elsewhere's time.
+    rows = []
+
+    def ratio(metric: str, ew_t: float, ew_lab: str, alt_t: float, alt_lab: str, target: float | None,
+              target_text: str, r: float | None = None) -> None:
+        if ew_t != ew_t or alt_t != alt_t:
+            return
+        r = alt_t / ew_t if r is None else r
+        rows.append([metric, f"{ew_lab} {fmt_time(ew_t)}", f"{alt_lab} {fmt_time(alt_t)}", f"{r:.2f}",
+                     target_text, verdict(r, target)])
+
+    ew_short = {"map": "map", "map_noseed": "map seed=False", "submit": "submit+get"}
+    for v in ("map", "map_noseed", "submit"):
+        e = t(f"cold10k/ew/{v}")
+        ratio("1. 10k no-op, cold", e, ew_short[v], t("cold10k/ppe/each"), "PPE submit-each", 10, ">= 10")
+    for v in ("map", "map_noseed", "submit"):
+        e = t(f"cold10k/ew/{v}")
+        ratio("1. 10k no-op, cold", e, ew_short[v], t("cold10k/ppe/map"), "PPE.map+start", 0.25, ">= 0.25 (4x)")
+    e = t("cold10k/ew/map")
+    for s, lab in (("mp/map", "mp.Pool.map+start"), ("mp/each", "mp.Pool apply-each"),
+                   ("loky/map", "loky map+start"), ("loky/each", "loky submit-each")):
+        ratio("1. 10k no-op, cold", e, "map", t(f"cold10k/{s}"), lab, None, "")
+    for v in ("map", "map_noseed", "submit"):
+        ratio("2. 100k no-op, cold", t(f"cold100k/ew/{v}"), ew_short[v], t("cold100k/ppe/map"), "PPE.map+start",
+              0.8, ">= 0.8")
+    for s, lab in (("mp/map", "mp.Pool.map+start"), ("loky/map", "loky map+start")):
+        ratio("2. 100k no-op, cold", t("cold100k/ew/map"), "map", t(f"cold100k/{s}"), lab, None, "")
+    for v in ("map", "map_noseed", "submit"):
+        ratio("3. 10k no-op, warm", t("warm10k/ew", v), ew_short[v], t("warm10k/ppe/map"), "warm PPE.map", 0.5,
+              ">= 0.5")
+    for s, lab in (("mp/map", "warm mp.Pool.map"), ("loky/map", "warm loky map")):
+        ratio("3. 10k no-op, warm", t("warm10k/ew", "map"), "map", t(f"warm10k/{s}"), lab, None, "")
+    for v, lab in (("submit", "submit+wait"), ("map", "map([x])"), ("executor", "Executor")):
+        ratio("4. first result, cold", t(f"first/ew/{v}"), lab, t("first/dask"), "dask LocalCluster", 10,
+              ">= 10 (0.1x)")
+    ratio("4. first result, cold", t("first/ew/submit"), "submit+wait", t("first/ppe"), "PPE", None, "")
+    # Each round's elsewhere run is compared with the bare processes run just
+    # before it: the median of those per-round ratios.
+    ratio("5. 20 x 0.5 s CPU", t("cpu", "ew"), "map", t("cpu", "bare"), "2 bare processes", 1 / 1.05,
+          ">= 0.952 (5%)", median(r["bare"] / r["ew"] for r in got.get("cpu", [])))
+    for v in ("map", "submit"):
+        ratio("6. 100 MB array arg, warm", t(f"big/ew/{v}"), ew_short[v], t("big/ppe"), "warm PPE", 1.0, ">= 1")
+    ratios = table(["metric", "elsewhere", "alternative", "ratio", "target", "verdict"], rows)
+    return figures, ratios
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    if argv[:1] == ["--child"]:
+        # Run the module as ``local``, not ``__main__``: its functions then
+        # travel by reference (``local.noop``) to every kind of worker.
+        from _common import child_main
+
+        import local
+
+        child_main(local.CHILDREN, argv[1:])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="one round, fewer variants (under a minute)")
+    p.add_argument("--only", default="", help="comma-separated groups: cold10k,cold100k,warm10k,first,cpu,big")
+    args = p.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    only = {s for s in args.only.split(",") if s} or None
+    import platform
+
+    from _common import venv_python
+
+    print(f"# bench/local.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()} ({venv_python()}), {rounds} round(s), "
+          f"load {os.getloadavg()[0]:.2f} at start", flush=True)
+    got, took = collect(rounds, args.quick, only)
+    figures, ratios = report(got)
+    print(f"\nFigures (median of {rounds} round(s), each in a fresh process; {took:.0f} s in all, "
+          f"load {os.getloadavg()[0]:.2f} at end):\n")
+    print(figures)
+    print("\nRatios (alternative's time / elsewhere's: above 1, elsewhere is faster):\n")
+    print(ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
