@@ -314,6 +314,8 @@ class Job:
             return self._snap
         self._reader.refresh()
         q = self.store.queue()
+        if q.get("rerun"):
+            self._reader.forget({int(t): int(a) for t, a in q["rerun"].items()})
         running: dict[int, tuple[str, float]] = {}
         for wid, m in q.get("members", {}).items():
             if m.get("state") == "active" and m.get("claim"):
@@ -562,9 +564,11 @@ class Job:
             with self.store.locked_queue() as q:
                 q["cancelled"] = False
                 q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in again]
+                rerun = q.setdefault("rerun", {})
                 for i in again:
                     f = snap.final.get(i)
                     q["attempts"][str(i)] = (f[1].attempt + 1) if f else q["attempts"].get(str(i), 0) + 1
+                    rerun[str(i)] = q["attempts"][str(i)]
                 q["retry"] = sorted(set(q["retry"]) | set(again))
             self.cluster.poll(self)
         self._dirty()

@@ -339,8 +339,20 @@ class JournalReader:
                     # A later attempt (a retry) wins; so does a real result that
                     # arrives after its task was written off. Duplicates are dropped.
                     final[r.task] = (wid, r)
+                    counts[old[1].kind] -= 1
+                    counts[r.kind] += 1
                     new += 1
         return new
+
+    def forget(self, tasks: dict[int, int]) -> None:
+        """Drop outcomes older than the attempt a retry asked for (``{task: attempt}``),
+        so a task being run again counts as queued, not as its old failure."""
+        final = self.final
+        for t, attempt in tasks.items():
+            old = final.get(t)
+            if old is not None and old[1].attempt < attempt:
+                del final[t]
+                self.kind_counts[old[1].kind] -= 1
 
 
 #: Record flag: the body holds this one task's value, not a list of a group's values.

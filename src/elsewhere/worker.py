@@ -539,7 +539,7 @@ class _JobRun:
         one range record per run of successes (see records.py), one log check per batch."""
         import random
 
-        rseed = random.seed if self.seeding else _no_seed
+        rseed = _fast_random_seed() if self.seeding else _no_seed
         npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
         payload = self._load_payload()
         fn = None
@@ -628,7 +628,7 @@ class _JobRun:
         """Run tasks one after another; the hot loop of every worker."""
         import random
 
-        rseed = random.seed if self.seeding else _no_seed
+        rseed = _fast_random_seed() if self.seeding else _no_seed
         npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
         payload = self._load_payload()
         ctx = self.ctx
@@ -746,6 +746,20 @@ class _JobRun:
 
 def _no_seed(*args: Any) -> None:
     pass
+
+
+def _fast_random_seed() -> Any:
+    """``random.seed(n)`` for an int n, without the Python-level wrapper (same state)."""
+    import random
+
+    inst = random._inst  # type: ignore[attr-defined]
+    c_seed = random.Random.__mro__[1].seed  # _random.Random.seed: the C implementation
+
+    def seed(n: int) -> None:
+        c_seed(inst, n)
+        inst.gauss_next = None
+
+    return seed
 
 
 def _reset(token: Any) -> None:

@@ -191,11 +191,6 @@ def flaky(x):
     return x * 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job.retry keeps the failed attempt's record final until the "
-    "new result lands (job.py Snapshot/JournalReader; see the batch helper's report)",
-)
 def test_retry_with_more_resources_reruns_only_the_failed_task(ew_home, sge_info):
     cl = cluster()
     job = ew.submit(flaky, range(3), on=cl)

@@ -82,20 +82,22 @@ def test_map_is_one_array_job(ew_home, torque_info):
     assert ew.map(square, range(10), on=cl) == [x * x for x in range(10)]
     qsub = _commands(cl, "qsub")
     assert len(qsub) == 1
-    assert all(len(c) >= 3 and c[:2] == ["qstat", "-f"] for c in _commands(cl, "qstat"))
-    assert not _commands(cl, "sbatch") and not _commands(cl, "squeue")
+    # submitted with the wrappers' qsub; followed with SLURM's own squeue, which knows
+    # each element (the wrappers' qstat reports one status per job)
+    assert not _commands(cl, "sbatch") and not _commands(cl, "qstat")
+    assert all(c[0] == "squeue" for c in _commands(cl, "squeue"))
 
 
 def test_one_status_call_for_all_jobs_of_a_cluster(ew_home, torque_info):
     cl = cluster(status_interval_s=30)
     jobs = [ew.submit(square, range(2), on=cl) for _ in range(3)]
     ids = [cl.get_job_cluster_data(j)["submissions"][0]["native_id"] for j in jobs]
-    before = len(_commands(cl, "qstat"))
+    before = len(_commands(cl, "squeue"))
     for job in jobs:
         job.check()
         job.check()
-    status = _commands(cl, "qstat")[before:]
-    assert len(status) == 1 and set(ids) <= set(status[0])
+    status = _commands(cl, "squeue")[before:]
+    assert len(status) == 1 and all(i in ",".join(status[0]) for i in ids)
     for job in jobs:
         job.cancel()
 
@@ -113,12 +115,6 @@ def test_chunks_and_log_header(ew_home, torque_info):
     assert "elsewhere worker: host" in text and "SLURM_ARRAY_JOB_ID=" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the wrappers' qsub adds -o/-e NAME.o%A relative to the "
-    "submitting directory; batch.py should run the submit command in the job's "
-    "logs/scheduler folder (see the batch helper's report)",
-)
 def test_scheduler_files_stay_in_the_job_folder(ew_home, torque_info):
     job = ew.submit(square, [1, 2], on=cluster())
     job.wait(timeout=90)
@@ -134,7 +130,7 @@ def test_cancel_running_array(ew_home, torque_info):
         lambda: len([ln for ln in _squeue(native) if "RUNNING" in ln]) == 3, lambda: _squeue(native)
     )
     job.cancel()
-    assert _commands(cl, "qdel") == [["qdel", native]]
+    assert _commands(cl, "scancel") == [["scancel", native]]
     assert job.check().state is ew.JobState.CANCELLED
     _wait(
         lambda: not any("RUNNING" in ln or "PENDING" in ln for ln in _squeue(native)),
@@ -143,11 +139,10 @@ def test_cancel_running_array(ew_home, torque_info):
     )
 
 
-def test_cancel_one_task_is_refused_not_the_whole_array(ew_home, torque_info):
+def test_cancel_one_task_cancels_only_its_element(ew_home, torque_info):
     cl = cluster()
-    assert cl.syntax.can_cancel_elements is False
-    with pytest.raises(ew.SchedulerError, match="whole array"):
-        cl.syntax.build_cancel(["7[1]"])
+    assert cl.syntax.can_cancel_elements is True  # through scancel, not the wrappers' qdel
+    assert cl.syntax.build_cancel([cl.syntax.element_id("7", 1)]) == ["scancel", "7_1"]
 
 
 def _age_submissions(cl, job, seconds):
@@ -184,12 +179,6 @@ def test_element_killed_by_slurm_is_lost_others_kept(ew_home, torque_info):
     assert job.check().state is ew.JobState.FAILED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with per-job status (the wrappers' qstat), elements other "
-    "than the first are never found by element id and are written off 30 s after "
-    "submission while they still run (batch.py job_state; see the report)",
-)
 def test_long_running_elements_are_not_written_off(ew_home, torque_info):
     cl = cluster()
     job = ew.submit(sleepy, [8, 8, 8], on=cl)
@@ -229,11 +218,6 @@ def test_submit_failure_names_command_and_exit_code(ew_home, torque_info):
     assert re.search(r"exit code:? 1\b", msg), msg
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the wrappers print sbatch's error on stdout, and batch.py "
-    "_run keeps only stderr (see the batch helper's report)",
-)
 def test_submit_failure_says_why(ew_home, torque_info):
     with pytest.raises(ew.SchedulerError) as info:
         ew.submit(square, [1], on=cluster(queue="no-such-queue"))

@@ -242,7 +242,7 @@ class BatchCluster(Cluster):
                 self._transport = LocalTransport()
         return self._transport
 
-    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 120.0) -> Any:
+    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 120.0, cwd: str | None = None) -> Any:
         """Run one scheduler command, without the submitting shell's scheduler variables."""
         clean = argv
         if not self.host:
@@ -251,7 +251,7 @@ class BatchCluster(Cluster):
                 clean = ["env", *(w for k in leaky for w in ("-u", k)), *argv]
         self.commands_run.append(list(argv))
         try:
-            res = self.transport.run(clean, check=False, timeout=timeout)
+            res = self.transport.run(clean, check=False, timeout=timeout, cwd=cwd)
         except FileNotFoundError as exc:
             raise CommandNotFound(
                 f"{argv[0]!r} is not installed here (is this a {self.kind} submit host?)", command=argv
@@ -263,8 +263,11 @@ class BatchCluster(Cluster):
                 f"(is this a {self.kind} submit host?)", command=argv, returncode=res.returncode,
                 stderr=res.stderr.decode(errors="replace"))
         if check and res.returncode != 0:
-            raise SchedulerError(f"{argv[0]} failed", command=argv, returncode=res.returncode,
-                                 stderr=res.stderr.decode(errors="replace"))
+            err = res.stderr.decode(errors="replace")
+            if not err.strip():
+                err = res.text  # some tools (PBS wrappers, qdel) say why on stdout
+            name = argv[0] if argv[0] not in ("sh", "bash") else f"{self.syntax.submit_command} (via {argv[0]})"
+            raise SchedulerError(f"{name} failed", command=argv, returncode=res.returncode, stderr=err)
         return res
 
     def post_construct(self) -> None:
@@ -417,7 +420,7 @@ class BatchCluster(Cluster):
         path.chmod(0o700)
         self._mirror_up(job)
         argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", self.extra_args)
-        native = self.syntax.parse_submit(self._run(argv).text)
+        native = self.syntax.parse_submit(self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler").text)
         subs.append({"name": "0", "native_id": native, "elements": 1, "tasks": ranks,
                      "submitted": time.time(), "communicating": True})
         self.set_job_cluster_data(job, data)
@@ -453,7 +456,9 @@ class BatchCluster(Cluster):
         for name, piece in scripts:
             script = f"{self.worker_dir(job)}/submissions/{name}.sh"
             argv = self.syntax.build_submit(script, self.extra_args)
-            res = self._run(argv)
+            # Submit from the job's log folder: tools that drop files where they
+            # are submitted (qsub's NAME.o123) leave them there, not in the user's folder.
+            res = self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler")
             native = self.syntax.parse_submit(res.text)
             subs.append({"name": name, "native_id": native, "elements": len(piece),
                          "tasks": sum(len(_chunk_tasks(c)) for c in piece), "submitted": time.time()})
@@ -522,8 +527,16 @@ class BatchCluster(Cluster):
         running: dict[int, tuple[str, float]] = dict(snapshot.running)
         pend_reasons: dict[str, int] = {}
         never: set[str] = set()
+        # A task belongs to the last submission that holds it (a retry resubmits it).
+        owner: dict[int, str] = {}
+        loaded: list[tuple[dict[str, Any], list[list[int]]]] = []
         for sub in subs:
             chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
+            loaded.append((sub, chunks))
+            for chunk in chunks:
+                for t in _chunk_tasks(chunk):
+                    owner[t] = sub["name"]
+        for sub, chunks in loaded:
             for k, chunk in enumerate(chunks):
                 if sub.get("communicating"):
                     elem = sub["native_id"]
@@ -532,7 +545,7 @@ class BatchCluster(Cluster):
                     elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
                     ns = st.get(elem) or (st.get(sub["native_id"]) if len(chunks) == 1 else None)
                 tasks = _chunk_tasks(chunk)
-                open_tasks = [t for t in tasks if t not in snapshot.final]
+                open_tasks = [t for t in tasks if t not in snapshot.final and owner.get(t) == sub["name"]]
                 if not open_tasks:
                     continue
                 if ns is None:
@@ -614,8 +627,12 @@ class BatchCluster(Cluster):
             chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
             for k, chunk in enumerate(chunks):
                 if index in _chunk_tasks(chunk):
+                    if not getattr(self.syntax, "can_cancel_elements", True):
+                        # This scheduler can only cancel whole jobs: the task is marked
+                        # cancelled (a result, if one comes, is kept) and the others run on.
+                        return
                     elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
-                    self._cancel([elem] if getattr(self.syntax, "can_cancel_elements", True) else [sub["native_id"]])
+                    self._cancel([elem])
                     return
 
     def delete_job(self, job: Job) -> None:
@@ -633,9 +650,11 @@ class BatchCluster(Cluster):
         with job.store.locked_queue() as q:
             q["cancelled"] = False
             q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in tasks]
+            rerun = q.setdefault("rerun", {})
             for t in tasks:
                 f = job._reader.final.get(t)
                 q["attempts"][str(t)] = (f[1].attempt + 1) if f else q["attempts"].get(str(t), 0) + 1
+                rerun[str(t)] = q["attempts"][str(t)]
                 q.get("lost_reason", {}).pop(str(t), None)
         self._submit_tasks(job, tasks, resources=resources)
 

@@ -230,6 +230,13 @@ class PeerCluster(Cluster):
         if c is not None:
             c.refresh_queue()
             return
+        with self._lock:
+            dead = self._controllers.get(job.id)
+        if dead is not None and dead.error is not None:
+            from ..errors import PeerError
+
+            raise PeerError(f"the peer controller of job {job.name!r} failed: "
+                            f"{type(dead.error).__name__}: {dead.error}") from dead.error
         q = job.store.queue()
         if not q.get("submitted") or q.get("cancelled"):
             return

@@ -13,7 +13,7 @@ Built in, by registry key:
 ``pbs``            :class:`PBSSyntax` (variant ``openpbs`` by default)
 ``openpbs``        ``PBSSyntax(variant="openpbs")`` (qsub -J, qstat -F json)
 ``torque``         ``PBSSyntax(variant="torque")`` (qsub -t, qstat -f -t)
-``slurm-torque``   ``PBSSyntax(variant="slurm-torque")`` (Debian's PBS wrappers over SLURM)
+``slurm-torque``   :class:`SlurmTorqueSyntax` (Debian's qsub wrapper; squeue/sacct/scancel to follow)
 ``lsf``            :class:`LSFSyntax` (bsub -J "name[1-N]", bjobs -o, bhist)
 ``htcondor``       :class:`HTCondorSyntax` (condor_submit queue N, condor_q -af)
 ``flux``           :class:`FluxSyntax` (flux submit --cc, flux jobs)
@@ -34,7 +34,7 @@ from elsewhere.errors import ConfigError
 from elsewhere.schedulers.flux import FluxSyntax
 from elsewhere.schedulers.htcondor import HTCondorSyntax
 from elsewhere.schedulers.lsf import LSFSyntax
-from elsewhere.schedulers.pbs import PBSSyntax
+from elsewhere.schedulers.pbs import PBSSyntax, SlurmTorqueSyntax
 from elsewhere.schedulers.sge import SGESyntax
 from elsewhere.schedulers.slurm import SlurmSyntax
 from elsewhere.schedulers.syntax import (
@@ -64,6 +64,7 @@ __all__ = [
     "SchedulerSyntax",
     "ScriptContext",
     "SlurmSyntax",
+    "SlurmTorqueSyntax",
     "available",
     "compress_indices",
     "expand_indices",
@@ -94,7 +95,7 @@ BUILTIN: Mapping[str, Callable[..., SchedulerSyntax]] = MappingProxyType(
         "pbs": PBSSyntax,
         "openpbs": _pbs("openpbs"),
         "torque": _pbs("torque"),
-        "slurm-torque": _pbs("slurm-torque"),
+        "slurm-torque": SlurmTorqueSyntax,
         "lsf": LSFSyntax,
         "htcondor": HTCondorSyntax,
         "flux": FluxSyntax,

@@ -295,3 +295,52 @@ def _parse_text(text: str) -> Mapping[str, Mapping[str, Any]]:
             # Torque wraps long values onto lines that start with a tab
             current[last_key] += line.strip()
     return jobs
+
+
+class SlurmTorqueSyntax(PBSSyntax):
+    """Debian's PBS wrappers over SLURM: submit with their ``qsub``, follow with SLURM's own tools.
+
+    The wrappers' ``qstat`` reports one status per job (not per element) and
+    their ``qdel`` cancels whole arrays only; the wrappers always run on a
+    SLURM, so status, accounting and cancel go to ``squeue``, ``sacct`` and
+    ``scancel``, which know each element (``123_4``).
+    """
+
+    status_command = "squeue"
+    cancel_command = "scancel"
+
+    def __init__(self, variant: str = "slurm-torque", **slurm: Any) -> None:
+        super().__init__(variant="slurm-torque")
+        from .slurm import SlurmSyntax
+
+        self._slurm = SlurmSyntax(**slurm)
+        self.can_cancel_elements = True
+
+    def build_status(self, job_ids: Sequence[str]) -> list[str]:
+        """``squeue`` for all jobs (the wrappers' qstat cannot tell elements apart)."""
+        return self._slurm.build_status(job_ids)
+
+    def status_ok(self, returncode: int, stderr: str) -> bool:
+        return self._slurm.status_ok(returncode, stderr)
+
+    def parse_status(self, stdout: str) -> dict[str, NativeStatus]:
+        return self._slurm.parse_status(stdout)
+
+    def build_accounting(self, job_ids: Sequence[str]) -> list[str] | None:
+        return self._slurm.build_accounting(job_ids)
+
+    def accounting_ok(self, returncode: int, stderr: str) -> bool:
+        return self._slurm.accounting_ok(returncode, stderr)
+
+    def parse_accounting(self, stdout: str) -> dict[str, NativeStatus]:
+        return self._slurm.parse_accounting(stdout)
+
+    def build_cancel(self, ids: Sequence[str]) -> list[str]:
+        return self._slurm.build_cancel(ids)
+
+    def cancel_ok(self, returncode: int, stderr: str, stdout: str = "") -> bool:
+        return self._slurm.cancel_ok(returncode, stderr, stdout)
+
+    def element_id(self, job_id: str, index: int) -> str:
+        return self._slurm.element_id(re.match(r"\d+", job_id).group(0) if re.match(r"\d+", job_id) else job_id,
+                                      index)
