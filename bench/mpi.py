@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fmt_time, median, table, venv_python, verdict  # noqa: E402
+from _common import fmt_time, median, table, venv_python, verdict
 
 SNIPPET = "from mpi4py import MPI; c = MPI.COMM_WORLD; c.allreduce(c.Get_rank())"
 

@@ -1,7 +1,7 @@
 """The sshds inside the network-namespace test hosts (``ci/services/netns-sshd.sh``).
 
 Like :mod:`services` (and built on its ``netns()`` probe), this module only looks: it
-starts nothing, never raises and takes a few milliseconds::
+starts nothing, never raises and takes well under a second::
 
     import netns_ssh
 

@@ -4,7 +4,7 @@
 # Idempotent: what runs already is left alone. One line per service at the end:
 #   started | already running | FAILED: reason     (a failure does not stop the others)
 #
-#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns
+#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns netns-sshd
 #   ci/services/up.sh slurm torque     # only these
 #   ci/services/up.sh --check [...]    # then run one trivial job on each (see check_* below)
 #
@@ -20,6 +20,7 @@ VENV=${ELSEWHERE_CI_VENV:-$REPO/.venv}
 LOGS=/var/log/elsewhere-ci
 ALL=(slurm sge torque mpi netns)
 [ -f "$HERE/sshd.sh" ] && ALL=(sshd "${ALL[@]}")
+[ -f "$HERE/netns-sshd.sh" ] && ALL=("${ALL[@]}" netns-sshd)  # after netns: sshd inside each test host
 
 CHECK=0
 services=()
@@ -27,7 +28,7 @@ for a in "$@"; do
   case "$a" in
     --check) CHECK=1 ;;
     -h | --help) sed -n '3,15p' "$0"; exit 0 ;;
-    sshd | slurm | sge | torque | mpi | netns) services+=("$a") ;;
+    sshd | slurm | sge | torque | mpi | netns | netns-sshd) services+=("$a") ;;
     *) echo "up.sh: unknown service '$a' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac
 done

@@ -8,6 +8,8 @@
     elsewhere cancel NAME             stop it
     elsewhere purge NAME              delete it
     elsewhere workers stop            stop the warm local workers
+    elsewhere template list|show|install|edit [NAME]   job-script templates
+    elsewhere doctor PROFILE_OR_HOST  check a profile or ssh host; say what to fix
     elsewhere demo                    the main job of the README
 """
 
@@ -166,6 +168,15 @@ def cmd_template(args: argparse.Namespace) -> int:
     return 2
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import diagnose, format_report
+
+    checks = diagnose(args.target, python=args.python, remote_storage=args.remote_storage,
+                      ssh_config=args.ssh_config, ssh_options=args.ssh_option or ())
+    print(format_report(checks, title=args.target))
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run
 
@@ -225,6 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--source", help="the built-in template to start from (default: NAME)")
     s.add_argument("--force", action="store_true", help="overwrite an installed template")
     s.set_defaults(func=cmd_template)
+
+    s = sub.add_parser("doctor", help="check that a profile or an ssh host can run tasks, and say what to fix")
+    s.add_argument("target", metavar="PROFILE_OR_HOST", help="a profile name, 'local', or an ssh destination")
+    s.add_argument("--python", help="the interpreter on the host (default: python3)")
+    s.add_argument("--remote-storage", help="the job-copy folder on the host")
+    s.add_argument("--ssh-config", help="an ssh config file to use instead of ~/.ssh/config")
+    s.add_argument("-o", dest="ssh_option", action="append", metavar="KEY=VALUE",
+                   help="an ssh option, as after ssh -o (repeatable)")
+    s.set_defaults(func=cmd_doctor)
 
     s = sub.add_parser("demo", help="run the demo job: pi on local workers, with its speed-up")
     s.add_argument("--tasks", type=int, default=None)

@@ -537,7 +537,6 @@ class _JobRun:
     def _run_fast(self, indices: range) -> None:
         """Tasks that took microseconds and printed nothing: run a chunk in one loop,
         one range record per run of successes (see records.py), one log check per batch."""
-        import random
 
         rseed = _fast_random_seed() if self.seeding else _no_seed
         npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
@@ -626,7 +625,6 @@ class _JobRun:
 
     def _run_each(self, indices: Any) -> None:
         """Run tasks one after another; the hot loop of every worker."""
-        import random
 
         rseed = _fast_random_seed() if self.seeding else _no_seed
         npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
@@ -750,10 +748,11 @@ def _no_seed(*args: Any) -> None:
 
 def _fast_random_seed() -> Any:
     """``random.seed(n)`` for an int n, without the Python-level wrapper (same state)."""
+    import _random
     import random
 
-    inst = random._inst  # type: ignore[attr-defined]
-    c_seed = random.Random.__mro__[1].seed  # _random.Random.seed: the C implementation
+    inst: Any = random._inst
+    c_seed: Any = _random.Random.seed  # the C implementation that random.Random.seed ends in
 
     def seed(n: int) -> None:
         c_seed(inst, n)

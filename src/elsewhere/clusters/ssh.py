@@ -50,7 +50,9 @@ class SSHCluster(Cluster):
         python: the interpreter on the nodes: one for all, or a dict per node
             (default "python3").
         remote_storage: where job copies go on the nodes (relative paths are
-            under the remote home).
+            under the remote home): one folder for all, or a dict per node. With
+            several nodes each copy is ``<remote_storage>/<job id>-<node>``, so
+            nodes that share a file system (an NFS home) never share a copy.
         setup: a shell command run once per node, in the job's files folder,
             before its tasks start (e.g. "make -C model", "pip install -e .").
         ssh_options: extra ``-o`` options for ssh; ssh_config: a config file.
@@ -65,7 +67,7 @@ class SSHCluster(Cluster):
         *,
         cores_per_task: int = 1,
         python: str | dict[str, str] | None = None,
-        remote_storage: str = DEFAULT_REMOTE_STORAGE,
+        remote_storage: str | dict[str, str] = DEFAULT_REMOTE_STORAGE,
         setup: str | None = None,
         ssh_options: list[str] | tuple[str, ...] = (),
         ssh_config: str | None = None,
@@ -93,6 +95,10 @@ class SSHCluster(Cluster):
             unknown = set(python) - set(self.nodes)
             if unknown:
                 raise ConfigError(f"python= names nodes that are not in the cluster: {sorted(unknown)}")
+        if isinstance(remote_storage, dict):
+            unknown = set(remote_storage) - set(self.nodes)
+            if unknown:
+                raise ConfigError(f"remote_storage= names nodes that are not in the cluster: {sorted(unknown)}")
         self.python = python
         self.remote_storage = remote_storage
         self.setup = setup
@@ -128,6 +134,12 @@ class SSHCluster(Cluster):
             return self.python.get(host, "python3")
         return self.python or "python3"
 
+    def storage_for(self, host: str) -> str:
+        """The folder on ``host`` that holds job copies."""
+        if isinstance(self.remote_storage, dict):
+            return self.remote_storage.get(host, DEFAULT_REMOTE_STORAGE)
+        return self.remote_storage
+
     def _agent(self, host: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
         from ..agent import parse_answer
 
@@ -159,7 +171,7 @@ class SSHCluster(Cluster):
         """What ``host`` offers: python, elsewhere version, cores, load; checks the storage."""
         from .. import __version__
 
-        info = self._agent(host, "info", self.remote_storage, timeout=60)
+        info = self._agent(host, "info", self.storage_for(host), timeout=60)
         theirs = str(info.get("elsewhere_version", ""))
         if theirs.split(".")[0] != __version__.split(".")[0]:
             raise RemoteSetupError(
@@ -167,7 +179,7 @@ class SSHCluster(Cluster):
                 "install the same major version there", host=host)
         if not info.get("writable"):
             raise RemoteSetupError(
-                f"{host}: cannot write to {self.remote_storage}: {info.get('writable_error', '')} "
+                f"{host}: cannot write to {self.storage_for(host)}: {info.get('writable_error', '')} "
                 "(give remote_storage= a writable folder)", host=host)
         usable = int(info.get("cpus_usable") or 1)
         load = (info.get("load_average") or [0.0])[0]
@@ -187,7 +199,9 @@ class SSHCluster(Cluster):
                               stacklevel=3)
                 cores = free
             workers = max(1, cores // self.cores_per_task)
-            plan[host] = {"workers": workers, "dir": f"{info['writable']}/{job.id}",
+            # nodes may share a file system (an NFS home): never one copy for two nodes
+            copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
+            plan[host] = {"workers": workers, "dir": f"{info['writable']}/{copy}",
                           "python": self.python_for(host), "cores": cores}
         total = sum(p["workers"] for p in plan.values())
         start = 0
@@ -239,13 +253,29 @@ class SSHCluster(Cluster):
             return
         changed = False
         merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "members": {}}
-        for host, p in hosts.items():
-            if not p.get("workers") or p.get("abandoned") or p.get("done"):
-                continue
+        asked = [(h, p) for h, p in hosts.items()
+                 if p.get("workers") and not p.get("abandoned") and not p.get("done")]
+        # a node that does not answer must not hold up the others, nor for longer than
+        # host_timeout_s: all nodes at once, each bounded
+        limit = max(5.0, min(60.0, self.host_timeout_s))
+
+        def ask(host: str, p: dict[str, Any]) -> tuple[dict[str, Any] | None, TransportError | None]:
             try:
-                ans = self._agent(host, "poll", p["dir"], "--workers", str(p["workers"]), timeout=60)
+                ans = self._agent(host, "poll", p["dir"], "--workers", str(p["workers"]), timeout=limit)
                 self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
             except TransportError as exc:
+                return None, exc
+            return ans, None
+
+        if len(asked) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(len(asked)) as pool:
+                answers = list(pool.map(lambda hp: ask(*hp), asked))
+        else:
+            answers = [ask(*hp) for hp in asked]
+        for (host, p), (ans, exc) in zip(asked, answers):
+            if ans is None:
                 if time.time() - p.get("last_seen", time.time()) > self.host_timeout_s:
                     self._abandon(job, host, p, hosts, str(exc).splitlines()[0])
                     changed = True

@@ -854,8 +854,9 @@ class Controller:
         else:
             k = int(self.settings.batch_target_s / max(self.mean_s, 1e-6))
         k = min(k, max(1, math.ceil(len(self.pending) / (2 * total_slots))), _MAX_BATCH)
-        if self.settings.time_s > 0:
-            k = min(k, max(1, int(w.info.announcement.time_s / self.settings.time_s)))
+        offer = w.info.announcement.time_s
+        if self.settings.time_s > 0 and offer != math.inf:
+            k = min(k, max(1, int(offer / self.settings.time_s)))
         return max(1, k)
 
     def _ask(self, w: _Worker, k: int, now: float) -> None:

@@ -14,7 +14,7 @@ __all__ = ["format_duration", "format_size", "parse_duration", "parse_size"]
 
 _SIZE_RE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?b?)\s*", re.IGNORECASE)
 _SIZE_POWER = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_DURATION_RE = re.compile(r"([0-9]*\.?[0-9]+)\s*(ms|s|sec|secs|m|min|mins|h|hr|hrs|d|day|days)?",
+_DURATION_RE = re.compile(r"([0-9]*\.?[0-9]+)\s*(ms|secs|sec|s|mins|min|m|hrs|hr|h|days|day|d)?",
                           re.IGNORECASE)  # fmt: skip
 _DURATION_UNIT = {
     "ms": 0.001, "s": 1.0, "sec": 1.0, "secs": 1.0, "m": 60.0, "min": 60.0, "mins": 60.0,

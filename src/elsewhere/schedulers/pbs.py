@@ -342,5 +342,5 @@ class SlurmTorqueSyntax(PBSSyntax):
         return self._slurm.cancel_ok(returncode, stderr, stdout)
 
     def element_id(self, job_id: str, index: int) -> str:
-        return self._slurm.element_id(re.match(r"\d+", job_id).group(0) if re.match(r"\d+", job_id) else job_id,
-                                      index)
+        number = re.match(r"\d+", job_id)
+        return self._slurm.element_id(number.group(0) if number else job_id, index)
