@@ -253,6 +253,8 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             job.cluster.submit_communicating(job)
         else:
             job.cluster.submit_independent(job)
+        with store.locked_queue() as q:
+            q["submitted"] = True  # whatever the plugin did: the job is now in its hands
     except BaseException:
         # Nothing runs: do not leave a half-submitted job behind.
         reg.remove(job.id)

@@ -535,10 +535,9 @@ class Job:
     # -- control -----------------------------------------------------------------
     def cancel(self) -> None:
         """Stop what runs; nothing new starts (dMod2's terminate)."""
-        if not self._meta.get("submitted"):
-            with self.store.locked_queue() as q:
-                q["cancelled"] = True
-        else:
+        with self.store.locked_queue() as q:
+            q["cancelled"] = True  # first: nothing new starts, whatever the plugin does
+        if self._meta.get("submitted"):
             self.cluster.cancel_job(self)
         self._dirty()
         from .registry import Registry

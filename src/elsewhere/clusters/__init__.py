@@ -72,7 +72,14 @@ def from_description(desc: dict[str, Any]) -> Cluster:
     """Rebuild a cluster from ``Cluster.describe()``."""
     desc = dict(desc)
     kind = desc.pop("kind")
-    return cluster_class(kind).from_settings(desc)
+    target = desc.pop("class", None)
+    try:
+        cls = cluster_class(kind)
+    except ConfigError:
+        if not target:
+            raise
+        cls = _load(target)  # a plugin named by module path when the job was made
+    return cls.from_settings(desc)
 
 
 __all__ = ["Cluster", "cluster_class", "from_description", "register_builtin"]

@@ -77,8 +77,9 @@ class Cluster(abc.ABC):
         }
 
     def describe(self) -> dict[str, Any]:
-        """``{"kind": ..., **settings}``: enough to rebuild it elsewhere."""
-        return {"kind": self.kind, **self.settings()}
+        """``{"kind": ..., "class": "module:Class", **settings}``: enough to rebuild it elsewhere."""
+        cls = type(self)
+        return {"kind": self.kind, "class": f"{cls.__module__}:{cls.__qualname__}", **self.settings()}
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> Cluster:
@@ -126,6 +127,31 @@ class Cluster(abc.ABC):
 
     def delete_task(self, job: Job, index: int) -> None:
         """Remove one task from the backend."""
+
+    def report_lost(self, job: Job, reasons: dict[int, str]) -> None:
+        """Fail tasks that ended without a result (``{task: why}``), unless a result came.
+
+        For plugins: a scheduler said the tasks' job ended, their process is
+        gone. The reason becomes the message of each task's TaskError.
+        """
+        import time
+
+        from ..records import Kind, make_record
+
+        job._reader.refresh()
+        with job.store.locked_queue() as q:
+            if q.get("cancelled"):
+                return
+            said = q.setdefault("lost_reason", {})
+            recs = []
+            for t, why in reasons.items():
+                if t in job._reader.final or str(t) in said:
+                    continue
+                said[str(t)] = why
+                recs.append(make_record(Kind.LOST, t, int(q["attempts"].get(str(t), 0)), t_end=time.time()))
+            if recs:
+                job.store.append_control(recs)
+        job._dirty()
 
     # -- cluster data -----------------------------------------------------------
     def set_job_cluster_data(self, job: Job, data: dict[str, Any]) -> None:

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import CommandNotFound, ConfigError, SchedulerError
-from ..records import Kind, make_record
 from ..states import TaskState
 from ..store import JobStore, write_json
 from .base import Cluster
@@ -578,20 +577,7 @@ class BatchCluster(Cluster):
         if lost:
             # Re-read first: a result may have landed while we asked.
             self._mirror_down(job)
-            job._reader.refresh()
-            lost = [(t, why) for t, why in lost if t not in job._reader.final]
-        if lost:
-            with job.store.locked_queue() as q:
-                if not q.get("cancelled"):
-                    lr = q.setdefault("lost_reason", {})
-                    recs = []
-                    for t, why in lost:
-                        if str(t) in lr:
-                            continue
-                        lr[str(t)] = why
-                        recs.append(make_record(Kind.LOST, t, int(q["attempts"].get(str(t), 0)), t_end=time.time()))
-                    if recs:
-                        job.store.append_control(recs)
+            self.report_lost(job, dict(lost))
             job._reader.refresh()
         snapshot.final = job._reader.final
         snapshot.kind_counts = dict(job._reader.kind_counts)
