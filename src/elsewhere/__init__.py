@@ -32,6 +32,7 @@ _EXPORTS = {
     "cluster": "api",
     "slurm": "api",
     "ssh": "api",
+    "peers": "api",
     "batch": "api",
     "Executor": "executor",
     "submit_communicating": "mpi",
@@ -73,7 +74,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import batch, cluster, create_job, jobs, local, map, recover, slurm, ssh, submit
+    from .api import batch, cluster, create_job, jobs, local, map, peers, recover, slurm, ssh, submit
     from .clusters.base import Cluster
     from .context import TaskContext, task
     from .errors import (

@@ -43,6 +43,18 @@ def ssh(nodes: Any, **settings: Any) -> Cluster:
     return SSHCluster(nodes, **settings)
 
 
+def peers(group: str | None = None, **settings: Any) -> Cluster:
+    """The peer network (FieldTrip's peercellfun): workstations running ``elsewhere peer worker``.
+
+    ``group`` and ``key`` name the group (without a key: this machine only,
+    over loopback); ``memory`` and ``time`` say what each task needs; ``peers``
+    lists addresses where multicast discovery is not allowed.
+    """
+    from .clusters.peer import PeerCluster
+
+    return PeerCluster(group, **settings)
+
+
 def slurm(**settings: Any) -> Cluster:
     """A SLURM cluster: ``ew.slurm(partition="debug", cores_per_task=4, walltime="01:00:00")``.
 
@@ -400,5 +412,5 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "recover", "slurm", "ssh", "submit"]
+__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "peers", "recover", "slurm", "ssh", "submit"]
 _ = JobState

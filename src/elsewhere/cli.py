@@ -10,6 +10,7 @@
     elsewhere workers stop            stop the warm local workers
     elsewhere template list|show|install|edit [NAME]   job-script templates
     elsewhere doctor PROFILE_OR_HOST  check a profile or ssh host; say what to fix
+    elsewhere peer worker|list|keygen the peer network
     elsewhere demo                    the main job of the README
 """
 
@@ -245,6 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", dest="ssh_option", action="append", metavar="KEY=VALUE",
                    help="an ssh option, as after ssh -o (repeatable)")
     s.set_defaults(func=cmd_doctor)
+
+    from .peer.cli import add_peer_commands
+
+    add_peer_commands(sub)
 
     s = sub.add_parser("demo", help="run the demo job: pi on local workers, with its speed-up")
     s.add_argument("--tasks", type=int, default=None)

@@ -16,6 +16,7 @@ from .base import Cluster
 _BUILTIN = {
     "local": "elsewhere.clusters.local:LocalCluster",
     "ssh": "elsewhere.clusters.ssh:SSHCluster",
+    "peer": "elsewhere.clusters.peer:PeerCluster",
     "slurm": "elsewhere.clusters.schedulers:SlurmCluster",
     "sge": "elsewhere.clusters.schedulers:SGECluster",
     "pbs": "elsewhere.clusters.schedulers:PBSCluster",
