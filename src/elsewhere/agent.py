@@ -112,7 +112,7 @@ def info(directory: str | None) -> dict[str, Any]:
 
     out: dict[str, Any] = {
         "python_version": platform.python_version(), "executable": sys.executable,
-        "elsewhere_version": __version__, "cpu_count": os.cpu_count(),
+        "elsewhere_version": __version__, "cpu_count": os.cpu_count(), "hostname": os.uname().nodename,
     }
     try:
         out["cpus_usable"] = len(os.sched_getaffinity(0))

@@ -143,3 +143,29 @@ def test_too_many_ranks_on_slurm_is_a_clear_error(ew_home, slurm_mpi):
     err = job.results()[0]
     assert isinstance(err, ew.TaskError) and "can never start" in err.message
     assert "PartitionConfig" in err.message or "Limit" in err.message
+
+
+def test_sge_parallel_environment(ew_home):
+    if services.sge() is None:
+        pytest.skip(services.why_no_sge())
+    if services.why_no_mpi4py():
+        pytest.skip(services.why_no_mpi4py())
+    cl = ew.batch("sge", status_interval_s=0.5)
+    job = ew.submit_communicating(ring, args=(5,), ranks=2, on=cl)
+    job.wait(timeout=120)
+    assert job.results() == _expected(2)
+    assert "-pe mpi 2" in cl.job_script(job)
+
+
+def test_ssh_node_mpiexec(ew_home, mpi_ok, tmp_path):
+    info = services.ssh()
+    if info is None:
+        pytest.skip(services.why_no_ssh())
+    cl = ew.ssh({info.host: 2}, ssh_config=str(info.config), python=sys.executable,
+                remote_storage=str(tmp_path / "remote"))
+    job = ew.submit_communicating(ring, args=(5,), ranks=2, on=cl)
+    job.wait(timeout=120)
+    assert job.results() == _expected(2)
+    bad = ew.submit_communicating(fails_on_rank_one, args=(0,), ranks=2, on=cl)
+    bad.wait(timeout=120)
+    assert bad.results()[1].type_name == "ValueError" and bad.check().state is ew.JobState.FAILED

@@ -408,6 +408,9 @@ class BatchCluster(Cluster):
         write_json(job.store.path / "submissions" / "0.json", [[0, ranks]])
         ctx = self.script_context(job, 1, "0")
         env = {k: v for k, v in ctx.env.items() if not k.startswith(("ELSEWHERE_SUBMISSION", "ELSEWHERE_ARRAY"))}
+        if os.geteuid() == 0:
+            # Open MPI refuses root unless told; harmless for other MPIs.
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         additional = dict(ctx.additional)
         if self.launcher:
             additional["mpi_launcher"] = self.launcher

@@ -246,10 +246,65 @@ class SSHCluster(Cluster):
                     stderr=res.stderr.decode(errors="replace"))
         self._agent(host, "start", p["dir"], "--workers", str(p["workers"]))
 
+    # -- communicating jobs: mpiexec on the first node, a host list of all -----------
+    def submit_communicating(self, job: Job) -> None:
+        """Ranks started together by ``mpiexec`` on the first node, over every node.
+
+        The job folder is copied to the same path on every node (the ranks'
+        command line names it), and ``mpiexec --host`` lists each node's
+        hostname with its slots; Open MPI reaches the other nodes with its own
+        ssh, which must work between the nodes.
+        """
+        ranks = job.n_tasks
+        hosts = list(self.nodes)
+        infos = {h: self.probe(h) for h in hosts}
+        first = hosts[0]
+        rdir = f"{infos[first]['writable']}/{job.id}"
+        slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        for h in hosts:
+            t = self.transport(h)
+            t.run(["mkdir", "-p", "--", rdir + "/files"], timeout=60)
+            t.sync_up(job.store.path, rdir)
+        launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()
+        argv = ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", *launcher, "-n", str(ranks)]
+        if len(hosts) > 1:
+            argv += ["--host", ",".join(f"{infos[h].get('hostname', h)}:{slots[h]}" for h in hosts)]
+        if ranks > sum(slots.values()) or launcher[0].endswith(("mpiexec", "mpirun")):
+            argv.append("--oversubscribe")
+        argv += [*self.additional_properties.get("mpi_args", []),
+                 self.python_for(first), "-m", "elsewhere.worker", "--job", rdir, "--mpi"]
+        pid = self.transport(first).spawn(argv, log_path=f"{rdir}/logs/launcher.log", cwd=rdir + "/files")
+        plan = {h: {"workers": 1, "dir": rdir, "tasks": [0, 0], "python": self.python_for(h),
+                    "cores": slots[h], "last_seen": time.time()} for h in hosts}
+        self.set_job_cluster_data(job, {"hosts": plan, "mpi": {"host": first, "pid": pid, "dir": rdir}})
+
+    def _mpi_alive(self, mpi: dict[str, Any]) -> bool:
+        res = self.transport(mpi["host"]).run(["kill", "-0", str(mpi["pid"])], check=False, timeout=30)
+        return res.returncode == 0
+
+    def _poll_mpi(self, job: Job, data: dict[str, Any]) -> None:
+        mpi = data["mpi"]
+        for host, p in data["hosts"].items():
+            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+        if self._mpi_alive(mpi):
+            return
+        for host, p in data["hosts"].items():  # the last words of every rank
+            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+        self.report_lost(job, {r: f"rank {r} ended without a result: the MPI job on {mpi['host']} was aborted "
+                                  "or killed (another rank failed? see job.log(rank) and logs/launcher.log)"
+                               for r in range(job.n_tasks)})
+
     def poll(self, job: Job) -> None:
         data = self.get_job_cluster_data(job)
         hosts = data.get("hosts", {})
         if not hosts or job.store.queue().get("cancelled"):
+            return
+        if "mpi" in data:
+            self._poll_mpi(job, data)
             return
         changed = False
         merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "members": {}}
@@ -323,7 +378,19 @@ class SSHCluster(Cluster):
     def cancel_job(self, job: Job) -> None:
         with job.store.locked_queue() as q:
             q["cancelled"] = True
-        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+        data = self.get_job_cluster_data(job)
+        if "mpi" in data:  # the launcher leads its own session: stop it and every rank
+            mpi = data["mpi"]
+            t = self.transport(mpi["host"])
+            for sig in ("TERM", "KILL"):
+                t.run(["kill", f"-{sig}", "--", f"-{mpi['pid']}"], check=False, timeout=30)
+                deadline = time.time() + 3
+                while time.time() < deadline and self._mpi_alive(mpi):
+                    time.sleep(0.1)
+                if not self._mpi_alive(mpi):
+                    break
+            return
+        for host, p in data.get("hosts", {}).items():
             if p.get("workers"):
                 try:
                     self._agent(host, "cancel", p["dir"], timeout=60)
