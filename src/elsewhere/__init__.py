@@ -74,7 +74,19 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import batch, cluster, create_job, jobs, local, map, peers, recover, slurm, ssh, submit
+    from .api import (
+        batch,
+        cluster,
+        create_job,
+        jobs,
+        local,
+        map,
+        peers,
+        recover,
+        slurm,
+        ssh,
+        submit,
+    )
     from .clusters.base import Cluster
     from .context import TaskContext, task
     from .errors import (

@@ -60,10 +60,11 @@ class WorkerProc:
     """One ``elsewhere peer worker`` process."""
 
     def __init__(self, args: Sequence[str], stats: Path, netns: str | None = None,
-                 python: str = sys.executable, extra_env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 python: str = sys.executable, extra_env: dict[str, str] | None = None,
+                 launcher: Sequence[str] | None = None) -> None:  # fmt: skip
         self.stats_path = stats
-        cmd = [python, "-m", "elsewhere.peer.cli", "peer", "worker", "--stats-file", str(stats),
-               "--log-level", "info", *args]  # fmt: skip
+        start = list(launcher) if launcher else [python, "-m", "elsewhere.peer.cli", "peer", "worker"]
+        cmd = [*start, "--stats-file", str(stats), "--log-level", "info", *args]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]
         self.log_path = stats.with_suffix(".log")
