@@ -4,7 +4,9 @@ The ssh backend keeps a copy of the job folder on every node; the workers
 there claim tasks from that copy's queue. One ssh command per node and poll
 runs this agent, which does on the node what the local backend does here:
 
-    start  JOB --workers N         start N detached workers for the job
+    start  JOB --workers N [--tasks a:b --retries R]
+                                   (this node's share of the tasks) start N
+                                   detached workers for the job
     poll   JOB --workers N         write off vanished workers (their running
                                    task "lost" or retried), start replacements
                                    while work remains; print the queue state
@@ -54,11 +56,20 @@ def _spawn(job: Path, count: int) -> list[int]:
     return pids
 
 
-def start(job: Path, workers: int) -> dict[str, Any]:
+def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[str, Any]:
+    """Start workers; with ``tasks`` ("a:b"), first make this node's queue hold those tasks."""
+    from .store import new_queue
+
     store = JobStore(job)
     with store.locked_queue() as q:
+        if tasks:
+            a, b = (int(x) for x in tasks.split(":"))
+            q.clear()
+            q.update(new_queue(b, retries=retries, max_workers=workers))
+            q["next"] = a
         q["submitted"] = True
         q["max_workers"] = workers
+    (job / "files").mkdir(exist_ok=True)
     return {"pids": _spawn(job, workers)}
 
 
@@ -144,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("job", nargs="?")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--tasks", default="")
+    p.add_argument("--retries", type=int, default=0)
     a = p.parse_args(argv)
     if a.op == "info":
         out = info(a.job)
@@ -155,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             print(MARKER + json.dumps({"error": f"no job folder at {job}"}))
             return 3
         if a.op == "start":
-            out = start(job, a.workers)
+            out = start(job, a.workers, a.tasks, a.retries)
         elif a.op == "poll":
             out = poll(job, a.workers)
         elif a.op == "add":

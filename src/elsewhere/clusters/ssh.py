@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import shlex
 import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, RemoteSetupError, TransportError
-from ..store import write_json
 from .base import Cluster
 
 if TYPE_CHECKING:
@@ -187,11 +186,22 @@ class SSHCluster(Cluster):
         return info
 
     # -- plugin operations ----------------------------------------------------
+    def _each(self, fn: Any, hosts: list[str]) -> list[Any]:
+        """``fn(host)`` for every host at once (each is mostly waiting on ssh)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(hosts) == 1:
+            return [fn(hosts[0])]
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as ex:
+            return list(ex.map(fn, hosts))
+
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
+        (job.store.path / "files").mkdir(exist_ok=True)
         plan: dict[str, dict[str, Any]] = {}
+        infos = dict(zip(self.nodes, self._each(self.probe, list(self.nodes))))
         for host, asked in self.nodes.items():
-            info = self.probe(host)
+            info = infos[host]
             free = info["free_cores"]
             cores = asked if asked is not None else free
             if asked is not None and asked > free:
@@ -216,27 +226,21 @@ class SSHCluster(Cluster):
             q["next"] = n
         data = {"hosts": plan}
         self.set_job_cluster_data(job, data)
-        for host, p in plan.items():
-            if not p["workers"]:
-                continue
-            self._place(job, host, p)
-            p["last_seen"] = time.time()
-            self.set_job_cluster_data(job, data)
+        busy = [h for h, p in plan.items() if p["workers"]]
+        self._each(lambda h: self._place(job, h, plan[h]), busy)
+        for h in busy:
+            plan[h]["last_seen"] = time.time()
+        self.set_job_cluster_data(job, data)
 
     def _place(self, job: Job, host: str, p: dict[str, Any]) -> None:
-        from ..store import new_queue
 
+        # Few round trips: each costs a remote login shell (hundreds of ms on some hosts).
         t = self.transport(host)
-        t.run(["mkdir", "-p", "--", p["dir"] + "/files"], timeout=60)
-        t.sync_up(job.store.path, p["dir"])
+        t.sync_up(job.store.path, p["dir"])  # makes the folder, files/ included
         a, b = p["tasks"]
-        q = new_queue(b, retries=int(job._meta.get("retries", 0)), max_workers=p["workers"])
-        q["next"] = a
-        with tempfile.TemporaryDirectory() as tmp:
-            write_json(Path(tmp) / "queue.json", q, fsync=False)
-            t.put(Path(tmp) / "queue.json", p["dir"] + "/queue.json")
         if self.setup:
-            res = t.run_shell(self.setup, cwd=p["dir"] + "/files", check=False, timeout=3600)
+            files = shlex.quote(p["dir"] + "/files")
+            res = t.run_shell(f"mkdir -p {files} && cd {files} && {self.setup}", check=False, timeout=3600)
             log = job.store.path / "logs" / f"setup-{_safe(host)}.log"
             log.write_bytes(res.stdout + res.stderr)
             if res.returncode != 0:
@@ -244,7 +248,8 @@ class SSHCluster(Cluster):
                     f"setup failed on {host}; its output is in {log}", host=host,
                     command=["sh", "-c", self.setup], returncode=res.returncode,
                     stderr=res.stderr.decode(errors="replace"))
-        self._agent(host, "start", p["dir"], "--workers", str(p["workers"]))
+        self._agent(host, "start", p["dir"], "--workers", str(p["workers"]), "--tasks", f"{a}:{b}",
+                    "--retries", str(int(job._meta.get("retries", 0))))
 
     # -- communicating jobs: mpiexec on the first node, a host list of all -----------
     def submit_communicating(self, job: Job) -> None:
