@@ -105,6 +105,7 @@ class SSHCluster(Cluster):
         self.ssh_config = ssh_config
         self.host_timeout_s = float(host_timeout_s)
         self._transports: dict[str, SSHTransport] = {}
+        self._probing: Any = None
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -195,11 +196,26 @@ class SSHCluster(Cluster):
         with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as ex:
             return list(ex.map(fn, hosts))
 
+    def prepare(self, job: Job, n_tasks: int) -> None:
+        """Ask the nodes about themselves while the client writes the inputs."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        ex = ThreadPoolExecutor(max_workers=1)
+        self._probing = (job.id, ex.submit(self._each, self.probe, list(self.nodes)))
+        ex.shutdown(wait=False)
+
+    def _probes(self, job: Job) -> dict[str, dict[str, Any]]:
+        pending = getattr(self, "_probing", None)
+        self._probing = None
+        if pending is not None and pending[0] == job.id:
+            return dict(zip(self.nodes, pending[1].result()))  # its errors are raised here
+        return dict(zip(self.nodes, self._each(self.probe, list(self.nodes))))
+
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
         (job.store.path / "files").mkdir(exist_ok=True)
         plan: dict[str, dict[str, Any]] = {}
-        infos = dict(zip(self.nodes, self._each(self.probe, list(self.nodes))))
+        infos = self._probes(job)
         for host, asked in self.nodes.items():
             info = infos[host]
             free = info["free_cores"]
