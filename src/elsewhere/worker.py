@@ -527,12 +527,22 @@ class _JobRun:
         return self._common()[1]
 
     def _run_batch(self, indices: Any) -> None:
-        """Run a claim: the fast path for floods of quiet, tiny tasks, else one by one."""
-        if (self.quiet >= _QUIET_BEFORE_FAST and isinstance(indices, range) and len(indices) > 1
-                and not self.attempts and not _MPI and 0 < self.mean_s < _FAST_TASK_S):
-            self._run_fast(indices)
-        else:
+        """Run a claim: the fast path for floods of quiet, tiny tasks, else one by one.
+
+        Tasks run one by one until enough in a row have printed nothing and taken
+        microseconds; the rest of the claim then runs on the fast path.
+        """
+        if not isinstance(indices, range) or len(indices) < 2 or self.attempts or _MPI:
             self._run_each(indices)
+            return
+        i, stop = indices.start, indices.stop
+        while i < stop:
+            if self.quiet >= _QUIET_BEFORE_FAST and 0 < self.mean_s < _FAST_TASK_S:
+                self._run_fast(range(i, stop))
+                return
+            step = max(1, _QUIET_BEFORE_FAST - self.quiet)
+            self._run_each(range(i, min(stop, i + step)))
+            i += step
 
     def _run_fast(self, indices: range) -> None:
         """Tasks that took microseconds and printed nothing: run a chunk in one loop,
