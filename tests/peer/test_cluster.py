@@ -269,3 +269,20 @@ def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Worker
     job.wait(timeout=30)
     assert job.results() == [None] * 6
     job.purge()
+
+
+def test_static_peers_where_multicast_is_not_allowed(ew_home: Path, tmp_path: Path) -> None:
+    from peer_procs import WorkerProc
+
+    key = write_key("lab", tmp_path / "k.key")
+    mine, theirs = free_port(), free_port()  # one discovery port per peer on one host
+    w = WorkerProc(["--key", str(key), "--port", str(theirs), "--interface", "127.0.0.1",
+                    "--multicast-group", "none", "--peer", f"127.0.0.1:{mine}"],
+                   tmp_path / "static.json")  # fmt: skip
+    try:
+        w.wait_started()
+        on = peers("lab", key=key, port=mine, interface="127.0.0.1", multicast_group=None,
+                   peers=[f"127.0.0.1:{theirs}"])  # fmt: skip
+        assert ew.map(square, range(5), on=on) == [0, 1, 4, 9, 16]
+    finally:
+        w.stop()

@@ -188,6 +188,12 @@ class PeerCluster(Cluster):
             prefer_local=self.prefer_local, peer_id=peer_id,
         )  # fmt: skip
 
+    def counters(self, job: Job) -> dict[str, int]:
+        """The counters of ``job``'s controller in this process (see ``Controller.counters``)."""
+        with self._lock:
+            c = self._controllers.get(job.id)
+        return c.counters() if c is not None else {}
+
     def controller(self, job: Job) -> Controller | None:
         """The live controller of ``job`` in this process, if any."""
         with self._lock:

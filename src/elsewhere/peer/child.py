@@ -69,6 +69,8 @@ _MAX_FDS = 253  # SCM_MAX_FD
 _FLUSH_S = 0.01
 _MAX_RESULT_OOB = 1000  # RESULT frames carry at most 1024 buffers: 2 + these
 _RESET_LOG_AT = 16 << 20
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_KEEP_OUT = 4  # warm result memfds a child keeps for the next large result
 
 
 class Outcome(enum.IntEnum):
@@ -188,16 +190,20 @@ class MessageReader:
                 pass
 
 
-def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[int],
-              *, writable: bool = True) -> list[memoryview]:  # fmt: skip
+def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[int], *,
+              writable: bool = True, maps: list[tuple[int, mmap.mmap]] | None = None,
+              ) -> list[memoryview]:  # fmt: skip
     """The buffers a part list describes: slices of ``body`` and maps of ``fds`` (closed here).
 
-    Maps are private (copy on write), so a task may change its arrays in place.
+    Maps are shared and populated at once (one system call instead of a page
+    fault per page); ``maps`` collects ``(position, map)`` so the caller can
+    unmap them when done and say which it released.
     """
     out: list[memoryview] = []
     pos = 0
     fd_iter = iter(fds)
-    for length, where in parts:
+    for i, part in enumerate(parts):
+        length, where = int(part[0]), int(part[1])
         if where == 0:
             out.append(body[pos : pos + length])
             pos += length
@@ -208,8 +214,10 @@ def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[in
                     out.append(memoryview(b""))
                 else:
                     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-                    mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, prot=prot)
+                    mm = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
                     out.append(memoryview(mm))
+                    if maps is not None:
+                        maps.append((i, mm))
             finally:
                 os.close(fd)
     return out
@@ -233,6 +241,8 @@ class _Child:
         self.host = socket.gethostname()
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)
+        self._n_modules = len(sys.modules)
+        self._dirty = False
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
@@ -240,6 +250,8 @@ class _Child:
 
         self.seeder = _NumpySeeder()
         self.warned = False
+        self.out_pool: dict[int, _Lease] = {}
+        self._lease_id = 0
         import warnings
 
         self._show = warnings.showwarning
@@ -287,18 +299,26 @@ class _Child:
         return path
 
     def dirty(self) -> bool:
-        """Whether user modules (not the installation's) were imported by tasks."""
+        """Whether user modules (not the installation's) were imported by tasks.
+
+        Checks only modules imported since the last call (a batch of tiny tasks
+        must not pay for looking at every module again)."""
+        if self._dirty or len(sys.modules) == self._n_modules:
+            return self._dirty
         for name in set(sys.modules) - self.base_modules:
+            self.base_modules.add(name)
             f = getattr(sys.modules.get(name), "__file__", None)
             if f and not _is_system_path(f) and "elsewhere" not in name:
-                return True
-        return False
+                self._dirty = True
+        self._n_modules = len(sys.modules)
+        return self._dirty
 
     # -- one batch -------------------------------------------------------
     def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
         import pickle
 
-        parts = cut_parts(header["parts"], body, fds)
+        maps: list[tuple[int, mmap.mmap]] = []
+        parts = cut_parts(header["parts"], body, fds, maps=maps)
         ntask = int(header["ntask"])
         task_parts, fn_parts = parts[:ntask], parts[ntask:]
         job = header.get("job") or {}
@@ -319,10 +339,52 @@ class _Child:
             failure = exc
         del task_parts, fn_parts, parts
         common = self.common.get(digest, (None, None))
-        self._run_items(header, items, entries, common, failure)
+        out = self._run_items(header, items, entries, common, failure)
+        if maps:
+            out.send(last=False)  # values that share memory with the inputs are copied out now
+            del entries, failure
+            released = []
+            for position, mm in maps:
+                try:
+                    mm.close()  # fails while a task keeps a view of it
+                    released.append(position)
+                except BufferError:
+                    pass  # kept by the task (a global?): the daemon will not reuse it
+            out.released = released
+        out.send(last=True)
+
+    # -- warm memory for large results -------------------------------------------
+    def lease(self, data: memoryview) -> tuple[int, int, int]:
+        """A memfd holding a copy of ``data``: (fd, id, capacity). Reused once the daemon
+        releases it, and kept mapped: the copy lands in pages that are already there (a
+        fresh page costs more than copying it). The fd stays the child's."""
+        view = memoryview(data).cast("B")
+        n = len(view)
+        fits = [i for i, lease in self.out_pool.items() if lease.free and lease.capacity >= n]
+        if fits:
+            lid = min(fits, key=lambda i: self.out_pool[i].capacity)
+            lease = self.out_pool[lid]
+        else:
+            self._lease_id += 1
+            lid = self._lease_id
+            lease = self.out_pool[lid] = _Lease(-(-n // (1 << 20)) << 20)
+        lease.mm[:n] = view
+        lease.free = False
+        return lease.fd, lid, lease.capacity
+
+    def release(self, ids: list[int]) -> None:
+        """The daemon is done with these result memfds: reuse (some of) them."""
+        for lid in ids:
+            lease = self.out_pool.get(lid)
+            if lease is not None:
+                lease.free = True
+        free = [i for i, lease in self.out_pool.items() if lease.free]
+        for lid in free[:-_KEEP_OUT] if len(free) > _KEEP_OUT else []:
+            self.out_pool.pop(lid).close()
 
     def _run_items(self, header: dict[str, Any], items: list[list[Any]], entries: list[Any],
-                   common: tuple[Any, Any], failure: BaseException | None) -> None:  # fmt: skip
+                   common: tuple[Any, Any], failure: BaseException | None) -> _Results:  # fmt: skip
+        """Run the batch; the last group of outcomes is left in the returned ``_Results``."""
         import random
 
         from ..context import TaskContext, set_current
@@ -378,7 +440,7 @@ class _Child:
                 if t1 - out.since >= _FLUSH_S:
                     out.send(last=False)
             CUR.pack_into(self.cur, 0, -1, 0.0, 0)
-            out.send(last=True)
+            return out
         finally:
             from ..context import _current
 
@@ -404,6 +466,21 @@ class _Child:
         return data
 
 
+class _Lease:
+    """A warm memfd for large results, mapped for the life of the child."""
+
+    def __init__(self, capacity: int) -> None:
+        self.fd = os.memfd_create("elsewhere-result", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, capacity)
+        self.mm = mmap.mmap(self.fd, capacity, flags=mmap.MAP_SHARED | _POPULATE)
+        self.capacity = capacity
+        self.free = True
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self.fd)
+
+
 class _Unusable(Exception):
     """The batch could not be unpickled here; every task reports why."""
 
@@ -424,6 +501,7 @@ class _Results:
         self.items: list[list[Any]] = []
         self.logs: list[bytes] = []
         self.oob = 0
+        self.released: list[int] = []
 
     def add(self, index: int, attempt: int, ok: bool, value: Any, t0: float, t1: float,
             log: bytes) -> None:  # fmt: skip
@@ -460,41 +538,30 @@ class _Results:
                                   "last": last, "group": None}  # fmt: skip
         body: list[Any] = []
         fds: list[int] = []
-        try:
-            if self.items:
-                data, bufs = self._pickle()
-                parts: list[list[int]] = []
-                body.append(data)
-                for b in bufs:
-                    if len(b) >= OOB_MEMFD_BYTES and len(fds) < _MAX_FDS:
-                        fds.append(_copy_to_memfd(b))
-                        parts.append([len(b), 1])
-                    else:
-                        body.append(b)
-                        parts.append([len(b), 0])
-                self.oob += len(bufs)
-                header["group"] = [len(data), parts]
-                rss = _peak_rss()
-                for item in self.items:
-                    item[6] = rss
-                body.extend(self.logs)
-            if last:
-                header["dirty"] = self.child.dirty()
-            send_message(self.child.sock, header, body, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
+        if self.items:
+            data, bufs = self._pickle()
+            parts: list[list[int]] = []
+            body.append(data)
+            for b in bufs:
+                if len(b) >= OOB_MEMFD_BYTES and len(fds) < _MAX_FDS:
+                    fd, lid, capacity = self.child.lease(b)
+                    fds.append(fd)
+                    parts.append([len(b), 1, lid, capacity])
+                else:
+                    body.append(b)
+                    parts.append([len(b), 0])
+            self.oob += len(bufs)
+            header["group"] = [len(data), parts]
+            rss = _peak_rss()
+            for item in self.items:
+                item[6] = rss
+            body.extend(self.logs)
+        if last:
+            header["dirty"] = self.child.dirty()
+            header["released"] = self.released
+        send_message(self.child.sock, header, body, fds)
         self.values, self.items, self.logs = [], [], []
         self.since = time.time()
-
-
-def _copy_to_memfd(buf: memoryview) -> int:
-    fd = os.memfd_create("elsewhere-result", os.MFD_CLOEXEC)
-    view = memoryview(buf).cast("B")
-    pos = 0
-    while pos < len(view):
-        pos += os.write(fd, view[pos : pos + (64 << 20)])
-    return fd
 
 
 def _peak_rss() -> int:
@@ -529,6 +596,8 @@ def main(argv: list[str] | None = None) -> int:
         op = header.get("op")
         if op == "run":
             child.run(header, body, fds)
+        elif op == "release":
+            child.release([int(i) for i in header.get("ids", [])])
         elif op == "exit":
             return 0
         else:

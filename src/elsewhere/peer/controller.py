@@ -51,7 +51,7 @@ from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
 from .discovery import Announcer, DiscoveryConfig, Listener
 from .keys import GroupKey
-from .stream import Closed, ConnectionPump
+from .stream import Closed, ConnectionPump, ReusableBuffers
 from .wire import (
     Accept,
     Ack,
@@ -146,6 +146,8 @@ class _Batch:
     sent_wall: float = 0.0
     copied: bool = False
     withdrawn: bool = False  # its tasks went elsewhere; waiting for the worker's answer
+    standing: bool = False  # asked before any task was there (an open Executor's next task)
+    accepted: float = 0.0
 
 
 class _Worker:
@@ -231,6 +233,9 @@ class Controller:
         self.first_unsynced = 0.0
         self.stats: collections.Counter[str] = collections.Counter()
         self.common: tuple[str, list[Any]] | None = None
+        self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
+        self._job_data: Any = None
+        self.standing_after = 0.0
         self._by_value: list[Any] = []
         self._seq = 0
         self._stop = threading.Event()
@@ -241,6 +246,7 @@ class Controller:
         self.announcer: Announcer | None = None
         self.error: BaseException | None = None
         self.local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
+        self.buffers = ReusableBuffers()  # large RESULT buffers, reused once written to disk
         self.finished = threading.Event()
 
     # -- the user's side (any thread) ----------------------------------------------------
@@ -290,6 +296,18 @@ class Controller:
         self._command("stop")
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def counters(self) -> dict[str, int]:
+        """What this controller did so far: asks, refusals by reason, batches, duplicates,
+        bytes on the wire both ways (``bytes_sent``, ``bytes_received``) and the payload
+        bytes they carried (``payload_bytes`` of tasks, ``result_bytes`` of results)."""
+        out = dict(self.stats)
+        for w in list(self.workers.values()):
+            pump = w.pump
+            if pump is not None:
+                out["bytes_sent"] = out.get("bytes_sent", 0) + pump.bytes_sent
+                out["bytes_received"] = out.get("bytes_received", 0) + pump.bytes_received
+        return out
 
     def running(self) -> dict[int, tuple[str, float]]:
         """Tasks on workers now: index -> (worker id, since)."""
@@ -396,7 +414,11 @@ class Controller:
         self._sync(time.monotonic(), force=True)
 
     def _done(self) -> bool:
-        if not self.closed or self.pending or any(not b.withdrawn for b in self.batches.values()):
+        if self.closed:
+            for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
+                self._withdraw(b)  # no next task will come
+        busy = any(not (b.withdrawn or b.standing) for b in self.batches.values())
+        if not self.closed or self.pending or busy:
             return False
         return all(i in self.final or i in self.cancelled for i in range(self.n))
 
@@ -522,7 +544,7 @@ class Controller:
             w.sock = None
             self._connect_failed(w, os.strerror(err))
             return
-        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity)
+        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity, allocate=self.buffers)
         w.pump = ConnectionPump(sock, w.conn)
         w.state = "handshake"
         self.sel.modify(sock, selectors.EVENT_READ, ("worker", w))
@@ -541,10 +563,13 @@ class Controller:
             return
         try:
             if mask & selectors.EVENT_READ:
-                for event in w.pump.read():
+                pump = w.pump
+                for event in pump.read():
                     self._on_event(w, event)
-                    if w.pump is None:
+                    if w.pump is not pump:
                         return
+                if pump.failed is not None:
+                    raise pump.failed
             self._flush(w)
         except (Closed, ProtocolError, OSError) as exc:
             self._disconnected(w, str(exc) or type(exc).__name__)
@@ -574,6 +599,9 @@ class Controller:
         return True
 
     def _drop_connection(self, w: _Worker) -> None:
+        if w.pump is not None:
+            self.stats["bytes_sent"] += w.pump.bytes_sent
+            self.stats["bytes_received"] += w.pump.bytes_received
         if w.sock is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(w.sock)
@@ -657,11 +685,40 @@ class Controller:
             if b is not None:
                 self._forget(b)
             return
+        b.accepted = time.monotonic()
+        if b.standing:  # admitted ahead: the next task goes at once, with no ASK in its way
+            if self.pending:
+                self._fill_standing(b)
+            return
         keep = [(i, a) for i, a in zip(b.indices, b.attempts) if i not in self.final and i not in self.cancelled]
         if not keep:
             self._withdraw(b)
             return
         b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
+        self._send_task(w, b)
+
+    def _fill_standing(self, b: _Batch, *, send: bool = True) -> None:
+        """Give a standing batch the pending tasks (as many as one batch takes); send them
+        if it was admitted already."""
+        total = sum(max(1, x.info.announcement.slots // self.settings.cores)
+                    for x in self.workers.values() if x.state == "ready")  # fmt: skip
+        k = self._batch_size(b.worker, max(1, total))
+        while self.pending and len(b.indices) < k:
+            i = self.pending.popleft()
+            if i in self.final or i in self.cancelled:
+                continue
+            b.indices.append(i)
+            b.attempts.append(self.attempts.get(i, 0))
+            self.inflight.setdefault(i, set()).add(b.bid)
+        b.standing = False
+        if not b.indices:
+            b.standing = True
+        elif send:
+            self._send_task(b.worker, b)
+
+    def _send_task(self, w: _Worker, b: _Batch) -> None:
+        """Send the TASK of an admitted batch."""
+        bid = b.bid
         try:
             info, buffers = self._encode(w, b)
         except Exception as exc:
@@ -709,6 +766,8 @@ class Controller:
             self._disconnected(w, f"malformed RESULT: {exc}")
             return
         self.ack_due.append((w, msg.task_id))
+        for buf in buffers:  # written to the job folder: the memory can take the next result
+            self.buffers.free(buf)
         if b is not None:
             for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
                 if i not in self.final and i not in self.cancelled and not self.inflight.get(i):
@@ -721,6 +780,7 @@ class Controller:
         """Write a RESULT's outcomes to the job folder (not yet fsynced)."""
         pickles = memoryview(buffers[0]).cast("B")
         logs = memoryview(buffers[1]).cast("B")
+        self.stats["result_bytes"] += sum(len(memoryview(b).cast("B")) for b in buffers)
         groups: list[tuple[memoryview, list[Any]]] = []
         ppos, opos = 0, 2
         for plen, noob in info.get("groups", []):
@@ -820,7 +880,12 @@ class Controller:
 
     # -- placing --------------------------------------------------------------------------
     def _place(self, now: float) -> None:
+        for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
+            if self.pending:
+                # admitted: the tasks go now; not yet answered: they ride on that ASK
+                self._fill_standing(b, send=bool(b.accepted))
         if not self.pending:
+            self._stand(now)
             return
         ready = [w for w in self.workers.values() if w.state == "ready" and self._usable(w)]
         if not ready:
@@ -847,6 +912,35 @@ class Controller:
             if best is None:
                 return
             self._ask(best, self._batch_size(best, total_slots), now)
+
+    def _stand(self, now: float) -> None:
+        """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
+        the next task skips a round trip. The worker lets another controller have the slot
+        if this admission is not used within moments (``daemon._STALE_RESERVATION_S``)."""
+        if not self.stream or self.closed or now < self.standing_after:
+            return
+        if any(b.standing for b in self.batches.values()):
+            return
+        s = self.settings
+        best = None
+        for w in self.workers.values():
+            if w.state != "ready" or not self._usable(w) or w.busy_until > now:
+                continue
+            if len(w.batches) >= max(1, w.info.announcement.slots // s.cores):
+                continue
+            local = w.info.connect_address[0] in self.local_addresses
+            key = (0 if local else 1, len(w.batches))
+            if best is None or key < best[0]:
+                best = (key, w)
+        if best is None:
+            return
+        w = best[1]
+        self._seq += 1
+        b = _Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
+        self.batches[b.bid] = b
+        w.batches[b.bid] = b
+        if not self._send(w, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores)):
+            self._forget(b)
 
     def _batch_size(self, w: _Worker, total_slots: int) -> int:
         if self.n_measured == 0:
@@ -882,22 +976,27 @@ class Controller:
         self.stats["asks"] += 1
 
     def _encode(self, w: _Worker, b: _Batch) -> tuple[dict[str, Any], list[Any]]:
-        """The TASK of a batch: pickled entries (+ the job's function once per connection)."""
+        """The TASK of a batch: pickled entries, plus, once per connection, the function
+        part they use (the job's function and job data; or the function of tasks added one
+        by one, when a batch shares it: an Executor's tasks then pickle only their inputs)."""
         from .. import serial
 
-        entries = []
-        for i in b.indices:
-            fn, args, kwargs = self.payload.task(i)
-            if fn is not None:
-                self._register_by_value(fn)
-            entries.append((fn, args, kwargs))
+        entries = [self.payload.task(i) for i in b.indices]
+        own = {id(e[0]) for e in entries}
+        if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
+            digest, fn_parts = self._fn_part(entries[0][0])
+            entries = [(None, args, kwargs) for _, args, kwargs in entries]
+        else:
+            digest, fn_parts = self._common()
+            for fn, _, _ in entries:
+                if fn is not None:
+                    self._register_by_value(fn)
         data, oob = serial.dumps(entries)
         if len(oob) > _MAX_OOB:
             import cloudpickle
 
             data, oob = cloudpickle.dumps(entries, protocol=5), []
         buffers: list[Any] = [data, *oob]
-        digest, fn_parts = self._common()
         info: dict[str, Any] = {
             "job": self.job_info, "diary": self.settings.diary, "items": [[i, a] for i, a in zip(b.indices, b.attempts)],
             "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.settings.time_s,
@@ -910,18 +1009,35 @@ class Controller:
         return info, buffers
 
     def _common(self) -> tuple[str, list[Any]]:
+        """The function part of the job's own function and job data."""
         if self.common is None:
-            from .. import serial
-
             fn, job_data = self.payload.common()
-            if fn is not None:
-                self._register_by_value(fn)
-            data, oob = serial.dumps((fn, job_data))
-            h = hashlib.sha256(data)
-            for v in oob:
-                h.update(v)
-            self.common = (h.hexdigest()[:32], [data, *oob])
+            self._job_data = job_data
+            self.common = self._pickle_part(fn, job_data)
         return self.common
+
+    def _fn_part(self, fn: Any) -> tuple[str, list[Any]]:
+        """The function part of a task's own function (with the job data), pickled once."""
+        cached = self.fn_parts.get(id(fn))
+        if cached is not None and cached[0] is fn:
+            return cached[1]
+        self._common()
+        part = self._pickle_part(fn, self._job_data)
+        self.fn_parts[id(fn)] = (fn, part)  # keeps fn alive: its id cannot be reused meanwhile
+        if len(self.fn_parts) > 256:
+            self.fn_parts.pop(next(iter(self.fn_parts)))
+        return part
+
+    def _pickle_part(self, fn: Any, job_data: Any) -> tuple[str, list[Any]]:
+        from .. import serial
+
+        if fn is not None:
+            self._register_by_value(fn)
+        data, oob = serial.dumps((fn, job_data))
+        h = hashlib.sha256(data)
+        for v in oob:
+            h.update(v)
+        return h.hexdigest()[:32], [data, *oob]
 
     def _register_by_value(self, fn: Any) -> None:
         """Send the user's own modules' code with the task (the worker may not have it)."""
@@ -989,11 +1105,11 @@ class Controller:
     def _withdraw(self, b: _Batch) -> None:
         """Take a batch's tasks back (they are done elsewhere, cancelled, or go elsewhere).
 
-        A batch already sent is cancelled at its worker. An ASK still unanswered
-        is not (an ACCEPT may be on its way: the protocol then refuses a CANCEL
-        that crossed it); the batch stays, empty, until the answer comes.
+        A batch already sent (or admitted) is cancelled at its worker. An ASK still
+        unanswered is not (an ACCEPT may be on its way: the protocol then refuses a
+        CANCEL that crossed it); the batch stays, empty, until the answer comes.
         """
-        if b.sent:
+        if b.sent or b.accepted:
             self._send(b.worker, Cancel(b.bid))
             self._forget(b)
             return
@@ -1010,6 +1126,11 @@ class Controller:
         spare = any(w.state == "ready" and self._usable(w) and not w.batches for w in self.workers.values())
         for b in list(self.batches.values()):
             w = b.worker
+            if b.standing:
+                if b.accepted and now - b.accepted > 1.0:  # unused: give the slot back a while
+                    self._withdraw(b)
+                    self.standing_after = now + 1.0
+                continue
             if not b.sent:
                 # Not admitted yet: it waits behind busy slots there. Move it when a worker
                 # sits idle (soon), or when it waited too long anyway.

@@ -35,7 +35,6 @@ import logging
 import math
 import mmap
 import os
-import pickle
 import selectors
 import signal
 import socket
@@ -44,18 +43,17 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import PeerError, ProtocolError
-from . import child as childproto
 from .access import AccessRules, same_user
 from .announce import Announcement, PeerState, new_peer_id
-from .child import CUR, MessageReader, Outcome
+from .child import Outcome
+from .children import ChildProcess, describe_exit, error_value, read_capture, tree_rss
 from .discovery import Announcer, DiscoveryConfig, Listener
 from .fairshare import FairShare, Waiting
 from .keys import LOOPBACK_HOST, GroupKey
-from .stream import Closed, ConnectionPump, SharedBuffers, new_memfd
+from .stream import Closed, ConnectionPump, SharedBuffers
 from .wire import (
     Accept,
     Ack,
@@ -86,6 +84,8 @@ _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements
 _MEM_CHECK_S = 0.25
 _ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
 _TICK_S = 0.1
+_STALE_RESERVATION_S = 0.05
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def machine_memory() -> int:
@@ -159,11 +159,9 @@ class WorkerOptions:
 class _Peer:
     """One connection from a controller."""
 
-    def __init__(self, sock: socket.socket, address: str, conn: Connection) -> None:
+    def __init__(self, sock: socket.socket, address: str) -> None:
         self.sock = sock
         self.address = address
-        self.conn = conn
-        self.pump = ConnectionPump(sock, conn)
         self.opened = time.monotonic()
         self.controller = ""  # its peer id, once the handshake is done
         self.user = ""
@@ -171,6 +169,11 @@ class _Peer:
         self.refusal: str | None = None
         self.fns: dict[str, tuple[Any, ...]] = {}  # digest -> raw buffers of (fn, job_data)
         self.closed = False
+
+    def connect(self, conn: Connection) -> None:
+        """Attach the protocol state (made once the peer exists: it owns what it receives)."""
+        self.conn = conn
+        self.pump = ConnectionPump(self.sock, conn)
 
 
 @dataclass
@@ -193,11 +196,12 @@ class _Run:
     buffers: tuple[Any, ...] = ()
     fn_buffers: tuple[Any, ...] = ()
     started: float = 0.0
-    child: _Child | None = None
+    child: ChildProcess | None = None
     outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
     groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
     kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
     accepted: float = 0.0
+    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
 
 
 @dataclass
@@ -205,121 +209,7 @@ class _Done:
     info: dict[str, Any]
     buffers: list[Any]
     finished: float
-
-
-class _Child:
-    """A task-running child process, as the daemon sees it."""
-
-    def __init__(self, python: str, capture_fd: int) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cur_fd, self.cur = new_memfd(CUR.size, "elsewhere-cur")
-        CUR.pack_into(self.cur, 0, -1, 0.0, 0)
-        self.capture_fd = capture_fd
-        env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        try:
-            self.popen = subprocess.Popen(
-                [python, "-m", "elsewhere.peer.child", str(theirs.fileno()), str(cur_fd)],
-                pass_fds=(theirs.fileno(), cur_fd), stdin=subprocess.DEVNULL,
-                stdout=capture_fd, stderr=capture_fd, env=env, start_new_session=True,
-                cwd="/",
-            )  # fmt: skip
-        finally:
-            theirs.close()
-            os.close(cur_fd)
-        ours.setblocking(False)
-        self.sock = ours
-        self.reader = MessageReader(ours)
-        self.out: collections.deque[tuple[collections.deque[memoryview], list[int]]] = (
-            collections.deque()
-        )
-        self.pid = self.popen.pid
-        self.ready = False
-        self.base_rss = 0
-        self.run: _Run | None = None
-        self.fns: set[str] = set()
-        self.job_id: str | None = None
-        self.dirty = False
-        self.dead = False
-        self.last_mem_check = 0.0
-
-    def send(self, header: dict[str, Any], body: list[Any], fds: list[int]) -> None:
-        parts = childproto.pack_message(header, body, len(fds))
-        self.out.append((collections.deque(memoryview(p).cast("B") for p in parts if len(p)), fds))
-
-    def flush(self) -> bool:
-        """Send what the socket takes; True when all is sent."""
-        import array
-
-        while self.out:
-            parts, fds = self.out[0]
-            if not parts:
-                self.out.popleft()
-                continue
-            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-            try:
-                n = self.sock.sendmsg(list(parts)[:256], anc)
-            except (BlockingIOError, InterruptedError):
-                return False
-            if fds:
-                self.out[0] = (parts, [])
-            while n:
-                if n >= len(parts[0]):
-                    n -= len(parts[0])
-                    parts.popleft()
-                else:
-                    parts[0] = parts[0][n:]
-                    n = 0
-        return True
-
-    def current(self) -> tuple[int, float, int]:
-        """(task running now or -1, since, its output offset), from the shared map."""
-        idx, since, off = CUR.unpack_from(self.cur, 0)
-        return int(idx), float(since), int(off)
-
-    def kill(self) -> None:
-        if self.dead:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-    def reap(self) -> int | None:
-        self.dead = True
-        try:
-            return self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def close(self) -> None:
-        self.reader.close_pending_fds()
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        with contextlib.suppress(BufferError, ValueError):
-            self.cur.close()
-
-
-def _error_value(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> bytes:
-    """A group of one pickled error description in the worker's format (pickling is safe;
-    the daemon never loads anything)."""
-    value = {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
-             "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
-    return pickle.dumps([value], protocol=5)
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (killed: out of memory?)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
+    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- the daemon
@@ -334,7 +224,9 @@ class PeerWorker:
         self.peer_id = new_peer_id()
         self.identity = Identity(self.peer_id, options.user[:256], options.host[:256])
         self.fair = FairShare(options.half_life_s, enabled=options.fair_share)
-        self.allocate = SharedBuffers()
+        self.pool = SharedBuffers()
+        total = machine_memory()  # once: reading it costs ~100 us, and it does not change
+        self.mem_total = min(total, options.memavail) if options.memavail is not None else total
         self.sel = selectors.DefaultSelector()
         self.peers: set[_Peer] = set()
         self.by_controller: dict[str, _Peer] = {}
@@ -342,7 +234,7 @@ class PeerWorker:
         self.reserved: dict[tuple[int, str], _Run] = {}  # (id(peer), task_id) -> accepted run
         self.queued: collections.deque[_Run] = collections.deque()  # TASK received, no child free
         self.running: dict[int, _Run] = {}  # seq -> run on a child
-        self.children: list[_Child] = []
+        self.children: list[ChildProcess] = []
         self.unacked: dict[str, dict[str, _Done]] = {}
         self.gone_since: dict[str, float] = {}
         self.stats: collections.Counter[str] = collections.Counter()
@@ -530,8 +422,9 @@ class PeerWorker:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(Role.RESPONDER, self.key, self.identity, allocate=self.allocate)
-            peer = _Peer(sock, addr[0], conn)
+            peer = _Peer(sock, addr[0])
+            peer.connect(Connection(Role.RESPONDER, self.key, self.identity,
+                                    allocate=self.pool.allocator(peer)))  # fmt: skip
             self.peers.add(peer)
             self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))
 
@@ -544,6 +437,8 @@ class PeerWorker:
                     self._on_event(peer, event)
                     if peer.closed:
                         return
+                if peer.pump.failed is not None:
+                    raise peer.pump.failed
             self._flush(peer)
         except Closed:
             self._close(peer, "")
@@ -586,6 +481,7 @@ class PeerWorker:
         self.held = [h for h in self.held if h.peer is not peer]
         for key in [k for k in self.reserved if k[0] == id(peer)]:
             del self.reserved[key]
+        self.pool.reclaim(peer)  # buffers of a frame that never became a task
         self._announce_due = True
         self._admit()
 
@@ -616,8 +512,11 @@ class PeerWorker:
             self._on_task(peer, msg, event.buffers)
         elif isinstance(msg, Ack):
             done = self.unacked.get(peer.controller, {})
-            if done.pop(msg.task_id, None) is not None and not done:
-                self.unacked.pop(peer.controller, None)
+            entry = done.pop(msg.task_id, None)
+            if entry is not None:
+                self._forget_done(entry)
+                if not done:
+                    self.unacked.pop(peer.controller, None)
         elif isinstance(msg, Cancel):
             self._on_cancel(peer, msg.task_id)
         elif isinstance(msg, Ping):
@@ -703,8 +602,12 @@ class PeerWorker:
             self._close(peer, f"malformed TASK: {exc}")
             return
         digest = str(info.get("fn") or "")
-        if nfn:
-            peer.fns[digest] = tuple(buffers[ntask:])
+        for buf in buffers[:ntask]:
+            self.pool.claim(buf, run)
+        if nfn:  # kept for later TASKs of this connection: as plain bytes, not pooled memory
+            peer.fns[digest] = tuple(bytes(b) if self.pool.fd_of(b) >= 0 else b for b in buffers[ntask:])
+            for buf in buffers[ntask:]:
+                self.pool.free(buf)
         elif digest and digest not in peer.fns:
             self._send(peer, Error("task", f"TASK {msg.task_id!r} names a function never sent"))
             self._close(peer, "TASK without its function")
@@ -728,6 +631,7 @@ class PeerWorker:
         for run in list(self.queued):
             if run.controller == peer.controller and run.task_id == task_id:
                 self.queued.remove(run)
+                self._free_buffers(run, None)
                 self._admit()
                 return
         for run in list(self.running.values()):
@@ -736,10 +640,10 @@ class PeerWorker:
                 return
 
     # -- children ----------------------------------------------------------------------
-    def _spawn_child(self) -> _Child:
+    def _spawn_child(self) -> ChildProcess:
         cap = os.memfd_create("elsewhere-child-output", os.MFD_CLOEXEC)
         try:
-            child = _Child(self.options.python, cap)
+            child = ChildProcess(self.options.python, cap)
         except OSError:
             os.close(cap)
             raise
@@ -752,6 +656,9 @@ class PeerWorker:
         """Start queued runs on idle children; start children as needed."""
         while self.queued:
             run = self.queued[0]
+            busy = sum(r.ask.cores for r in self.running.values())
+            if busy and busy + run.ask.cores > self.options.slots:
+                return  # over-admitted (an unused admission lost its slot): wait for one
             child = next((c for c in self.children if c.ready and c.run is None and not c.dead
                           and not (c.dirty and c.job_id != run.info["job"].get("id"))), None)  # fmt: skip
             if child is None:
@@ -769,14 +676,14 @@ class PeerWorker:
         if not spare and len(self.children) < self.options.slots:
             self._spawn_child()  # keep one warm for the next batch
 
-    def _start(self, run: _Run, child: _Child) -> None:
+    def _start(self, run: _Run, child: ChildProcess) -> None:
         now = time.monotonic()
         body: list[Any] = []
         fds: list[int] = []
         parts: list[list[int]] = []
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
         for buf in run.buffers + (run.fn_buffers if send_fn else ()):
-            fd = self.allocate.fd_of(buf)
+            fd = self.pool.fd_of(buf)
             if fd >= 0 and len(fds) < 250:
                 fds.append(fd)
                 parts.append([len(buf), 1])
@@ -799,7 +706,7 @@ class PeerWorker:
         self._announce_due = True
         self._flush_child(child)
 
-    def _flush_child(self, child: _Child) -> None:
+    def _flush_child(self, child: ChildProcess) -> None:
         try:
             done = child.flush()
         except OSError:
@@ -809,7 +716,7 @@ class PeerWorker:
             if self.sel.get_key(child.sock).events != events:
                 self.sel.modify(child.sock, events, ("child", child))
 
-    def _on_child(self, child: _Child) -> None:
+    def _on_child(self, child: ChildProcess) -> None:
         self._flush_child(child)
         try:
             messages, open_ = child.reader.read_available()
@@ -834,7 +741,7 @@ class PeerWorker:
         elif messages:
             self._dispatch()
 
-    def _on_results(self, child: _Child, header: dict[str, Any], body: memoryview,
+    def _on_results(self, child: ChildProcess, header: dict[str, Any], body: memoryview,
                     fds: list[int]) -> None:  # fmt: skip
         """A group of outcomes from a child: one pickled list of values, then the logs."""
         run = child.run
@@ -847,17 +754,25 @@ class PeerWorker:
             pickled = body[pos : pos + plen]
             pos += plen
             oob: list[Any] = []
-            for length, where in parts:
+            for part in parts:
+                length, where = int(part[0]), int(part[1])
                 if where == 0:
                     oob.append(body[pos : pos + length])
                     pos += length
-                else:
-                    fd = next(fd_iter)
-                    try:
-                        mm = mmap.mmap(fd, max(length, 1), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-                    finally:
-                        os.close(fd)
-                    oob.append(memoryview(mm)[:length])
+                    continue
+                fd = next(fd_iter)
+                try:
+                    if len(part) > 3:  # the child's warm memfd: mapped once, released after ACK
+                        lid, capacity = int(part[2]), int(part[3])
+                        mm = child.lease_map(lid, capacity, fd)
+                        if run is not None:
+                            run.leases.append((child, lid))
+                    else:
+                        mm = mmap.mmap(fd, max(length, 1), flags=mmap.MAP_SHARED | _POPULATE,
+                                       prot=mmap.PROT_READ)  # fmt: skip
+                finally:
+                    os.close(fd)
+                oob.append(memoryview(mm)[:length])
             if run is not None:
                 run.groups.append((pickled, oob))
                 group_no = len(run.groups) - 1
@@ -874,9 +789,10 @@ class PeerWorker:
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
             child.run = None
+            self._free_buffers(run, [int(i) for i in header.get("released", [])])
             self._complete(run)
 
-    def _child_died(self, child: _Child) -> None:
+    def _child_died(self, child: ChildProcess) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(child.sock)
         code = child.reap()
@@ -886,11 +802,13 @@ class PeerWorker:
         self.children.remove(child)
         if run is not None:
             self.stats["child_deaths"] += 1
+            self._free_buffers(run, None)  # its maps died with it
+            run.leases = [(c, i) for c, i in run.leases if c is not child]
             culprit, why = run.kill if run.kill is not None else (
-                Outcome.LOST, f"the process running it {_describe_exit(code)}")  # fmt: skip
+                Outcome.LOST, f"the process running it {describe_exit(code)}")  # fmt: skip
             tail = b""
             if culprit is not Outcome.REQUEUE:
-                tail = _read_capture(child.capture_fd, log_off)
+                tail = read_capture(child.capture_fd, log_off)
             self._fill_unfinished(run, idx, culprit, why, tail, since, child.pid)
             self._complete(run)
         with contextlib.suppress(OSError):
@@ -912,14 +830,14 @@ class PeerWorker:
             if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
                 kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
                 msg = f"task {index} {why}" if culprit is Outcome.LOST else why
-                run.groups.append((_error_value(kind, msg, host, index, seed0 + index, pid), []))
+                run.groups.append((error_value(kind, msg, host, index, seed0 + index, pid), []))
                 row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
                 run.outcomes[index] = (row, tail)
             else:
                 row = [index, attempt, int(Outcome.REQUEUE), -1, -1, t, t, 0, 0]
                 run.outcomes[index] = (row, b"")
 
-    def _retire(self, child: _Child) -> None:
+    def _retire(self, child: ChildProcess) -> None:
         child.send({"op": "exit"}, [], [])
         self._flush_child(child)
         child.kill()
@@ -954,14 +872,37 @@ class PeerWorker:
         buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
         for g in run.groups:
             buffers.extend(g[1])
-        self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now)
+        self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now, run.leases)
         peer = self.by_controller.get(run.controller)
         if peer is not None:
             self._send(peer, Result(run.task_id, info), buffers)
         self._after_batch()
 
+    def _free_buffers(self, run: _Run, released: list[int] | None) -> None:
+        """The run's large input buffers: back to the pool, unless its child keeps a map
+        (``released``: the positions the child unmapped; None: the child is gone)."""
+        for i, buf in enumerate(run.buffers):
+            if released is None or i in released:
+                self.pool.free(buf)
+            else:
+                self.pool.discard(buf)
+        run.buffers = ()
+
+    def _forget_done(self, done: _Done) -> None:
+        """A result was acknowledged (or expired): its children may reuse their memory."""
+        done.buffers = []
+        by_child: dict[ChildProcess, list[int]] = {}
+        for child, lid in done.leases:
+            if lid >= 0 and not child.dead:
+                by_child.setdefault(child, []).append(lid)
+        for child, ids in by_child.items():
+            child.send({"op": "release", "ids": ids}, [], [])
+            self._flush_child(child)
+        done.leases = []
+
     def _finish_unstarted(self, run: _Run) -> None:
         """Hand a batch that never reached a child back to its controller."""
+        self._free_buffers(run, None)
         self._fill_unfinished(run, -1, None, "", b"", 0.0, 0)
         self._complete(run)
 
@@ -1002,7 +943,7 @@ class PeerWorker:
         for controller, done in list(self.unacked.items()):
             for task_id, d in list(done.items()):
                 if now - d.finished > opts.keep_results_s:
-                    del done[task_id]
+                    self._forget_done(done.pop(task_id))
             if not done:
                 del self.unacked[controller]
         for run in list(self.running.values()):
@@ -1030,23 +971,25 @@ class PeerWorker:
             mem = run.ask.mem_bytes
             if mem > 0 and now - child.last_mem_check > _MEM_CHECK_S:
                 child.last_mem_check = now
-                rss = _tree_rss(child.pid)
+                rss = tree_rss(child.pid)
                 if rss - child.base_rss > mem * 1.1 + (16 << 20):
                     self._kill_run(run, Outcome.KILLED,
                                    f"task {idx} used {rss >> 20} MiB, more than the "
                                    f"{mem >> 20} MiB it was admitted with, and was stopped")  # fmt: skip
 
     def _free(self, now: float) -> tuple[int, int]:
-        used_slots = sum(r.ask.cores for r in self.reserved.values())
+        # An admission not used at once (a controller asked ahead) stops holding its slot:
+        # if its TASK comes later it waits for a free slot like any other.
+        fresh = [r for r in self.reserved.values() if now - r.accepted < _STALE_RESERVATION_S]
+        used_slots = sum(r.ask.cores for r in fresh)
         used_slots += sum(r.ask.cores for r in self.running.values())
         used_slots += sum(r.ask.cores for r in self.queued)
-        committed = sum(r.ask.mem_bytes for r in self.reserved.values())
+        committed = sum(r.ask.mem_bytes for r in fresh)
         committed += sum(r.ask.mem_bytes for r in [*self.running.values(), *self.queued])
         return self.options.slots - used_slots, self._mem_total() - committed
 
     def _mem_total(self) -> int:
-        total = machine_memory()
-        return min(total, self.options.memavail) if self.options.memavail is not None else total
+        return self.mem_total
 
     def _mem_offer(self) -> int:
         import psutil
@@ -1131,30 +1074,6 @@ class PeerWorker:
             s.close()
         self.sel.close()
         log.info("peer worker %s stopped after %d task(s)", self.peer_id[:8], self.tasks_done)
-
-
-def _read_capture(fd: int, offset: int, cap: int = 64 << 10) -> bytes:
-    """What a crashed task printed (its last ``cap`` bytes), from the child's output memfd."""
-    try:
-        end = os.fstat(fd).st_size
-        start = max(offset, end - cap)
-        return os.pread(fd, end - start, start) if end > start else b""
-    except OSError:
-        return b""
-
-
-def _tree_rss(pid: int) -> int:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        rss = p.memory_info().rss
-        for c in p.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                rss += c.memory_info().rss
-        return int(rss)
-    except psutil.Error:
-        return 0
 
 
 def _is_loopback(address: str) -> bool:

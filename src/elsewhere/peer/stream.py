@@ -24,14 +24,13 @@ import collections
 import mmap
 import os
 import socket
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
 from ..errors import PeerError, ProtocolError
 from .wire import Buffer, Connection, Event, OutgoingFrame
 
-__all__ = ["Closed", "ConnectionPump", "SharedBuffers", "check_open", "new_memfd"]
+__all__ = ["Closed", "ConnectionPump", "ReusableBuffers", "SharedBuffers", "check_open", "new_memfd"]
 
 _SMALL_READ = 64 << 10
 _MAX_PARTS = 256  # parts per sendmsg (IOV_MAX is 1024 on Linux)
@@ -56,6 +55,8 @@ class ConnectionPump:
         self._queued = 0
         self._rbuf = bytearray(_SMALL_READ)
         self._rview = memoryview(self._rbuf)
+        self.failed: PeerError | None = None
+        """Why the connection ended, once it has; raise it after handling the events."""
 
     def take_frames(self) -> None:
         """Queue what the connection wants sent (call after every ``send``)."""
@@ -113,32 +114,50 @@ class ConnectionPump:
 
         Raises :class:`Closed` at a clean end of stream, :class:`ProtocolError`
         for bad bytes or a stream cut inside a frame, :class:`OSError` for a reset.
+        When good frames came before the bad bytes, their events are returned
+        first and the error is kept in :attr:`failed` (the caller raises it).
         """
         conn = self.conn
         sock = self.sock
         events: list[Event] = []
         budget = _READ_BUDGET
-        while budget > 0:
-            want = conn.next_size()
-            try:
-                if want >= _SMALL_READ:
-                    n = sock.recv_into(conn.receive_buffer())
-                    if n:
-                        events += conn.received(n)
-                else:
-                    n = sock.recv_into(self._rbuf)
-                    if n:
-                        events += conn.feed(self._rview[:n])
-            except (BlockingIOError, InterruptedError):
-                return events
-            if not n:
-                events += conn.receive_eof()  # raises if a frame was cut
-                if events:
+        try:
+            while budget > 0 and self.failed is None:
+                want = conn.next_size()
+                try:
+                    if want >= _SMALL_READ:
+                        n = sock.recv_into(conn.receive_buffer())
+                        if n:
+                            events += conn.received(n)
+                    else:
+                        n = sock.recv_into(self._rbuf)
+                        if n:
+                            self._feed(n, events)
+                except (BlockingIOError, InterruptedError):
                     return events
-                raise Closed("the peer closed the connection")
-            self.bytes_received += n
-            budget -= n
+                if not n:
+                    events += conn.receive_eof()  # raises if a frame was cut
+                    self.failed = Closed("the peer closed the connection")
+                    break
+                self.bytes_received += n
+                budget -= n
+        except ProtocolError as exc:
+            self.failed = exc
+        if self.failed is not None and not events:
+            raise self.failed
         return events
+
+    def _feed(self, n: int, events: list[Event]) -> None:
+        """Feed ``n`` bytes of the read buffer part by part, so that the events of good
+        frames are kept when a later frame in the same read is bad."""
+        conn = self.conn
+        view = self._rview[:n]
+        while view:
+            target = conn.receive_buffer()
+            k = min(len(target), len(view))
+            target[:k] = view[:k]
+            events += conn.received(k)
+            view = view[k:]
 
 
 # ---------------------------------------------------------------- shared memory
@@ -157,53 +176,150 @@ def new_memfd(size: int, name: str = "elsewhere-peer") -> tuple[int, mmap.mmap]:
     return fd, mm
 
 
-class _MappedMemfd:
-    """Keeps a memfd open exactly as long as its map lives."""
+class _Mem:
+    """One memfd and a writable map of all of it."""
 
-    __slots__ = ("__weakref__", "fd")
+    __slots__ = ("capacity", "fd", "mm", "owner")
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, capacity: int) -> None:
+        self.fd, self.mm = new_memfd(capacity)
+        self.capacity = capacity
+        self.owner: object = None
 
     def close(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = -1
+        try:
+            self.mm.close()
+        except (BufferError, ValueError):
+            pass  # views still exist: the map goes when they do
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
 
 
 class SharedBuffers:
-    """A :data:`~.wire.Allocator`: small buffers are ``bytearray``; large ones memfd maps.
+    """Large receive buffers in shared memory (memfd), reused while warm.
 
-    :meth:`fd_of` returns the file descriptor behind a large buffer, so the
-    daemon can pass it to the child; the descriptor closes when the buffer is
-    garbage collected.
+    :meth:`allocator` gives a connection its :data:`~.wire.Allocator`: small
+    buffers are ``bytearray``; large ones are slices of pooled memfd maps, so
+    the daemon can hand them to its child by file descriptor (no copy), and
+    the next task of that size lands in memory whose pages are already there
+    (on a virtual machine a fresh page costs microseconds: 100 MB of fresh
+    pages cost more than moving the bytes).
+
+    Every large buffer has an *owner* (the connection that received it, then
+    the run that uses it) and goes back to the pool only by :meth:`free` or
+    :meth:`reclaim`: the pool never reuses memory that something may still use.
     """
 
-    def __init__(self, threshold: int = 1 << 20) -> None:
+    def __init__(self, threshold: int = 1 << 20, keep_bytes: int = 1 << 30, keep: int = 8) -> None:
         self.threshold = threshold
-        self._holders: weakref.WeakValueDictionary[int, _MappedMemfd] = (
-            weakref.WeakValueDictionary()
-        )
+        self.keep_bytes = keep_bytes
+        self.keep = keep
+        self._free: list[_Mem] = []
+        self._used: dict[int, _Mem] = {}  # id(mm) -> mem
+
+    def allocator(self, owner: object) -> Any:
+        """An allocator for one connection; its large buffers belong to ``owner``."""
+
+        def allocate(size: int) -> Buffer:
+            if size < self.threshold:
+                return bytearray(size)
+            return self._take(size, owner)
+
+        return allocate
+
+    def _take(self, size: int, owner: object) -> memoryview:
+        fits = [m for m in self._free if size <= m.capacity <= 2 * size]
+        if fits:
+            mem = min(fits, key=lambda m: m.capacity)
+            self._free.remove(mem)
+        else:
+            mem = _Mem(-(-size // (1 << 20)) << 20)
+        mem.owner = owner
+        self._used[id(mem.mm)] = mem
+        return memoryview(mem.mm)[:size]
+
+    def _mem(self, buffer: Any) -> _Mem | None:
+        obj = buffer.obj if isinstance(buffer, memoryview) else buffer
+        return self._used.get(id(obj)) if isinstance(obj, mmap.mmap) else None
+
+    def fd_of(self, buffer: Any) -> int:
+        """The memfd behind a large buffer of this pool, or -1 for an ordinary buffer."""
+        mem = self._mem(buffer)
+        return mem.fd if mem is not None else -1
+
+    def claim(self, buffer: Any, owner: object) -> None:
+        """Give a large buffer a new owner (a connection hands it to a run)."""
+        mem = self._mem(buffer)
+        if mem is not None:
+            mem.owner = owner
+
+    def free(self, buffer: Any) -> None:
+        """Nothing uses this buffer any more (nor its memfd in another process): reuse it."""
+        mem = self._mem(buffer)
+        if mem is not None:
+            self._release(mem)
+
+    def discard(self, buffer: Any) -> None:
+        """Never reuse this buffer (another process keeps a map of it); close our side."""
+        mem = self._mem(buffer)
+        if mem is not None:
+            self._used.pop(id(mem.mm), None)
+            mem.close()
+
+    def reclaim(self, owner: object) -> int:
+        """Free every large buffer ``owner`` still has; returns how many."""
+        mine = [m for m in self._used.values() if m.owner is owner]
+        for mem in mine:
+            self._release(mem)
+        return len(mine)
+
+    def _release(self, mem: _Mem) -> None:
+        self._used.pop(id(mem.mm), None)
+        mem.owner = None
+        kept = sum(m.capacity for m in self._free)
+        if len(self._free) < self.keep and kept + mem.capacity <= self.keep_bytes:
+            self._free.append(mem)
+        else:
+            mem.close()
+
+    def close(self) -> None:
+        """Close the pooled memory (buffers in use are left to their owners)."""
+        for mem in self._free:
+            mem.close()
+        self._free.clear()
+
+
+class ReusableBuffers:
+    """An :data:`~.wire.Allocator` of large ``bytearray`` buffers, reused once freed
+    (a controller frees a RESULT's buffers once it has written them to the job folder)."""
+
+    def __init__(self, threshold: int = 1 << 20, keep_bytes: int = 512 << 20, keep: int = 8) -> None:
+        self.threshold = threshold
+        self.keep_bytes = keep_bytes
+        self.keep = keep
+        self._free: list[bytearray] = []
 
     def __call__(self, size: int) -> Buffer:
         if size < self.threshold:
             return bytearray(size)
-        fd, mm = new_memfd(size)
-        holder = _MappedMemfd(fd)
-        weakref.finalize(mm, holder.close)  # the finalizer keeps the holder alive
-        self._holders[id(mm)] = holder
-        return memoryview(mm)[:size]
+        fits = [b for b in self._free if size <= len(b) <= 2 * size]
+        if fits:
+            buf = min(fits, key=len)
+            self._free.remove(buf)
+            return memoryview(buf)[:size]
+        return memoryview(bytearray(-(-size // (1 << 20)) << 20))[:size]
 
-    def fd_of(self, buffer: Any) -> int:
-        """The memfd behind a buffer this allocator made, or -1 for an ordinary one."""
-        obj = buffer.obj if isinstance(buffer, memoryview) else buffer
-        if not isinstance(obj, mmap.mmap):
-            return -1
-        holder = self._holders.get(id(obj))
-        return holder.fd if holder is not None else -1
+    def free(self, buffer: Any) -> None:
+        """The caller is done with ``buffer`` (from this allocator): keep it for the next one."""
+        obj = buffer.obj if isinstance(buffer, memoryview) else None
+        if not isinstance(obj, bytearray) or len(obj) < self.threshold:
+            return
+        if any(b is obj for b in self._free):
+            return
+        if len(self._free) < self.keep and sum(map(len, self._free)) + len(obj) <= self.keep_bytes:
+            self._free.append(obj)
 
 
 def check_open(sock: socket.socket) -> None:

@@ -1,0 +1,642 @@
+"""The peer network against dask.distributed and ipyparallel, side by side, on loopback.
+
+    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes]
+
+Two ``elsewhere peer worker`` daemons (one slot each, a fresh group key, on
+127.0.0.1) are started once and stay warm; every measurement runs in a fresh
+interpreter (``_common.run_child``), rounds interleaved, median reported.
+The alternatives get the same two workers: dask.distributed
+``LocalCluster(n_workers=2, processes=True, threads_per_worker=1)`` and
+ipyparallel ``Cluster(n=2)`` (a controller and two engines), started in the
+child and warmed up before their clock starts.
+
+1. ``rt``: the round trip of one tiny task on warm workers (median of 200):
+   ``ew.Executor(on=ew.peers()).submit(noop, i).result()`` (every result
+   durable in the job folder before the worker is acknowledged), and the peer
+   wire alone (ASK, ACCEPT, TASK, RESULT between a bare controller and the
+   daemon, the child running the task); dask ``client.submit(...).result()``;
+   ipyparallel ``view.apply_sync``. Target: the peer round trip <= 0.5 ms.
+2. ``tput``: 10 000 no-op tasks through ``ew.map(on=ew.peers())`` (discovery
+   included) against dask ``client.gather(client.map(...))`` and ipyparallel
+   ``load_balanced_view().map_sync``. Target: >= 30x dask's throughput.
+3. ``big``: a task that gets a 100 MB NumPy array and returns it (100 MB each
+   way), against a bare TCP socket between two Python processes on loopback
+   that echoes the same 100 MB, with and without a GMAC over every byte (the
+   authentication the peer wire does). Measured at the wire (a bare controller
+   on the daemon: what the network part costs) and through ``ew.Executor``
+   (adds the job folder: the payload written and read back, the result written,
+   fsynced and read back). Target: >= 0.7x the authenticated bare socket.
+4. ``bytes``: bytes on the wire per task against the payload, for 50 tasks
+   that each get and return a 1 MB array, and for 10 000 no-op tasks.
+
+"ratio" is the alternative's time over elsewhere's: above 1, elsewhere is faster.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+pc = time.perf_counter
+
+
+# -- task functions (imported by workers as peer.<name>, by reference or by value) ----------
+
+
+def noop(x):
+    return x
+
+
+def ident(a):
+    return a
+
+
+def arr_sum(a):
+    return float(a.sum())
+
+
+def ones_mb(a):
+    import numpy as np
+
+    return np.ones(a.nbytes // 8)
+
+
+# -- measurements (each in a fresh child process) --------------------------------------------
+
+
+def _peers(port: int, key: str):
+    from elsewhere.clusters.peer import peers
+
+    return peers("bench", key=key, port=port, interface="127.0.0.1")
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def m_ew_rt(port: int, key: str, n: int = 200) -> dict:
+    import elsewhere as ew
+
+    with ew.Executor(on=_peers(port, key)) as ex:
+        for i in range(30):
+            ex.submit(noop, i).result()
+        ts = []
+        for i in range(n):
+            t0 = pc()
+            ex.submit(noop, i).result()
+            ts.append(pc() - t0)
+    return {"t": _median(ts), "min": min(ts)}
+
+
+class WireClient:
+    """A bare controller: the wire protocol on a blocking socket, no job folder."""
+
+    def __init__(self, port: int, key_path: str) -> None:
+        import socket
+
+        from elsewhere.peer.announce import new_peer_id
+        from elsewhere.peer.keys import load_key
+        from elsewhere.peer.stream import ReusableBuffers
+        from elsewhere.peer.wire import Connection, HandshakeComplete, Identity, Limits, Role
+
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffers = ReusableBuffers()  # warm receive buffers, as the controller keeps
+        self.conn = Connection(Role.INITIATOR, load_key(key_path), Identity(new_peer_id(), "b", "b"),
+                               limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers)
+        self.events: list = []
+        self.n = 0
+        self.sent_fns: set[str] = set()
+        self._send_pending()
+        self.wait(HandshakeComplete)
+
+    def _send_pending(self) -> None:
+        for frame in self.conn.data_to_send():
+            parts = frame.parts()
+            while parts:
+                sent = self.sock.sendmsg(parts[:512])
+                while sent:
+                    if sent >= len(parts[0]):
+                        sent -= len(parts[0])
+                        parts.pop(0)
+                    else:
+                        parts[0] = parts[0][sent:]
+                        sent = 0
+
+    def wait(self, kind):
+        from elsewhere.peer.wire import Received
+
+        while True:
+            for i, ev in enumerate(self.events):
+                if isinstance(ev.message if isinstance(ev, Received) else ev, kind):
+                    return self.events.pop(i)
+            if self.conn.next_size() >= 65536:
+                n = self.sock.recv_into(self.conn.receive_buffer())
+                self.events += self.conn.received(n)
+            else:
+                self.events += self.conn.feed(self.sock.recv(65536))
+            self._send_pending()
+
+    def run(self, fn, arg):
+        """One task through ASK, ACCEPT, TASK, RESULT (and ACK); returns the RESULT event."""
+        import cloudpickle
+
+        from elsewhere import serial
+        from elsewhere.peer.wire import Accept, Ack, Ask, Result, Task
+
+        self.n += 1
+        tid = f"t{self.n}"
+        self.conn.send(Ask(tid))
+        self._send_pending()
+        self.wait(Accept)
+        data, oob = serial.dumps([(None, (arg,), {})])
+        buffers = [data, *oob]
+        info = {"job": {"id": "bench", "name": "bench", "seed": None}, "items": [[0, 0]],
+                "ntask": len(buffers), "nfn": 0, "fn": fn.__name__}
+        if fn.__name__ not in self.sent_fns:
+            module = sys.modules[fn.__module__]
+            cloudpickle.register_pickle_by_value(module)  # the daemon's child cannot import bench/
+            try:
+                buffers.append(cloudpickle.dumps((fn, None)))
+            finally:
+                cloudpickle.unregister_pickle_by_value(module)
+            info["nfn"] = 1
+            self.sent_fns.add(fn.__name__)
+        self.conn.send(Task(tid, info), buffers)
+        self._send_pending()
+        ev = self.wait(Result)
+        self.conn.send(Ack(tid))
+        self._send_pending()
+        return ev
+
+
+def m_wire_rt(port: int, key: str, n: int = 500) -> dict:
+    c = WireClient(port, key)
+    for i in range(50):
+        c.run(noop, i)
+    ts = []
+    for i in range(n):
+        t0 = pc()
+        c.run(noop, i)
+        ts.append(pc() - t0)
+    return {"t": _median(ts), "min": min(ts)}
+
+
+def m_ew_tput(port: int, key: str, n: int) -> dict:
+    import elsewhere as ew
+
+    ew.map(noop, range(100), on=_peers(port, key))  # the daemons' children are warm anyway
+    t0 = pc()
+    vals = ew.map(noop, range(n), on=_peers(port, key))
+    t = pc() - t0
+    assert vals[-1] == n - 1
+    return {"t": t}
+
+
+def m_ew_big(port: int, key: str, mb: int) -> dict:
+    import numpy as np
+
+    import elsewhere as ew
+
+    a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
+    out = {}
+    with ew.Executor(on=_peers(port, key)) as ex:
+        ex.submit(noop, 1).result()
+        t0 = pc()
+        b = ex.submit(ident, a).result()
+        out["echo"] = pc() - t0
+        assert b.shape == a.shape and b[7] == a[7]
+        del b
+        t0 = pc()
+        s = ex.submit(arr_sum, a).result()
+        out["arg"] = pc() - t0
+        assert abs(s - float(a.sum())) < 1e-6 * abs(s)
+    return out
+
+
+def m_wire_big(port: int, key: str, mb: int) -> dict:
+    import pickle
+
+    import numpy as np
+
+    a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
+    c = WireClient(port, key)
+    c.run(noop, 1)
+    out = {}
+    ts = []
+    for _ in range(3):
+        t0 = pc()
+        ev = c.run(ident, a)
+        info, bufs = ev.message.info, ev.buffers
+        plen = info["groups"][0][0]
+        b = pickle.loads(bytes(bufs[0][:plen]), buffers=bufs[2:])[0]
+        ts.append(pc() - t0)
+        assert b.shape == a.shape and b[7] == a[7]
+        del b
+        for buf in bufs:
+            c.buffers.free(buf)
+        del ev, bufs
+    out["echo"] = min(ts)
+    ts = []
+    for _ in range(3):
+        t0 = pc()
+        c.run(arr_sum, a)
+        ts.append(pc() - t0)
+    out["arg"] = min(ts)
+    return out
+
+
+def m_ew_bytes(port: int, key: str) -> dict:
+    import numpy as np
+
+    import elsewhere as ew
+
+    cl = _peers(port, key)
+    a = [np.full((1 << 20) // 8, float(i)) for i in range(50)]
+    job = ew.submit(ident, a, on=cl)
+    job.wait(timeout=120, progress=False)
+    c = cl.counters(job)
+    vals = job.results()
+    assert all(v[0] == i for i, v in enumerate(vals))
+    job.purge()
+    job2 = ew.submit(noop, range(10_000), on=cl)
+    job2.wait(timeout=120, progress=False)
+    c2 = cl.counters(job2)
+    job2.purge()
+    return {"big": c, "tiny": c2, "n_big": 50, "arg_bytes": a[0].nbytes, "n_tiny": 10_000}
+
+
+def _dask():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster)
+    client.gather(client.map(noop, range(100)))
+    return cluster, client
+
+
+def m_dask_rt(n: int = 200) -> dict:
+    cluster, client = _dask()
+    try:
+        ts = []
+        for i in range(n):
+            t0 = pc()
+            client.submit(noop, i, pure=False).result()
+            ts.append(pc() - t0)
+        return {"t": _median(ts), "min": min(ts)}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def m_dask_tput(n: int) -> dict:
+    cluster, client = _dask()
+    try:
+        t0 = pc()
+        vals = client.gather(client.map(noop, range(n), pure=False))
+        t = pc() - t0
+        assert vals[-1] == n - 1
+        return {"t": t}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def m_dask_big(mb: int) -> dict:
+    import numpy as np
+
+    a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
+    cluster, client = _dask()
+    try:
+        t0 = pc()
+        b = client.submit(ident, a, pure=False).result()
+        t = pc() - t0
+        assert b.shape == a.shape
+        return {"echo": t}
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _ipp():
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(n=2, log_level=40)
+    rc = cluster.start_and_connect_sync(activate=False)
+    rc.wait_for_engines(2, timeout=60)
+    view = rc.load_balanced_view()
+    view.map_sync(noop, range(100))
+    return cluster, rc, view
+
+
+def m_ipp_rt(n: int = 200) -> dict:
+    cluster, rc, view = _ipp()
+    try:
+        ts = []
+        for i in range(n):
+            t0 = pc()
+            view.apply_sync(noop, i)
+            ts.append(pc() - t0)
+        return {"t": _median(ts), "min": min(ts)}
+    finally:
+        rc.close()
+        cluster.stop_cluster_sync()
+
+
+def m_ipp_tput(n: int) -> dict:
+    cluster, rc, view = _ipp()
+    try:
+        t0 = pc()
+        vals = view.map_sync(noop, range(n))
+        t = pc() - t0
+        assert vals[-1] == n - 1
+        return {"t": t}
+    finally:
+        rc.close()
+        cluster.stop_cluster_sync()
+
+
+def m_ipp_big(mb: int) -> dict:
+    import numpy as np
+
+    a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
+    cluster, rc, view = _ipp()
+    try:
+        t0 = pc()
+        b = view.apply_sync(ident, a)
+        t = pc() - t0
+        assert b.shape == a.shape
+        return {"echo": t}
+    finally:
+        rc.close()
+        cluster.stop_cluster_sync()
+
+
+def _bare_peer(port: int, nbytes: int, mac: bool) -> None:
+    """The other process of the bare-socket echo: receive ``nbytes``, send them back."""
+    import socket
+
+    s = socket.create_connection(("127.0.0.1", port))
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    for _ in range(4):
+        pos = 0
+        gmac = _gmac() if mac else None
+        while pos < nbytes:
+            n = s.recv_into(view[pos : pos + (1 << 20)])
+            if gmac is not None:
+                gmac.authenticate_additional_data(view[pos : pos + n])
+            pos += n
+        if gmac is not None:
+            gmac.finalize()
+        _send(s, view, mac)
+    s.close()
+
+
+def _gmac():
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    return Cipher(algorithms.AES(b"k" * 32), modes.GCM(b"n" * 12)).encryptor()
+
+
+def _send(s, view, mac: bool) -> None:
+    gmac = _gmac() if mac else None
+    for start in range(0, len(view), 1 << 20):
+        piece = view[start : start + (1 << 20)]
+        if gmac is not None:
+            gmac.authenticate_additional_data(piece)
+        s.sendall(piece)
+    if gmac is not None:
+        gmac.finalize()
+
+
+def m_bare(mb: int, mac: bool) -> dict:
+    """A 100 MB echo over a bare loopback TCP socket between two Python processes."""
+    import multiprocessing
+    import socket
+
+    import numpy as np
+
+    nbytes = mb << 20
+    a = np.random.default_rng(1).random(nbytes // 8)
+    src = memoryview(a).cast("B")
+    back = bytearray(nbytes)
+    bview = memoryview(back)
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    proc = multiprocessing.get_context("spawn").Process(target=_bare_peer,
+                                                          args=(lsock.getsockname()[1], nbytes, mac))
+    proc.start()
+    s, _ = lsock.accept()
+    ts = []
+    for _ in range(4):
+        t0 = pc()
+        _send(s, src, mac)
+        pos = 0
+        gmac = _gmac() if mac else None
+        while pos < nbytes:
+            n = s.recv_into(bview[pos : pos + (1 << 20)])
+            if gmac is not None:
+                gmac.authenticate_additional_data(bview[pos : pos + n])
+            pos += n
+        if gmac is not None:
+            gmac.finalize()
+        ts.append(pc() - t0)
+    proc.join(30)
+    s.close()
+    lsock.close()
+    return {"echo": min(ts[1:])}
+
+
+CHILDREN = {
+    "ew_rt": m_ew_rt, "wire_rt": m_wire_rt, "ew_tput": m_ew_tput, "ew_big": m_ew_big,
+    "wire_big": m_wire_big, "ew_bytes": m_ew_bytes, "dask_rt": m_dask_rt,
+    "dask_tput": m_dask_tput, "dask_big": m_dask_big, "ipp_rt": m_ipp_rt,
+    "ipp_tput": m_ipp_tput, "ipp_big": m_ipp_big, "bare": m_bare,
+}
+
+
+# -- the parent: daemons, rounds, tables --------------------------------------------------------
+
+
+def start_workers(tmp: str, n: int = 2):
+    """``n`` warm worker daemons on loopback with a fresh key: (procs, discovery port, key)."""
+    import json
+    import socket
+    import subprocess
+
+    from _common import venv_python
+
+    from elsewhere.peer.keys import write_key
+
+    key = str(write_key("bench", os.path.join(tmp, "bench.key")))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+        u.bind(("127.0.0.1", 0))
+        port = u.getsockname()[1]
+    procs = []
+    for i in range(n):
+        stats = os.path.join(tmp, f"w{i}.json")
+        procs.append((subprocess.Popen(
+            [venv_python(), "-m", "elsewhere.peer.cli", "peer", "worker", "--key", key,
+             "--port", str(port), "--interface", "127.0.0.1", "--slots", "1",
+             "--log-level", "warning", "--stats-file", stats],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True), stats))
+    deadline = time.monotonic() + 30
+    ports = []
+    for _p, stats in procs:
+        while True:
+            try:
+                with open(stats) as f:
+                    ports.append(json.load(f)["port"])
+                break
+            except (OSError, ValueError, KeyError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the peer workers did not start") from None
+                time.sleep(0.05)
+    return [p for p, _ in procs], port, key, ports
+
+
+def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str) -> tuple[dict, float]:
+    from _common import ChildFailed, have, run_child
+
+    script = os.path.abspath(__file__)
+    procs, port, key, tcp_ports = start_workers(tmp)
+    got: dict[str, list] = {}
+    n = 10_000
+    mb = 100
+    plan: list[tuple[str, str, dict, bool]] = []
+    want = only or {"rt", "tput", "big", "bytes"}
+    dask, ipp = have("distributed"), have("ipyparallel")
+    if "rt" in want:
+        plan += [("rt", "ew_rt", {"port": port, "key": key}, True),
+                 ("rt", "wire_rt", {"port": tcp_ports[0], "key": key}, False)]
+        plan += [("rt", "dask_rt", {}, False)] if dask else []
+        plan += [("rt", "ipp_rt", {}, False)] if ipp and not quick else []
+    if "tput" in want:
+        plan += [("tput", "ew_tput", {"port": port, "key": key, "n": n}, True)]
+        plan += [("tput", "dask_tput", {"n": n}, False)] if dask else []
+        plan += [("tput", "ipp_tput", {"n": n}, False)] if ipp and not quick else []
+    if "big" in want:
+        plan += [("big", "wire_big", {"port": tcp_ports[0], "key": key, "mb": mb}, False),
+                 ("big", "ew_big", {"port": port, "key": key, "mb": mb}, True),
+                 ("big", "bare", {"mb": mb, "mac": False}, False),
+                 ("big", "bare_mac", {"mb": mb, "mac": True}, False)]
+        plan += [("big", "dask_big", {"mb": mb}, False)] if dask and not quick else []
+        plan += [("big", "ipp_big", {"mb": mb}, False)] if ipp and not quick else []
+    if "bytes" in want:
+        plan += [("bytes", "ew_bytes", {"port": port, "key": key}, True)]
+    t0 = time.monotonic()
+    try:
+        for r in range(rounds):
+            for group, name, params, home in plan:
+                if group == "bytes" and r > 0:
+                    continue
+                child = "bare" if name == "bare_mac" else name
+                print(f"  round {r + 1}: {name} ...", file=sys.stderr, flush=True)
+                try:
+                    res = run_child(script, child, params, home=home, timeout_s=300)
+                except ChildFailed as exc:
+                    print(f"  {name} failed: {exc}", file=sys.stderr)
+                    res = None
+                got.setdefault(name, []).append(res)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except Exception:
+                p.kill()
+    return got, time.monotonic() - t0
+
+
+def report(got: dict) -> str:
+    from _common import fmt_rate, fmt_time, median, table, verdict
+
+    def med(name: str, field: str = "t") -> float:
+        return median(r[field] for r in got.get(name, []) if r is not None)
+
+    rows = []
+    ew_rt, wire_rt, dask_rt, ipp_rt = med("ew_rt"), med("wire_rt"), med("dask_rt"), med("ipp_rt")
+    rows.append(["rt", "ew.Executor submit().result() (durable)", fmt_time(ew_rt), "", "", ""])
+    rows.append(["rt", "peer wire: ASK/ACCEPT/TASK/RESULT", fmt_time(wire_rt), "", "<= 0.5 ms",
+                 "PASS" if wire_rt <= 0.5e-3 else "FAIL"])
+    rows.append(["rt", "dask client.submit().result()", fmt_time(dask_rt),
+                 f"{dask_rt / ew_rt:.1f}x", "", "info"])
+    rows.append(["rt", "ipyparallel apply_sync", fmt_time(ipp_rt), f"{ipp_rt / ew_rt:.1f}x", "", "info"])
+    ew_t, dask_t, ipp_t = med("ew_tput"), med("dask_tput"), med("ipp_tput")
+    n = 10_000
+    rows.append(["tput", f"ew.map, {n} no-op tasks ({fmt_rate(n / ew_t)})", fmt_time(ew_t), "", "", ""])
+    r = dask_t / ew_t
+    rows.append(["tput", f"dask client.map + gather ({fmt_rate(n / dask_t)})", fmt_time(dask_t),
+                 f"{r:.1f}x", ">= 30x", verdict(r, 30)])
+    rows.append(["tput", f"ipyparallel map_sync ({fmt_rate(n / ipp_t)})", fmt_time(ipp_t),
+                 f"{ipp_t / ew_t:.1f}x", "", "info"])
+    bare, bare_mac = med("bare", "echo"), med("bare_mac", "echo")
+    wire_echo, ew_echo = med("wire_big", "echo"), med("ew_big", "echo")
+    rows.append(["big", "bare TCP echo of 100 MB", fmt_time(bare), "", "", ""])
+    rows.append(["big", "bare TCP echo of 100 MB + GMAC", fmt_time(bare_mac), "", "", ""])
+    r = bare_mac / wire_echo
+    rows.append(["big", "peer wire: 100 MB argument, 100 MB result", fmt_time(wire_echo),
+                 f"{r:.2f}x", ">= 0.7x", verdict(r, 0.7)])
+    r = bare_mac / ew_echo
+    rows.append(["big", "ew.Executor: the same, durable job folder", fmt_time(ew_echo),
+                 f"{r:.2f}x", ">= 0.7x", verdict(r, 0.7)])
+    rows.append(["big", "peer wire: 100 MB argument only (sum)", fmt_time(med("wire_big", "arg")),
+                 "", "", "info"])
+    rows.append(["big", "ew.Executor: argument only (sum)", fmt_time(med("ew_big", "arg")), "", "", "info"])
+    for name, label in (("dask_big", "dask submit(ident, a)"), ("ipp_big", "ipyparallel apply_sync(ident, a)")):
+        t = med(name, "echo")
+        rows.append(["big", label, fmt_time(t), f"{t / ew_echo:.1f}x", "", "info"])
+    b = next((x for x in got.get("ew_bytes", []) if x), None)
+    if b is not None:
+        big, tiny = b["big"], b["tiny"]
+        payload = b["n_big"] * b["arg_bytes"]
+        rows.append(["bytes", "1 MB in, 1 MB out: wire bytes sent / argument bytes",
+                     f"{big.get('bytes_sent', 0) / payload:.3f}", "", "~1", "info"])
+        rows.append(["bytes", "1 MB in, 1 MB out: wire bytes received / result bytes",
+                     f"{big.get('bytes_received', 0) / payload:.3f}", "", "~1", "info"])
+        rows.append(["bytes", "no-op tasks: wire bytes per task, both ways",
+                     f"{(tiny.get('bytes_sent', 0) + tiny.get('bytes_received', 0)) / b['n_tiny']:.0f} B",
+                     "", "", "info"])
+    return table(["group", "measurement", "elsewhere / figure", "ratio", "target", "verdict"], rows)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import tempfile
+
+    if argv[:1] == ["--child"]:
+        from _common import child_main
+
+        import peer
+
+        child_main(peer.CHILDREN, argv[1:])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="one round, fewer alternatives")
+    p.add_argument("--only", default="", help="comma-separated groups: rt,tput,big,bytes")
+    args = p.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    only = {s for s in args.only.split(",") if s} or None
+    import platform
+
+    print(f"# bench/peer.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}, {rounds} round(s), load {os.getloadavg()[0]:.2f} at start",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="ewpeerbench-") as tmp:
+        got, took = collect(rounds, args.quick, only, tmp)
+    print(f"\nMedian of {rounds} round(s), each in a fresh process; {took:.0f} s in all, "
+          f"load {os.getloadavg()[0]:.2f} at end:\n")
+    print(report(got))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(main(sys.argv[1:]))

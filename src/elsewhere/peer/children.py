@@ -1,0 +1,184 @@
+"""The daemon's side of its task-running children: start, talk to, watch, replace.
+
+A :class:`ChildProcess` is one ``python -m elsewhere.peer.child`` process as
+the worker daemon sees it: its Unix socket (with an outbox for non-blocking
+sends, file descriptors included), the shared map where the child says which
+task it runs, the memfd its output goes to, and the maps of its warm result
+memfds. The message format is in ``child.py``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import mmap
+import os
+import pickle
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import child as childproto
+from .child import CUR, MessageReader
+from .stream import new_memfd
+
+if TYPE_CHECKING:
+    from .daemon import _Run
+
+__all__ = ["ChildProcess", "describe_exit", "error_value", "read_capture", "tree_rss"]
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+class ChildProcess:
+    """A task-running child process, as the daemon sees it."""
+
+    def __init__(self, python: str, capture_fd: int) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        cur_fd, self.cur = new_memfd(CUR.size, "elsewhere-cur")
+        CUR.pack_into(self.cur, 0, -1, 0.0, 0)
+        self.capture_fd = capture_fd
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            self.popen = subprocess.Popen(
+                [python, "-m", "elsewhere.peer.child", str(theirs.fileno()), str(cur_fd)],
+                pass_fds=(theirs.fileno(), cur_fd), stdin=subprocess.DEVNULL,
+                stdout=capture_fd, stderr=capture_fd, env=env, start_new_session=True,
+                cwd="/",
+            )  # fmt: skip
+        finally:
+            theirs.close()
+            os.close(cur_fd)
+        ours.setblocking(False)
+        self.sock = ours
+        self.reader = MessageReader(ours)
+        self.out: collections.deque[tuple[collections.deque[memoryview], list[int]]] = (
+            collections.deque()
+        )
+        self.pid = self.popen.pid
+        self.ready = False
+        self.base_rss = 0
+        self.run: _Run | None = None
+        self.fns: set[str] = set()
+        self.job_id: str | None = None
+        self.dirty = False
+        self.dead = False
+        self.last_mem_check = 0.0
+        self.maps: dict[int, mmap.mmap] = {}
+
+    def send(self, header: dict[str, Any], body: list[Any], fds: list[int]) -> None:
+        parts = childproto.pack_message(header, body, len(fds))
+        self.out.append((collections.deque(memoryview(p).cast("B") for p in parts if len(p)), fds))
+
+    def flush(self) -> bool:
+        """Send what the socket takes; True when all is sent."""
+        import array
+
+        while self.out:
+            parts, fds = self.out[0]
+            if not parts:
+                self.out.popleft()
+                continue
+            anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            try:
+                n = self.sock.sendmsg(list(parts)[:256], anc)
+            except (BlockingIOError, InterruptedError):
+                return False
+            if fds:
+                self.out[0] = (parts, [])
+            while n:
+                if n >= len(parts[0]):
+                    n -= len(parts[0])
+                    parts.popleft()
+                else:
+                    parts[0] = parts[0][n:]
+                    n = 0
+        return True
+
+    def lease_map(self, lid: int, capacity: int, fd: int) -> mmap.mmap:
+        """The daemon's (read-only, populated) map of the child's result memfd ``lid``:
+        kept while the child reuses that memfd, so its pages are mapped only once."""
+        cached = self.maps.get(lid)
+        if cached is not None and len(cached) == capacity:
+            return cached
+        mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        self.maps[lid] = mm
+        while len(self.maps) > 8:  # the child keeps a few; older ones it has closed
+            self.maps.pop(next(iter(self.maps)))
+        return mm
+
+    def current(self) -> tuple[int, float, int]:
+        """(task running now or -1, since, its output offset), from the shared map."""
+        idx, since, off = CUR.unpack_from(self.cur, 0)
+        return int(idx), float(since), int(off)
+
+    def kill(self) -> None:
+        if self.dead:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def reap(self) -> int | None:
+        self.dead = True
+        try:
+            return self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        self.reader.close_pending_fds()
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(BufferError, ValueError):
+            self.cur.close()
+
+
+def error_value(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> bytes:
+    """A group of one pickled error description in the worker's format (pickling is safe;
+    the daemon never loads anything)."""
+    value = {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
+             "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
+    return pickle.dumps([value], protocol=5)
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (killed: out of memory?)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def read_capture(fd: int, offset: int, cap: int = 64 << 10) -> bytes:
+    """What a crashed task printed (its last ``cap`` bytes), from the child's output memfd."""
+    try:
+        end = os.fstat(fd).st_size
+        start = max(offset, end - cap)
+        return os.pread(fd, end - start, start) if end > start else b""
+    except OSError:
+        return b""
+
+
+def tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        rss = p.memory_info().rss
+        for c in p.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                rss += c.memory_info().rss
+        return int(rss)
+    except psutil.Error:
+        return 0

@@ -1,0 +1,447 @@
+"""The worker daemon, spoken to over its wire protocol by a hand-driven controller.
+
+Each test starts real ``elsewhere peer worker`` processes and talks to them
+with a :class:`Connection` on a plain socket: admission and its reasons,
+held requests, results kept until acknowledged, cancel, drain and hand-back,
+the limits a worker offers, and the command line around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pickle
+import signal
+import socket
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+from peer_procs import WorkerProc, free_port
+
+from elsewhere.errors import ConfigError, ProtocolError
+from elsewhere.peer.announce import new_peer_id
+from elsewhere.peer.child import Outcome
+from elsewhere.peer.keys import GroupKey, load_key, write_key
+from elsewhere.peer.units import format_duration, format_size, parse_duration, parse_size
+from elsewhere.peer.wire import (
+    Accept,
+    Ack,
+    Ask,
+    Cancel,
+    Connection,
+    HandshakeComplete,
+    Identity,
+    Ping,
+    Pong,
+    Received,
+    Refuse,
+    RefuseReason,
+    Result,
+    Role,
+    Task,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+# ---------------------------------------------------------------- a hand-driven controller
+
+
+class Client:
+    """A controller reduced to its wire protocol, on a blocking socket."""
+
+    def __init__(self, port: int, key: GroupKey | None, *, peer_id: str | None = None,
+                 user: str = "tester") -> None:  # fmt: skip
+        self.peer_id = peer_id or new_peer_id()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.conn = Connection(Role.INITIATOR, key, Identity(self.peer_id, user, "testhost"))
+        self.pending: list[Any] = []
+        self.flush()
+        self.next(HandshakeComplete)
+
+    def flush(self) -> None:
+        for frame in self.conn.data_to_send():
+            self.sock.sendall(frame.tobytes())
+
+    def send(self, message: Any, buffers: Any = ()) -> None:
+        self.conn.send(message, buffers)
+        self.flush()
+
+    def next(self, kind: type | tuple[type, ...] = object, timeout: float = 10.0) -> Any:
+        """The next event whose message (or itself) is a ``kind``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, ev in enumerate(self.pending):
+                obj = ev.message if isinstance(ev, Received) else ev
+                if isinstance(obj, kind):
+                    del self.pending[i]
+                    return ev
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {kind} within {timeout} s (have {self.pending})")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                continue
+            if not data:
+                raise ConnectionError("the worker closed the connection")
+            self.pending += self.conn.feed(data)
+            self.flush()  # e.g. AUTH, the answer to CHALLENGE
+
+    def quiet(self, seconds: float) -> list[Any]:
+        """Events that arrive within ``seconds`` (checks that nothing else does)."""
+        got = list(self.pending)
+        self.pending.clear()
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 20)
+            except TimeoutError:
+                break
+            if not data:
+                break
+            got += self.conn.feed(data)
+            self.flush()
+        return got
+
+    def ask(self, tid: str, **kw: Any) -> Any:
+        self.send(Ask(tid, **kw))
+        return self.next((Accept, Refuse)).message
+
+    def task(self, tid: str, fn: Any, args: list[tuple[Any, ...]], *, first: int = 0,
+             job: dict[str, Any] | None = None, time_s: float = 0.0) -> None:  # fmt: skip
+        module = sys.modules[__name__]
+        cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
+        try:
+            entries = cloudpickle.dumps([(None, a, {}) for a in args], protocol=5)
+            common = cloudpickle.dumps((fn, None), protocol=5)
+        finally:
+            cloudpickle.unregister_pickle_by_value(module)
+        info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
+                "items": [[first + i, 0] for i in range(len(args))], "ntask": 1, "nfn": 1,
+                "fn": "f-" + tid, "time_s": time_s}  # fmt: skip
+        self.send(Task(tid, info), [entries, common])
+
+    def result(self, tid: str, timeout: float = 20.0, *, ack: bool = True) -> list[tuple[int, Outcome, Any]]:
+        ev = self.next(Result, timeout)
+        assert ev.message.task_id == tid
+        if ack:
+            self.send(Ack(tid))
+        return decode(ev.message.info, ev.buffers)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def decode(info: dict[str, Any], buffers: tuple[Any, ...]) -> list[tuple[int, Outcome, Any]]:
+    """(task, fate, value) of each item of a RESULT."""
+    values, pos, opos = [], 0, 2
+    for plen, noob in info["groups"]:
+        data = bytes(buffers[0][pos : pos + plen])
+        values.append(pickle.loads(data, buffers=buffers[opos : opos + noob]))
+        pos, opos = pos + plen, opos + noob
+    out = []
+    for index, _attempt, status, group, item, *_ in info["items"]:
+        out.append((index, Outcome(status), values[group][item] if group >= 0 else None))
+    return out
+
+
+def start_worker(tmp: Path, key: Path | None, *args: str) -> tuple[WorkerProc, int]:
+    port = free_port()
+    extra = ["--key", str(key)] if key is not None else []
+    w = WorkerProc(["--port", str(port), "--interface", "127.0.0.1", *extra, *args],
+                   tmp / f"w{port}.json")  # fmt: skip
+    stats = w.wait_started()
+    return w, int(stats["port"])
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    return write_key("lab", tmp_path / "lab.key")
+
+
+# ---------------------------------------------------------------- admission
+
+
+def test_refusals_come_before_any_payload_with_a_reason(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1", "--memavail", "1G",
+                           "--timavail", "10s", "--refuse-user", "mallory")  # fmt: skip
+    try:
+        key = load_key(key_file)
+        c = Client(port, key)
+        r = c.ask("m", mem_bytes=2 << 30)
+        assert isinstance(r, Refuse) and r.reason is RefuseReason.MEMORY
+        r = c.ask("t", time_s=100)
+        assert isinstance(r, Refuse) and r.reason is RefuseReason.TIME
+        r = c.ask("c", cores=2)
+        assert isinstance(r, Refuse) and r.reason is RefuseReason.BUSY and "2 cores" in r.detail
+        assert isinstance(c.ask("ok", mem_bytes=1 << 20, time_s=5), Accept)
+        c.send(Cancel("ok"))
+        m = Client(port, key, user="mallory")
+        r = m.ask("x")
+        assert isinstance(r, Refuse) and r.reason is RefuseReason.NOT_ALLOWED and "mallory" in r.detail
+        assert w.stats().get("refused_not_allowed", 0) >= 0
+    finally:
+        w.stop()
+
+
+def test_a_full_worker_holds_requests_and_admits_them_in_turn(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        assert isinstance(c.ask("a"), Accept)
+        c.send(Ask("b"))
+        assert not c.quiet(0.3)  # held: the slot is taken
+        c.task("a", time.sleep, [(0.3,)])
+        assert c.next((Accept, Refuse), timeout=10).message == Accept("b")  # admitted once free
+        assert c.result("a")[0][1] is Outcome.OK
+        c.task("b", pow, [(2, 5)])
+        assert c.result("b") == [(0, Outcome.OK, 32)]
+    finally:
+        w.stop()
+
+
+def test_results_are_kept_until_acknowledged(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file)
+    key = load_key(key_file)
+    try:
+        c = Client(port, key)
+        assert isinstance(c.ask("r"), Accept)
+        c.task("r", pow, [(3, 2), (4, 2)], first=10)
+        assert c.result("r", ack=False) == [(10, Outcome.OK, 9), (11, Outcome.OK, 16)]
+        c.close()  # gone before acknowledging: the worker keeps the result
+        again = Client(port, key, peer_id=c.peer_id)
+        assert again.result("r") == [(10, Outcome.OK, 9), (11, Outcome.OK, 16)]  # and ACK
+        again.close()
+        third = Client(port, key, peer_id=c.peer_id)
+        third.send(Ping(7))
+        assert [type(getattr(e, "message", e)) for e in third.quiet(0.5)] == [Pong]
+        # another controller never sees it
+        assert not Client(port, key).quiet(0.3)
+    finally:
+        w.stop()
+
+
+def test_cancel_stops_a_running_task_and_the_worker_goes_on(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        assert isinstance(c.ask("long"), Accept)
+        c.task("long", time.sleep, [(60,)])
+        time.sleep(0.3)
+        c.send(Cancel("long"))
+        assert isinstance(c.ask("next"), Accept)  # the slot is free again at once
+        c.task("next", pow, [(2, 10)])
+        assert c.result("next") == [(0, Outcome.OK, 1024)]
+    finally:
+        w.stop()
+
+
+def crash(x: int) -> int:
+    if x == 1:
+        os.abort()
+    return x
+
+
+def test_a_crash_reports_the_task_lost_and_hands_back_the_rest(tmp_path: Path,
+                                                               key_file: Path) -> None:  # fmt: skip
+    w, port = start_worker(tmp_path, key_file)
+    try:
+        c = Client(port, load_key(key_file))
+        assert isinstance(c.ask("b"), Accept)
+        c.task("b", crash, [(0,), (1,), (2,)])
+        out = c.result("b")
+        # task 0 ended before the crash; its value, unless already sent, is lost with the
+        # child and the task handed back. 1 crashed it; 2 never ran.
+        assert out[0][:2] in ((0, Outcome.OK), (0, Outcome.REQUEUE))
+        assert [(i, fate) for i, fate, _ in out[1:]] == [(1, Outcome.LOST), (2, Outcome.REQUEUE)]
+        assert out[1][2]["type"] == "WorkerLost" and "SIGABRT" in out[1][2]["message"]
+        assert isinstance(c.ask("after"), Accept)
+        c.task("after", pow, [(3, 3)])
+        assert c.result("after") == [(0, Outcome.OK, 27)]
+    finally:
+        w.stop()
+
+
+def big(a: Any) -> Any:
+    return a[::-1].copy()
+
+
+def test_large_arrays_cross_out_of_band(tmp_path: Path, key_file: Path) -> None:
+    np = pytest.importorskip("numpy")
+    w, port = start_worker(tmp_path, key_file)
+    try:
+        c = Client(port, load_key(key_file))
+        a = np.arange(6_000_000, dtype=np.float64)  # 48 MB
+        assert isinstance(c.ask("big"), Accept)
+        c.task("big", big, [(a,)])
+        ev = c.next(Result, 30)
+        c.send(Ack("big"))
+        assert any(len(b) == a.nbytes for b in ev.buffers[2:])  # the value came out of band
+        (_, fate, value), = decode(ev.message.info, ev.buffers)
+        assert fate is Outcome.OK and value[0] == a[-1] and value.shape == a.shape
+    finally:
+        w.stop()
+
+
+# ---------------------------------------------------------------- life of the daemon
+
+
+def test_sigterm_drains_the_running_task_is_delivered(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    c = Client(port, load_key(key_file))
+    assert isinstance(c.ask("d"), Accept)
+    c.task("d", time.sleep, [(0.8,)])
+    time.sleep(0.2)
+    w.signal(signal.SIGTERM)
+    r = c.ask("late")
+    assert isinstance(r, Refuse) and r.reason is RefuseReason.DRAINING
+    assert c.result("d") == [(0, Outcome.OK, None)]
+    assert w.proc.wait(10) == 0
+    w.stop()
+
+
+def test_a_second_signal_hands_the_running_task_back(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    c = Client(port, load_key(key_file))
+    assert isinstance(c.ask("h"), Accept)
+    c.task("h", time.sleep, [(60,)])
+    time.sleep(0.3)
+    w.signal(signal.SIGINT)
+    time.sleep(0.2)
+    w.signal(signal.SIGINT)
+    assert c.result("h", timeout=10) == [(0, Outcome.REQUEUE, None)]
+    assert w.proc.wait(10) == 0
+    w.stop()
+
+
+def test_maxnum_and_maxidle_end_the_worker(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--maxnum", "2")
+    c = Client(port, load_key(key_file))
+    assert isinstance(c.ask("n"), Accept)
+    c.task("n", pow, [(1, 1), (2, 1)])
+    assert len(c.result("n")) == 2
+    assert w.proc.wait(10) == 0
+    w.stop()
+    idle, _ = start_worker(tmp_path, key_file, "--maxidle", "0.5")
+    assert idle.proc.wait(10) == 0
+    idle.stop()
+
+
+def test_without_a_key_the_worker_is_loopback_only(tmp_path: Path) -> None:
+    w, port = start_worker(tmp_path, None, "--slots", "1")
+    try:
+        c = Client(port, None)
+        assert isinstance(c.ask("k"), Accept)
+        c.task("k", pow, [(7, 2)])
+        assert c.result("k") == [(0, Outcome.OK, 49)]
+        with pytest.raises((ConnectionError, ProtocolError)):  # a keyed peer cannot talk to it
+            Client(port, GroupKey("default", os.urandom(32)))
+        assert w.stats()["port"] == port
+        with socket.socket() as s:
+            s.settimeout(2)
+            addrs = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), port, socket.AF_INET)}
+            outside = next((a for a in addrs if not a.startswith("127.")), None)
+            if outside is not None:  # listening on 127.0.0.1 only
+                assert s.connect_ex((outside, port)) != 0
+    finally:
+        w.stop()
+
+
+# ---------------------------------------------------------------- command line and units
+
+
+def test_keygen_writes_a_private_key_in_the_config_dir(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from elsewhere.peer.cli import add_peer_commands
+
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
+    parser = argparse.ArgumentParser()
+    add_peer_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["peer", "keygen", "lab"])
+    assert args.func(args) == 0
+    path = tmp_path / "cfg" / "peer" / "lab.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and load_key(path).group == "lab"
+    assert "fingerprint" in capsys.readouterr().out
+    out = tmp_path / "elsewhere.key"
+    args = parser.parse_args(["peer", "keygen", "lab", "--output", str(out)])
+    assert args.func(args) == 0 and stat.S_IMODE(out.stat().st_mode) == 0o600
+    with pytest.raises(ConfigError, match="exists"):
+        args.func(args)
+
+
+def test_worker_options_from_the_command_line(tmp_path: Path, key_file: Path) -> None:
+    from elsewhere.peer.cli import add_peer_commands, worker_options
+
+    parser = argparse.ArgumentParser()
+    add_peer_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([
+        "peer", "worker", "--maxtime", "8h", "--maxidle", "1h", "--memavail", "8G", "--slots", "4",
+        "--key", str(key_file), "--allow-user", "ann", "--refuse-host", "10.9.0.0/16", "--fcfs",
+        "--maxnum", "100", "--timavail", "10min",
+    ])  # fmt: skip
+    opts = worker_options(args)
+    assert (opts.maxtime, opts.maxidle, opts.memavail, opts.slots) == (8 * 3600, 3600, 8 << 30, 4)
+    assert (opts.timavail, opts.maxnum, opts.fair_share) == (600, 100, False)
+    assert opts.key.group == "lab"
+    assert opts.access.check("bob", "h", "10.1.1.1") is not None  # not on the allow list
+    assert opts.access.check("ann", "h", "10.9.3.4") is not None  # refused network
+    assert opts.access.check("ann", "h", "10.1.1.1") is None
+
+
+def test_peer_list_shows_the_workers(tmp_path: Path, key_file: Path,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import json
+
+    from elsewhere.peer.cli import add_peer_commands
+
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
+    port = free_port()
+    w = WorkerProc(["--port", str(port), "--interface", "127.0.0.1", "--key", str(key_file),
+                    "--slots", "2", "--memavail", "3G"], tmp_path / "list.json")  # fmt: skip
+    try:
+        w.wait_started()
+        parser = argparse.ArgumentParser()
+        add_peer_commands(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["peer", "list", "--key", str(key_file), "--port", str(port),
+                                  "--interface", "127.0.0.1", "--wait", "1.5", "--json"])  # fmt: skip
+        assert args.func(args) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert len(rows) == 1
+        row = rows[0]
+        assert (row["group"], row["state"], row["slots"], row["free"]) == ("lab", "idle", 2, 2)
+        assert row["memory"] <= 3 << 30 and row["user"] and row["host"]
+        args = parser.parse_args(["peer", "list", "--key", str(key_file), "--port", str(port),
+                                  "--interface", "127.0.0.1", "--wait", "1.5"])  # fmt: skip
+        assert args.func(args) == 0
+        text = capsys.readouterr().out
+        assert "idle" in text and "lab" in text and "2/2" in text
+    finally:
+        w.stop()
+
+
+def test_sizes_and_durations() -> None:
+    assert parse_size("8G") == 8 << 30 and parse_size("512M") == 512 << 20
+    assert parse_size("1.5GiB") == 3 << 29 and parse_size(100) == 100 and parse_size(None) is None
+    assert parse_duration("10min") == 600 and parse_duration("1h30m") == 5400
+    assert parse_duration("8h") == 28800 and parse_duration("90") == 90
+    assert parse_duration("01:00:00") == 3600 and parse_duration("inf") == math.inf
+    for bad in ("8X", "lots", "-1"):
+        with pytest.raises(ConfigError):
+            parse_size(bad)
+    for bad in ("soon", "1h and more"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+    assert format_size(8 << 30) == "8.0 GiB" and format_duration(5400) == "1h30m"
+    assert format_duration(math.inf) == "unlimited"
