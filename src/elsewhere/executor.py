@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .clusters.local import _wake
 from .errors import ConfigError, TaskError
 from .records import Kind
 
@@ -194,18 +195,3 @@ class Executor(cf.Executor):
             self._thread.join()
             if not self._keep:
                 self._job.purge()
-
-
-def _wake(fifo: str | None) -> None:
-    if not fifo:
-        return
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:
-        return
-    try:
-        os.write(fd, b"\n")
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
