@@ -169,3 +169,44 @@ def test_ssh_node_mpiexec(ew_home, mpi_ok, tmp_path):
     bad = ew.submit_communicating(fails_on_rank_one, args=(0,), ranks=2, on=cl)
     bad.wait(timeout=120)
     assert bad.results()[1].type_name == "ValueError" and bad.check().state is ew.JobState.FAILED
+
+
+CROSS_HOST = """
+import json, os, sys
+import elsewhere as ew
+
+def where(_):
+    t = ew.task()
+    return [t.rank, t.size, t.comm.allreduce(t.rank), os.readlink("/proc/self/ns/net")]
+
+cfg = sys.argv[1]
+cl = ew.ssh({"h2": 1, "h3": 1}, ssh_config=cfg, python=sys.executable, remote_storage=sys.argv[2],
+            additional_properties={"mpi_host_names": "destinations",
+                                   "mpi_args": ["--mca", "plm_rsh_agent", "ssh -F " + cfg]})
+job = ew.submit_communicating(where, args=(0,), ranks=2, on=cl)
+job.wait(timeout=120, progress=False)
+print("RESULT", json.dumps(job.results()))
+"""
+
+
+def test_ranks_on_two_ssh_hosts_in_their_own_network_namespaces(ew_home, mpi_ok, tmp_path):
+    import subprocess
+
+    from netns_ssh import netns_ssh, why_no_netns_ssh
+
+    info = netns_ssh()
+    if info is None:
+        pytest.skip(why_no_netns_ssh())
+    script = tmp_path / "client.py"
+    script.write_text(CROSS_HOST)
+    # the client runs inside ew-h1: nothing is sent to the namespaces' subnet from here
+    out = subprocess.run(["ip", "netns", "exec", "ew-h1", sys.executable, str(script), str(info.config),
+                          str(tmp_path / "remote")], capture_output=True, text=True, timeout=150,
+                         env=dict(os.environ))
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line is not None, out.stderr[-2000:]
+    import json
+
+    res = json.loads(line[len("RESULT "):])
+    assert [r[:3] for r in res] == [[0, 2, 1], [1, 2, 1]]  # they talked
+    assert res[0][3] != res[1][3]  # each rank in its own host's network namespace

@@ -293,7 +293,11 @@ class SSHCluster(Cluster):
         launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()
         argv = ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", *launcher, "-n", str(ranks)]
         if len(hosts) > 1:
-            argv += ["--host", ",".join(f"{infos[h].get('hostname', h)}:{slots[h]}" for h in hosts)]
+            # how the first node names the others: their own host names, or (with
+            # additional_properties={"mpi_host_names": "destinations"}) the ssh destinations
+            by_dest = self.additional_properties.get("mpi_host_names") == "destinations"
+            names = {h: (h.split("@")[-1] if by_dest else infos[h].get("hostname", h)) for h in hosts}
+            argv += ["--host", ",".join(f"{names[h]}:{slots[h]}" for h in hosts)]
         if ranks > sum(slots.values()) or launcher[0].endswith(("mpiexec", "mpirun")):
             argv.append("--oversubscribe")
         argv += [*self.additional_properties.get("mpi_args", []),
