@@ -40,7 +40,9 @@ def on(lab: tuple[Path, int, Workers], ew_home: Path, tmp_path: Path,
        monkeypatch: pytest.MonkeyPatch) -> PeerCluster:  # fmt: skip
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "config"))
     key, port, _ = lab
-    return peers("lab", key=key, port=port, interface="127.0.0.1")
+    cluster = ew.peers("lab", key=key, port=port, interface="127.0.0.1")
+    assert isinstance(cluster, PeerCluster)
+    return cluster
 
 
 def square(x: int) -> int:

@@ -24,6 +24,7 @@ import cloudpickle
 import pytest
 from peer_procs import WorkerProc, free_port
 
+from elsewhere import serial
 from elsewhere.errors import ConfigError, ProtocolError
 from elsewhere.peer.announce import new_peer_id
 from elsewhere.peer.child import Outcome
@@ -121,15 +122,15 @@ class Client:
              job: dict[str, Any] | None = None, time_s: float = 0.0) -> None:  # fmt: skip
         module = sys.modules[__name__]
         cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
-        try:
-            entries = cloudpickle.dumps([(None, a, {}) for a in args], protocol=5)
+        try:  # large arrays out of band, as the controller sends them
+            entries, oob = serial.dumps([(None, a, {}) for a in args])
             common = cloudpickle.dumps((fn, None), protocol=5)
         finally:
             cloudpickle.unregister_pickle_by_value(module)
         info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
-                "items": [[first + i, 0] for i in range(len(args))], "ntask": 1, "nfn": 1,
+                "items": [[first + i, 0] for i in range(len(args))], "ntask": 1 + len(oob), "nfn": 1,
                 "fn": "f-" + tid, "time_s": time_s}  # fmt: skip
-        self.send(Task(tid, info), [entries, common])
+        self.send(Task(tid, info), [entries, *oob, common])
 
     def result(self, tid: str, timeout: float = 20.0, *, ack: bool = True) -> list[tuple[int, Outcome, Any]]:
         ev = self.next(Result, timeout)
@@ -289,6 +290,35 @@ def test_large_arrays_cross_out_of_band(tmp_path: Path, key_file: Path) -> None:
         assert any(len(b) == a.nbytes for b in ev.buffers[2:])  # the value came out of band
         (_, fate, value), = decode(ev.message.info, ev.buffers)
         assert fate is Outcome.OK and value[0] == a[-1] and value.shape == a.shape
+    finally:
+        w.stop()
+
+
+def keep(a: Any) -> float:
+    import builtins
+
+    builtins._ew_kept = a  # type: ignore[attr-defined]  # the task keeps its input past its end
+    return float(a[0])
+
+
+def kept_first(a: Any) -> tuple[float, float]:
+    import builtins
+
+    return float(builtins._ew_kept[0]), float(a[0])  # type: ignore[attr-defined]
+
+
+def test_shared_memory_a_task_keeps_is_never_reused(tmp_path: Path, key_file: Path) -> None:
+    np = pytest.importorskip("numpy")
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        n = (4 << 20) // 8  # large: it travels in pooled shared memory
+        assert isinstance(c.ask("k"), Accept)
+        c.task("k", keep, [(np.full(n, 1.0),)])
+        assert c.result("k") == [(0, Outcome.OK, 1.0)]
+        assert isinstance(c.ask("c"), Accept)
+        c.task("c", kept_first, [(np.full(n, 2.0),)])  # same size: the pool would reuse it
+        assert c.result("c") == [(0, Outcome.OK, (1.0, 2.0))]
     finally:
         w.stop()
 

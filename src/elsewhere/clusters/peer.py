@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from . import register_builtin
 from .base import Cluster
 
 if TYPE_CHECKING:
@@ -318,6 +317,3 @@ def peers(group: str | None = None, *, memory: str | int | None = None,
     """The peer network (FieldTrip's peercellfun / peerfeval): see :class:`PeerCluster`."""
     return PeerCluster(group, memory=memory, time=time, **settings)
 
-
-# Until the registry of clusters/__init__.py names it: recover() must find the kind.
-register_builtin("peer", "elsewhere.clusters.peer:PeerCluster")

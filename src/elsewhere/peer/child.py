@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import array
 import collections
+import contextlib
 import enum
 import mmap
 import os
@@ -71,6 +72,7 @@ _MAX_RESULT_OOB = 1000  # RESULT frames carry at most 1024 buffers: 2 + these
 _RESET_LOG_AT = 16 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _KEEP_OUT = 4  # warm result memfds a child keeps for the next large result
+_KEEP_IN = 8  # maps of the daemon's input memfds a child keeps
 
 
 class Outcome(enum.IntEnum):
@@ -191,13 +193,15 @@ class MessageReader:
 
 
 def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[int], *,
-              writable: bool = True, maps: list[tuple[int, mmap.mmap]] | None = None,
-              ) -> list[memoryview]:  # fmt: skip
+              writable: bool = True, maps: list[tuple[int, Any, mmap.mmap]] | None = None,
+              cache: dict[Any, mmap.mmap] | None = None) -> list[memoryview]:  # fmt: skip
     """The buffers a part list describes: slices of ``body`` and maps of ``fds`` (closed here).
 
     Maps are shared and populated at once (one system call instead of a page
-    fault per page); ``maps`` collects ``(position, map)`` so the caller can
-    unmap them when done and say which it released.
+    fault per page), and kept in ``cache`` by file identity: the daemon reuses
+    its memfds, so the next task of that size finds its map ready. ``maps``
+    collects ``(position, key, map)`` so that the caller can say which it
+    released when done.
     """
     out: list[memoryview] = []
     pos = 0
@@ -212,12 +216,19 @@ def cut_parts(parts: Sequence[Sequence[int]], body: memoryview, fds: Sequence[in
             try:
                 if length == 0:
                     out.append(memoryview(b""))
-                else:
+                    continue
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                mm = cache.get(key) if cache is not None else None
+                if mm is None or len(mm) != max(st.st_size, length):
                     prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-                    mm = mmap.mmap(fd, length, flags=mmap.MAP_SHARED | _POPULATE, prot=prot)
-                    out.append(memoryview(mm))
-                    if maps is not None:
-                        maps.append((i, mm))
+                    mm = mmap.mmap(fd, max(st.st_size, length), flags=mmap.MAP_SHARED | _POPULATE,
+                                   prot=prot)  # fmt: skip
+                    if cache is not None:
+                        cache[key] = mm
+                out.append(memoryview(mm)[:length])
+                if maps is not None:
+                    maps.append((i, key, mm))
             finally:
                 os.close(fd)
     return out
@@ -251,6 +262,7 @@ class _Child:
         self.seeder = _NumpySeeder()
         self.warned = False
         self.out_pool: dict[int, _Lease] = {}
+        self.in_maps: dict[Any, mmap.mmap] = {}  # (device, inode) of the daemon's memfds -> map
         self._lease_id = 0
         import warnings
 
@@ -317,8 +329,8 @@ class _Child:
     def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
         import pickle
 
-        maps: list[tuple[int, mmap.mmap]] = []
-        parts = cut_parts(header["parts"], body, fds, maps=maps)
+        maps: list[tuple[int, Any, mmap.mmap]] = []
+        parts = cut_parts(header["parts"], body, fds, maps=maps, cache=self.in_maps)
         ntask = int(header["ntask"])
         task_parts, fn_parts = parts[:ntask], parts[ntask:]
         job = header.get("job") or {}
@@ -344,12 +356,16 @@ class _Child:
             out.send(last=False)  # values that share memory with the inputs are copied out now
             del entries, failure
             released = []
-            for position, mm in maps:
+            for position, key, mm in maps:
                 try:
-                    mm.close()  # fails while a task keeps a view of it
+                    mm.resize(len(mm))  # a no-op that fails while a task keeps a view of it
                     released.append(position)
-                except BufferError:
-                    pass  # kept by the task (a global?): the daemon will not reuse it
+                except BufferError:  # kept by the task (a global?): the daemon must not reuse it
+                    self.in_maps.pop(key, None)
+            while len(self.in_maps) > _KEEP_IN:
+                old = self.in_maps.pop(next(iter(self.in_maps)))
+                with contextlib.suppress(BufferError):
+                    old.close()
             out.released = released
         out.send(last=True)
 

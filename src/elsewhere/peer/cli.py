@@ -25,7 +25,8 @@ __all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_worker", "worker_
 def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``peer worker|list|keygen`` to an ``add_subparsers()`` object; returns the parser."""
     p = subparsers.add_parser("peer", help="the peer network: offer cores, list peers, make keys",
-                              description=__doc__.split("\n")[0])  # fmt: skip
+                              description="The peer network: offer this machine's cores "
+                              "(worker), list the peers seen (list), make a group key (keygen).")  # fmt: skip
     sub = p.add_subparsers(dest="peer_command", required=True)
 
     w = sub.add_parser("worker", help="offer this machine's cores to a peer group (runs until stopped)",
