@@ -174,7 +174,7 @@ def test_memory_nobody_offers_is_explained_not_run(lab: tuple[Path, int, Workers
     key, port, _ = lab
     job = ew.submit(square, [1], on=peers("lab", key=key, port=port, interface="127.0.0.1",
                                           memory="100T"))  # fmt: skip
-    wait_until(lambda: job.check().note, 10, "a note on the job")
+    wait_until(lambda: "memory" in job.check().note, 30, "a note on the job naming memory")
     status = job.check()  # (a Status is true only once the job is done)
     assert "memory" in status.note and status.queued == 1
     job.cancel()
