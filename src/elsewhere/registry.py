@@ -47,9 +47,12 @@ class Registry:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         con.row_factory = sqlite3.Row
-        con.execute("PRAGMA journal_mode=WAL")
         con.execute("PRAGMA synchronous=NORMAL")
-        con.executescript(_SCHEMA)
+        if con.execute("PRAGMA user_version").fetchone()[0] < 1:
+            # First use of this file: WAL (it sticks to the file) and the schema, once.
+            con.execute("PRAGMA journal_mode=WAL")
+            con.executescript(_SCHEMA)
+            con.execute("PRAGMA user_version = 1")
         return con
 
     def add(self, meta: dict[str, Any], path: Path, current_state: Callable[[dict[str, Any]], str | None]) -> None:

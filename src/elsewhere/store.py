@@ -121,7 +121,7 @@ class JobStore:
         for sub in ("journal", "results", "logs", "workers"):
             (path / sub).mkdir(mode=0o700)
         store = cls(path)
-        write_json(path / META, meta)
+        write_json(path / META, meta, fsync=False)  # made durable when the job is submitted
         (path / QUEUE_LOCK).touch(mode=0o600)
         os.mkfifo(path / NOTIFY, 0o600)
         return store
