@@ -14,7 +14,6 @@ from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
 from .job import Job, create_store, new_job_meta
 from .registry import Registry
-from .states import JobState
 from .store import JobStore
 
 
@@ -230,15 +229,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
                     w.write_tasks(0, entries, args_only=args_only)
             except Exception:
                 triples = [(None, e, {}) for e in entries] if args_only else entries
-                serial.check_serialisable(fn, [(a, k) for _, a, k in triples])
-                for i, (f, _, _) in enumerate(triples):
-                    if f is not None and serial.find_offender(f, f"the function of task {i}"):
-                        serial.check_serialisable(f, [])
-                if serial.find_offender(job._job_data, "job_data"):
-                    where, bad, e2 = serial.find_offender(job._job_data, "job_data")  # type: ignore[misc]
-                    from .errors import SerializationError
-
-                    raise SerializationError(f"cannot serialise {where}: {serial.describe(bad)}: {e2}") from e2
+                serial.check_serialisable(fn, triples, job_data=job._job_data)  # names the culprit
                 raise
     except BaseException:
         import shutil
@@ -380,8 +371,6 @@ def recover(name_or_id: str) -> Job:
 
 def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     """The registry: one dict per job (name, id, state, counts, cluster, created, path)."""
-    from .states import TaskState
-
     out = []
     reg = Registry()
     for row in reg.all():
@@ -407,10 +396,8 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
                 entry["state"] = f"unreadable: {exc}"
         elif not (path / "job.json").exists():
             entry["state"] = "missing"
-        _ = TaskState
         out.append(entry)
     return out
 
 
 __all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "peers", "recover", "slurm", "ssh", "submit"]
-_ = JobState

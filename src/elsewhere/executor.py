@@ -94,7 +94,7 @@ class Executor(cf.Executor):
             except Exception:
                 from . import serial
 
-                serial.check_serialisable(fn, [(args, kwargs)])
+                serial.check_serialisable(None, [(fn, args, kwargs)])
                 raise
             fut = _Future(self, index)
             self._futures[index] = fut

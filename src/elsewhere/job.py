@@ -64,12 +64,8 @@ class Snapshot:
 
     def counts(self) -> dict[TaskState, int]:
         c = dict.fromkeys(TaskState, 0)
-        if self.kind_counts:
-            for k, v in self.kind_counts.items():
-                c[_KIND_STATE[Kind(k)]] += v
-        else:
-            for _, r in self.final.values():
-                c[_KIND_STATE[Kind(r.kind)]] += 1
+        for k, v in self.kind_counts.items():
+            c[_KIND_STATE[Kind(k)]] += v
         rest = self.n - len(self.final)
         if self.cancelled:
             c[TaskState.CANCELLED] += rest
@@ -448,12 +444,13 @@ class Job:
         wid = q.get("lost_by", {}).get(str(index), "")
         info = self.store.worker_info(wid) if wid else {}
         host = info.get("host", "")
-        tail = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
-        tail = "\n".join(tail.strip().splitlines()[-8:])
+        output = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
+        # a crash report (faulthandler) names the error and the innermost frames first
+        head = "\n".join(output.strip().splitlines()[:8])
         msg = (f"the worker running it (pid {info.get('pid', '?')}) vanished: it crashed or was "
                "killed (out of memory? a segfault in compiled code? a kill signal?)")
-        if tail:
-            msg += f"; its last output:\n{tail}"
+        if head:
+            msg += f"; its output:\n{head}"
         return TaskError(msg, type_name="WorkerLost", host=host, index=index, seed=self.seed + index,
                          job=self.name, reason="lost")
 
@@ -591,12 +588,6 @@ class Job:
             if local:
                 shutil.rmtree(self.store.path, ignore_errors=True)
                 Registry().remove(self.id)
-
-    def __enter__(self) -> Job:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def _open_notify(store: JobStore) -> int:

@@ -34,7 +34,7 @@ def find_launcher(launcher: str | None = None) -> list[str]:
     return words
 
 
-def check_mpi4py(python: str | None = None) -> None:
+def check_mpi4py() -> None:
     """ConfigError when mpi4py is not importable by this interpreter."""
     if importlib.util.find_spec("mpi4py") is None:
         raise ConfigError(f"mpi4py is not installed for this Python: {INSTALL_MPI}")

@@ -45,9 +45,3 @@ def default_storage() -> Path:
 def registry_path() -> Path:
     """The SQLite file of the job registry."""
     return home() / "registry.sqlite"
-
-
-def ensure_dir(path: Path, mode: int = 0o700) -> Path:
-    """Create ``path`` (and parents) with ``mode`` if missing; return it."""
-    path.mkdir(mode=mode, parents=True, exist_ok=True)
-    return path

@@ -81,10 +81,6 @@ class PayloadWriter:
             chunks += 1
         return chunks
 
-    def sync(self) -> None:
-        """Flush the payload to disk."""
-        os.fsync(self.fd)
-
 
 class PayloadReader:
     """Reads chunks on demand, keeping the last one decoded (workers)."""

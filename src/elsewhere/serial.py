@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 OOB_MIN_BYTES = 64 * 1024
 
 
-def dumps(obj: Any, *, by_value: bool = False) -> tuple[bytes, list[memoryview]]:
+def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
     """Pickle ``obj`` with cloudpickle; large buffers are returned out of band."""
     import cloudpickle
 
@@ -218,14 +218,22 @@ def find_offender(obj: Any, label: str, depth: int = 6) -> tuple[str, Any, BaseE
     return label, obj, exc
 
 
-def check_serialisable(fn: Callable[..., Any] | None, tasks: list[tuple[tuple, dict]]) -> None:
-    """Raise SerializationError naming the first part that cannot be serialised."""
+def check_serialisable(fn: Callable[..., Any] | None, tasks: list[tuple[Any, tuple, dict]],
+                       job_data: Any = None) -> None:
+    """Raise SerializationError naming the first part that cannot be serialised.
+
+    ``tasks`` are ``(fn or None, args, kwargs)`` entries; ``fn`` is the common function.
+    """
     from .errors import SerializationError
 
     candidates: list[tuple[str, Any]] = []
     if fn is not None:
         candidates.append((f"the function {getattr(fn, '__qualname__', fn)!r}", fn))
-    for i, (args, kwargs) in enumerate(tasks):
+    if job_data is not None:
+        candidates.append(("job_data", job_data))
+    for i, (task_fn, args, kwargs) in enumerate(tasks):
+        if task_fn is not None:
+            candidates.append((f"the function {getattr(task_fn, '__qualname__', task_fn)!r} of task {i}", task_fn))
         for j, a in enumerate(args):
             candidates.append((f"argument {j} of task {i}", a))
         for k, v in kwargs.items():

@@ -409,18 +409,12 @@ class OutcomeWriter:
 
 def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int], list[Any]],
               task: int | None = None) -> Any:
-    """The value (or error description) of one task (``task``, for a range record), from its body."""
+    """The value (or error description) of one task (``task``, for a range record), from its body.
+
+    A group's body (a list of values) is kept in ``cache``; a single value's is not.
+    """
     key = (wid, rec.res_off)
     values = cache.get(key)
-    if values is None and rec.flags & FLAG_SINGLE:
-        with open(store.results_path(wid), "rb") as f:
-            f.seek(rec.res_off)
-            buf = bytearray(rec.res_len)
-            f.readinto(buf)
-        pickled, bufs = records.unpack_body(buf)
-        from . import serial
-
-        return serial.loads(pickled, bufs)
     if values is None:
         with open(store.results_path(wid), "rb") as f:
             f.seek(rec.res_off)
@@ -429,8 +423,10 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
         pickled, bufs = records.unpack_body(buf)
         from . import serial
 
-        values = serial.loads(pickled, bufs)
-        cache[key] = values
+        value = serial.loads(pickled, bufs)
+        if rec.flags & FLAG_SINGLE:
+            return value
+        values = cache[key] = value
     return values[rec.item + ((task - rec.task) if task is not None else 0)]
 
 

@@ -19,10 +19,10 @@ Modes:
   "3,7,9") instead of claiming (array elements of batch schedulers).
 
 Environment variables read (all optional; flags win): ``ELSEWHERE_JOB_DIR``,
-``ELSEWHERE_TASKS``, ``ELSEWHERE_WORKER_ID``, ``ELSEWHERE_ARRAY_VAR`` (the name
-of the scheduler's array index variable) with ``ELSEWHERE_ARRAY_BASE`` and
-``ELSEWHERE_TASKS_PER_ELEMENT``/``ELSEWHERE_ARRAY_OFFSET`` (element k runs
-tasks (offset + k - base) * per .. + per - 1).
+``ELSEWHERE_TASKS``, ``ELSEWHERE_WORKER_ID``, and for array elements
+``ELSEWHERE_SUBMISSION`` (a JSON list of chunks) with ``ELSEWHERE_ARRAY_VAR``
+(the name of the scheduler's array index variable) and ``ELSEWHERE_ARRAY_BASE``:
+element k runs chunk k - base. See docs/plugins.md.
 
 It imports little: start-up time is part of every job's latency.
 """
@@ -275,10 +275,9 @@ class Worker:
 
     def _join(self, store: JobStore, lock_path: str) -> bool:
         with store.locked_queue() as q:
+            q.setdefault("dispatched", {}).pop(self.wid, None)  # arrived, whatever happens next
             if q.get("cancelled"):
-                q.setdefault("dispatched", {}).pop(self.wid, None)
                 return False
-            q.setdefault("dispatched", {}).pop(self.wid, None)
             members = q["members"]
             active = sum(1 for m in members.values() if m.get("state") in ("active", "waiting"))
             if active >= q.get("max_workers", 1):
@@ -893,23 +892,17 @@ def _print_header(job: str, tasks: list[int]) -> None:
 
 def _tasks_from_array_env() -> list[int] | None:
     var = os.environ.get("ELSEWHERE_ARRAY_VAR")
-    if not var or var not in os.environ:
+    sub = os.environ.get("ELSEWHERE_SUBMISSION")
+    if not var or var not in os.environ or not sub:
         return None
     k = int(os.environ[var]) - int(os.environ.get("ELSEWHERE_ARRAY_BASE", "0"))
-    sub = os.environ.get("ELSEWHERE_SUBMISSION")
-    if sub:
-        import json
+    import json
 
-        with open(sub) as f:
-            chunks = json.load(f)
-        if not 0 <= k < len(chunks):
-            raise SystemExit(f"elsewhere worker: array index {k} is outside {sub} ({len(chunks)} elements)")
-        return list(records.iter_ranges(chunks[k]))
-    per = int(os.environ.get("ELSEWHERE_TASKS_PER_ELEMENT", "1"))
-    offset = int(os.environ.get("ELSEWHERE_ARRAY_OFFSET", "0"))
-    n = int(os.environ.get("ELSEWHERE_NTASKS", str(10**12)))
-    first = offset + k * per
-    return list(range(first, min(first + per, n)))
+    with open(sub) as f:
+        chunks = json.load(f)
+    if not 0 <= k < len(chunks):
+        raise SystemExit(f"elsewhere worker: array index {k} is outside {sub} ({len(chunks)} elements)")
+    return list(records.iter_ranges(chunks[k]))
 
 
 if __name__ == "__main__":

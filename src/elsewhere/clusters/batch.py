@@ -529,6 +529,7 @@ class BatchCluster(Cluster):
         running: dict[int, tuple[str, float]] = dict(snapshot.running)
         pend_reasons: dict[str, int] = {}
         never: set[str] = set()
+        markers: dict[int, tuple[str, float]] | None = None
         # A task belongs to the last submission that holds it (a retry resubmits it).
         owner: dict[int, str] = {}
         loaded: list[tuple[dict[str, Any], list[list[int]]]] = []
@@ -556,9 +557,11 @@ class BatchCluster(Cluster):
                         lost += [(t, "vanished from the scheduler's queue") for t in open_tasks]
                     continue
                 if ns.state is TaskState.RUNNING:
-                    wid, since = _running_in(job.store, open_tasks)
-                    if wid:
-                        running[since[0]] = (wid, since[1])
+                    if markers is None:
+                        markers = _running_markers(job.store)  # once per call, not per element
+                    for t in open_tasks:
+                        if t in markers:
+                            running[t] = markers[t]
                 elif ns.state in _ENDED:
                     why = ns.reason or ns.native_state
                     if ns.exit_code not in (None, 0):
@@ -667,16 +670,16 @@ def _chunk_tasks(chunk: list[int]) -> list[int]:
     return list(range(chunk[0], chunk[1]))
 
 
-def _running_in(store: JobStore, tasks: list[int]) -> tuple[str | None, tuple[int, float]]:
-    wanted = set(tasks)
+def _running_markers(store: JobStore) -> dict[int, tuple[str, float]]:
+    """Every task a worker of the job runs now: {task: (worker id, since)}."""
     try:
         names = os.listdir(store.path / "workers")
     except FileNotFoundError:
-        return None, (0, 0.0)
+        return {}
+    out: dict[int, tuple[str, float]] = {}
     for n in names:
         if n.endswith(".cur"):
-            wid = n[:-4]
-            idx, since, _ = store.read_running(wid)
-            if idx in wanted:
-                return wid, (idx, since)
-    return None, (0, 0.0)
+            idx, since, _ = store.read_running(n[:-4])
+            if idx >= 0:
+                out[idx] = (n[:-4], since)
+    return out

@@ -208,7 +208,6 @@ class LocalCluster(Cluster):
         env = dict(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("PYTHONUNBUFFERED", "0")
         log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             subprocess.Popen(
@@ -265,7 +264,7 @@ class LocalCluster(Cluster):
 
         ranks = job.n_tasks
         launcher = mpi.find_launcher(self.additional_properties.get("mpi_launcher"))
-        mpi.check_mpi4py(self.python)
+        mpi.check_mpi4py()
         have = self.cores or machine_cores()
         if ranks > have:
             warnings.warn(f"{ranks} ranks on {have} cores: ranks share cores (oversubscribed)", stacklevel=3)
@@ -306,21 +305,9 @@ class LocalCluster(Cluster):
     def _poll_communicating(self, job: Job) -> None:
         if self._launcher_alive(job):
             return
-        from ..records import Kind, make_record
-
-        job._reader.refresh()
-        with job.store.locked_queue() as q:
-            if q.get("cancelled"):
-                return
-            lr = q.setdefault("lost_reason", {})
-            recs = []
-            for i in range(job.n_tasks):
-                if i not in job._reader.final and str(i) not in lr:
-                    lr[str(i)] = (f"rank {i} ended without a result: the MPI job was aborted or killed "
-                                  "(another rank failed? see job.log(rank) and logs/launcher.log)")
-                    recs.append(make_record(Kind.LOST, i, t_end=time.time()))
-            if recs:
-                job.store.append_control(recs)
+        self.report_lost(job, {i: f"rank {i} ended without a result: the MPI job was aborted or killed "
+                                  "(another rank failed? see job.log(rank) and logs/launcher.log)"
+                               for i in range(job.n_tasks)})
 
     def poll(self, job: Job) -> None:
         if job._meta.get("communicating"):

@@ -19,9 +19,7 @@ other nodes (the first result of a task wins).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shlex
 import time
 import warnings
@@ -448,11 +446,3 @@ class SSHCluster(Cluster):
 
 def _safe(host: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
-
-
-def hosts_of(job: Job) -> list[str]:
-    """The nodes a job was placed on."""
-    return list(json.loads((job.store.path / "cluster.json").read_text()).get("hosts", {}))
-
-
-_ = os
