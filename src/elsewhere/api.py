@@ -12,7 +12,7 @@ from typing import Any
 from . import paths, serial
 from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
-from .job import Job, create_store, new_job_meta
+from .job import Job, create_store, new_job_meta, remove_folder
 from .registry import Registry
 from .store import JobStore
 
@@ -232,9 +232,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
                 serial.check_serialisable(fn, triples, job_data=job._job_data)  # names the culprit
                 raise
     except BaseException:
-        import shutil
-
-        shutil.rmtree(store.path, ignore_errors=True)
+        remove_folder(store.path)  # workers started early may be inside: rename, then remove
         raise
     n = len(entries)
     job._staged = []
@@ -247,9 +245,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
     try:
         reg.add(meta, store.path, _current_state)
     except BaseException:
-        import shutil
-
-        shutil.rmtree(store.path, ignore_errors=True)
+        remove_folder(store.path)  # workers started early may be inside: rename, then remove
         raise
     try:
         if communicating:
@@ -261,9 +257,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
     except BaseException:
         # Nothing runs: do not leave a half-submitted job behind.
         reg.remove(job.id)
-        import shutil
-
-        shutil.rmtree(store.path, ignore_errors=True)
+        remove_folder(store.path)
         raise
     job._dirty()
 

@@ -586,8 +586,27 @@ class Job:
             self.cluster.delete_job(self)
         finally:
             if local:
-                shutil.rmtree(self.store.path, ignore_errors=True)
+                remove_folder(self.store.path)
                 Registry().remove(self.id)
+
+
+def remove_folder(path: Path) -> None:
+    """Remove a job folder for good, even while a worker is still leaving it.
+
+    The folder is first renamed away, atomically: a worker that opens a file
+    by the job's path from then on gets FileNotFoundError (and returns to its
+    pool) instead of recreating files that would keep the folder alive.
+    """
+    grave = path.with_name(f".{path.name}.purged-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(path, grave)
+    except FileNotFoundError:
+        return
+    except OSError:
+        grave = path  # another file system's rules: remove in place
+    shutil.rmtree(grave, ignore_errors=True)
+    if grave.exists():
+        shutil.rmtree(grave, ignore_errors=True)
 
 
 def _open_notify(store: JobStore) -> int:
