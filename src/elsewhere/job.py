@@ -469,18 +469,33 @@ class Job:
         store = self.store
         get = final.get
         append = out.append
-        for i in range(snap.n):
+        n = snap.n
+        i = 0
+        while i < n:
             f = get(i)
             if f is not None and f[1][0] == ok and not f[1][1]:
                 rec = f[1]
                 values = cache.get((f[0], rec.res_off))
-                append(values[rec.item + i - rec.task] if values is not None
-                       else read_body(store, f[0], rec, cache, i))
+                if values is None:
+                    value = read_body(store, f[0], rec, cache, i)
+                    values = cache.get((f[0], rec.res_off))
+                    if values is None:
+                        append(value)
+                        i += 1
+                        continue
+                end = min(n, rec.task + rec.count)
+                if end - i > 1 and list(map(get, range(i, end))).count(f) == end - i:
+                    # the rest of a range record, none of it overtaken by a retry: one slice
+                    out.extend(values[rec.item + i - rec.task:rec.item + end - rec.task])
+                    i = end
+                    continue
+                append(values[rec.item + i - rec.task])
             elif f is not None or snap.task_state(i) is TaskState.CANCELLED:  # errors, single bodies
                 out.append(self._value(i))
             else:
                 missing += 1
                 out.append(None)
+            i += 1
         if missing and not partial:
             raise JobError(
                 f"job {self.name!r} has {missing} of {snap.n} tasks without a result yet; "

@@ -4,12 +4,19 @@ A SQLite file in the home folder (``<home>/registry.sqlite``), in WAL mode
 with a busy timeout, so two processes submitting at once both succeed and
 never corrupt it. The job folder stays the source of truth; the registry
 only finds folders and caches their last known state.
+
+A process keeps one connection per thread and registry file (closing the
+last connection of a WAL database checkpoints it, which costs more than the
+queries of a whole job); it is opened again after a fork, or when the file
+was replaced or removed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,14 +43,51 @@ CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
 
 _DONE = ("finished", "failed", "cancelled")
 
+_local = threading.local()  # .cons: {path: (pid, inode, connection)}
+
+
+class _Borrowed:
+    """A cached connection handed out for one call; ``close()`` keeps it open."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self._con = con
+
+    def execute(self, *args: Any) -> sqlite3.Cursor:
+        return self._con.execute(*args)
+
+    def close(self) -> None:
+        if self._con.in_transaction:
+            self._con.execute("ROLLBACK")
+
 
 class Registry:
-    """Access to the job registry (one short connection per call)."""
+    """Access to the job registry."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else paths.registry_path()
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self) -> Any:
+        key = str(self.path)
+        cons = getattr(_local, "cons", None)
+        if cons is None:
+            cons = _local.cons = {}
+        try:
+            inode = os.stat(key).st_ino
+        except FileNotFoundError:
+            inode = None
+        cached = cons.get(key)
+        if cached is not None:
+            pid, ino, con = cached
+            if pid == os.getpid() and ino == inode:
+                return _Borrowed(con)
+            del cons[key]
+            if pid == os.getpid():
+                con.close()
+        con = self._open()
+        cons[key] = (os.getpid(), os.stat(key).st_ino, con)
+        return _Borrowed(con)
+
+    def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
         con.row_factory = sqlite3.Row

@@ -51,6 +51,7 @@ _SYNC_S = 0.05  # ... and fsync at least this often (and at the end of every cla
 _QUIET_BEFORE_FAST = 32  # tasks in a row without output before the fast path is used
 _FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
+_MIN_BATCH_S = 0.002  # ... and no less than this, even at the end of a job
 _MAX_BATCH = 4096
 _WAIT = object()
 
@@ -138,7 +139,7 @@ class Worker:
         self.idle_timeout_s = idle_timeout_s
         self.host = os.uname().nodename
         self.pid = os.getpid()
-        self.numpy_seeder = _NumpySeeder()
+        self.seeder: Any = None  # a seeding.TaskSeeder once a seeded job ran
         self._started_at = time.time()
         self._jobs_done = 0
         self._saved_fds = (os.dup(1), os.dup(2))
@@ -331,7 +332,18 @@ class _JobRun:
             f.write(CUR.pack(-1, 0.0, 0))
         cur_fd = os.open(cur_path, os.O_RDWR)
         self.cur = mmap.mmap(cur_fd, CUR.size)
+        self.cur_index = memoryview(self.cur).cast("q")  # [0]: the task running now
         os.close(cur_fd)
+        w = self.w
+        if self.seeding:
+            if w.seeder is None:
+                from .seeding import TaskSeeder
+
+                w.seeder = TaskSeeder()
+            else:
+                w.seeder.rearm()
+        elif w.seeder is not None:
+            w.seeder.disarm()
         self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.res_end = os.fstat(self.res_fd).st_size
         self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -363,6 +375,7 @@ class _JobRun:
                 os.dup2(self.w._saved_fds[1], 2)
                 for fd in (self.res_fd, self.jfd):
                     os.close(fd)
+                self.cur_index.release()
                 self.cur.close()
                 if self.payload is not None:
                     self.payload.close()
@@ -417,18 +430,20 @@ class _JobRun:
         self.store.notify()
 
     # -- claiming -------------------------------------------------------------
-    def _batch_size(self) -> int:
+    def _batch_size(self) -> tuple[int, int]:
+        """(how many tasks to claim at most, at least): ~20 ms and ~2 ms of work."""
         if self.n_done == 0 or self.mean_s <= 0:
-            return 1
-        return max(1, min(_MAX_BATCH, int(_TARGET_BATCH_S / self.mean_s)))
+            return 1, 1
+        want = max(1, min(_MAX_BATCH, int(_TARGET_BATCH_S / self.mean_s)))
+        return want, max(1, min(want, int(_MIN_BATCH_S / self.mean_s)))
 
-    def _claim(self, want: int) -> Any:
+    def _claim(self, size: tuple[int, int]) -> Any:
         try:
-            return self._claim_locked(want)
+            return self._claim_locked(*size)
         except FileNotFoundError:
             return None  # the job was withdrawn (its submission failed) or purged
 
-    def _claim_locked(self, want: int) -> Any:
+    def _claim_locked(self, want: int, least: int = 1) -> Any:
         store = self.store
         with store.locked_queue() as q:
             m = q["members"].get(self.wid)
@@ -455,7 +470,9 @@ class _JobRun:
                 remaining = q["n"] - q["next"]
                 if remaining > 0:
                     active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
-                    k = max(1, min(want, -(-remaining // (2 * max(1, active)))))
+                    # Guided: a share of what is left, shrinking towards the end, but
+                    # never less than ~2 ms of work (a claim costs a lock and an fsync).
+                    k = min(remaining, max(least, min(want, -(-remaining // (2 * max(1, active))))))
                     a = q["next"]
                     q["next"] = a + k
                     m["state"] = "active"
@@ -547,14 +564,14 @@ class _JobRun:
         """Tasks that took microseconds and printed nothing: run a chunk in one loop,
         one range record per run of successes (see records.py), one log check per batch."""
 
-        rseed = _fast_random_seed() if self.seeding else _no_seed
-        npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
+        seeder = self.w.seeder if self.seeding else None
         payload = self._load_payload()
         fn = None
         ctx = self.ctx
-        cur = self.cur
-        pack_into = CUR.pack_into
+        cur, cur_index = self.cur, self.cur_index
         js = self.job_seed
+        if seeder is not None:
+            seeder.job_seed = js
         i, stop = indices.start, indices.stop
         while i < stop:
             run = payload.args_run(i)
@@ -569,16 +586,25 @@ class _JobRun:
             values: list[Any] = []
             append = values.append
             t0 = time.time()
+            CUR.pack_into(cur, 0, i, t0, log_off)
             start = i
             j = i
             try:
-                for j in range(i, end):
-                    pack_into(cur, 0, j, t0, log_off)
-                    ctx.index = j
-                    ctx.seed = js + j
-                    rseed(js + j)
-                    npseed(js, j)
-                    append(fn(*args[j - first]))
+                if seeder is None:
+                    for j in range(i, end):
+                        cur_index[0] = j
+                        ctx.index = j
+                        ctx.seed = js + j
+                        append(fn(*args[j - first]))
+                else:
+                    for j in range(i, end):
+                        if seeder.fired:
+                            seeder.rearm()
+                        cur_index[0] = j
+                        ctx.index = j
+                        ctx.seed = js + j
+                        seeder._pending = j
+                        append(fn(*args[j - first]))
             except BaseException as exc:
                 self._emit_range(start, values, t0, log_off)
                 err = _describe_error(exc, self.w.host, j, js + j)
@@ -591,7 +617,7 @@ class _JobRun:
                 continue
             self._emit_range(start, values, t0, log_off)
             i = end
-        pack_into(cur, 0, -1, 0.0, 0)
+        CUR.pack_into(cur, 0, -1, 0.0, 0)
 
     def _emit_range(self, start: int, values: list[Any], t0: float, log_off: int) -> None:
         """Write a range record for tasks start .. start+len(values)-1 (all succeeded)."""
@@ -635,8 +661,7 @@ class _JobRun:
     def _run_each(self, indices: Any) -> None:
         """Run tasks one after another; the hot loop of every worker."""
 
-        rseed = _fast_random_seed() if self.seeding else _no_seed
-        npseed = self.w.numpy_seeder.seed if self.seeding else _no_seed
+        seeder = self.w.seeder if self.seeding else None
         payload = self._load_payload()
         ctx = self.ctx
         cur = self.cur
@@ -661,8 +686,10 @@ class _JobRun:
             ctx.attempt = attempt
             ok = True
             try:
-                rseed(seed)
-                npseed(job_seed, idx)
+                if seeder is not None:
+                    if seeder.fired:
+                        seeder.rearm()
+                    seeder.begin(job_seed, idx)
                 fn, args, kwargs = payload.task(idx)
                 if fn is None:
                     fn = self._common()[0]
@@ -749,25 +776,6 @@ class _JobRun:
                 fixed.append(err)
                 self.pending[j] = (p[0], False, *p[2:8], err)
         return serial.dumps_plain(fixed)
-
-
-def _no_seed(*args: Any) -> None:
-    pass
-
-
-def _fast_random_seed() -> Any:
-    """``random.seed(n)`` for an int n, without the Python-level wrapper (same state)."""
-    import _random
-    import random
-
-    inst: Any = random._inst
-    c_seed: Any = _random.Random.seed  # the C implementation that random.Random.seed ends in
-
-    def seed(n: int) -> None:
-        c_seed(inst, n)
-        inst.gauss_next = None
-
-    return seed
 
 
 def _reset(token: Any) -> None:

@@ -251,13 +251,17 @@ def test_cores_limit_one_at_a_time(ew_home):
 
 
 def test_warm_workers_are_reused(ew_home):
-    pids1 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
+    def pid(_):
+        time.sleep(0.05)  # long enough that both workers take tasks
+        return os.getpid()
+
+    pids1 = set(ew.map(pid, range(20), on=ew.local(cores=2)))
     idle = ew.local().pool_dir() / "idle"
     deadline = time.monotonic() + 30
     while len(os.listdir(idle)) < len(pids1):  # workers go idle right after the job
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    pids2 = set(ew.map(lambda _: os.getpid(), range(20), on=ew.local(cores=2)))
+    pids2 = set(ew.map(pid, range(20), on=ew.local(cores=2)))
     assert pids2 <= pids1
 
 
