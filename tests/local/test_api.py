@@ -250,6 +250,24 @@ def test_cores_limit_one_at_a_time(ew_home):
         assert b0 >= a1 - 0.01  # never overlapping
 
 
+def test_seeds_match_eager_seeding_on_every_path(ew_home):
+    # 300 quiet microsecond tasks: the first run one by one, the rest on the fast
+    # path (one loop per chunk); each must see random and NumPy seeded for it.
+    import numpy as np
+
+    def draw(_):
+        return random.random(), float(np.random.rand())
+
+    got = ew.map(draw, range(300), seed=1000, on=ew.local(cores=2))
+    want = [(random.Random(1000 + i).random(),
+             float(np.random.RandomState(np.random.SeedSequence(1000, spawn_key=(i,)).generate_state(4)).rand()))
+            for i in range(300)]
+    assert got == want
+    # without seeds, the real functions run: no two tasks of a worker share a stream start
+    unseeded = ew.map(lambda _: random.random(), range(50), seed=False, on=ew.local(cores=1))
+    assert len(set(unseeded)) == 50
+
+
 def test_warm_workers_are_reused(ew_home):
     def pid(_):
         time.sleep(0.05)  # long enough that both workers take tasks

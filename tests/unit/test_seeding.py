@@ -1,0 +1,117 @@
+"""Per-task seeds applied on first use (elsewhere.seeding) give what eager seeding gives."""
+
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from elsewhere.seeding import TaskSeeder
+
+
+def eager_random(job_seed, index):
+    return random.Random(job_seed + index)
+
+
+def eager_numpy(job_seed, index):
+    return np.random.RandomState(np.random.SeedSequence(job_seed, spawn_key=(index,)).generate_state(4))
+
+
+@pytest.fixture
+def seeder():
+    s = TaskSeeder()
+    yield s
+    s.disarm()
+
+
+def run(seeder, job_seed, index, fn):
+    if seeder.fired:
+        seeder.rearm()
+    seeder.begin(job_seed, index)
+    return fn()
+
+
+def test_each_task_draws_from_its_own_seed(seeder):
+    for index in (0, 1, 5, 0):
+        r = run(seeder, 42, index, lambda: (random.random(), random.randint(0, 10**9), np.random.rand(),
+                                            np.random.randint(0, 10**9)))
+        er, en = eager_random(42, index), eager_numpy(42, index)
+        assert r == (er.random(), er.randint(0, 10**9), en.rand(), en.randint(0, 10**9))
+
+
+def test_numpy_first_then_random(seeder):
+    got = run(seeder, 7, 3, lambda: (np.random.normal(), random.gauss(0, 1)))
+    assert got == (eager_numpy(7, 3).normal(), eager_random(7, 3).gauss(0, 1))
+
+
+def test_gauss_cache_does_not_leak_between_tasks(seeder):
+    # random.gauss keeps a second value; each task must start without it.
+    a = run(seeder, 1, 0, lambda: random.gauss(0, 1))
+    b = run(seeder, 1, 0, lambda: random.gauss(0, 1))
+    assert a == b == eager_random(1, 0).gauss(0, 1)
+
+
+def test_state_and_explicit_seed(seeder):
+    state = run(seeder, 9, 2, random.getstate)
+    assert state == eager_random(9, 2).getstate()
+    # a task that seeds itself gets what it asked for
+    assert run(seeder, 9, 2, lambda: (random.seed(123), random.random())[1]) == random.Random(123).random()
+    assert run(seeder, 9, 2, lambda: np.random.get_state()[1][:4].tolist()) == \
+        eager_numpy(9, 2).get_state()[1][:4].tolist()
+
+
+def test_a_bound_stub_stays_seeded(seeder):
+    from random import random as bound  # bound while the stubs are in: a stub
+
+    a = run(seeder, 5, 4, bound)
+    b = run(seeder, 5, 4, bound)
+    assert a == b == eager_random(5, 4).random()
+
+
+def test_tasks_that_draw_nothing_leave_the_stubs_in(seeder):
+    stub = random.random
+    assert getattr(stub, "__wrapped__", None) is not None
+    run(seeder, 1, 0, lambda: None)
+    assert random.random is stub and not seeder.fired
+    run(seeder, 1, 1, random.random)
+    assert seeder.fired and random.random is not stub  # the real one, for the rest of the task
+    run(seeder, 1, 2, lambda: None)
+    assert random.random is stub
+
+
+def test_disarm_puts_the_real_functions_back(seeder):
+    seeder.disarm()
+    assert not hasattr(random.random, "__wrapped__")
+    assert not hasattr(np.random.rand, "__wrapped__")
+    random.seed(3)
+    assert random.random() == random.Random(3).random()
+    seeder.rearm()
+    assert hasattr(random.random, "__wrapped__")
+
+
+@pytest.mark.parametrize("order", ["random-first", "numpy-first"])
+def test_numpy_imported_inside_a_task(order):
+    # NumPy not loaded when the worker starts; the task imports it.
+    script = textwrap.dedent(f"""
+        import random, sys
+        from elsewhere.seeding import TaskSeeder
+        assert "numpy" not in sys.modules
+        s = TaskSeeder()
+        s.begin(11, 6)
+        if {order!r} == "random-first":
+            r = random.random()
+            import numpy as np
+            v = np.random.rand()
+        else:
+            import numpy as np
+            v = np.random.rand()
+            r = random.random()
+        ss = np.random.SeedSequence(11, spawn_key=(6,))
+        assert v == np.random.RandomState(ss.generate_state(4)).rand(), v
+        assert r == random.Random(17).random(), r
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
