@@ -8,6 +8,19 @@ workers' journals and completes the futures::
     collector thread <──notify.fifo── workers <──claim── queue.json
          └── Future.set_result / set_exception
 
+A cluster that runs a controller in this process (the peers) takes the tasks
+in memory instead, and hands each value back as it arrives; the job folder is
+still written, by two threads off the path of a task: the payload by the
+executor's writer, the results (durable before a worker forgets them) by the
+controller's recorder::
+
+    submit() ──put──> controller ──TASK──> worker ──RESULT──> controller
+        │                                                         ├── Future.set_result
+        └──> payload writer thread: payload.log, queue.json       └── recorder: results, fsync, ACK
+
+The collector thread still reads the journals, for what the controller does
+not hand back (lost tasks, values it cannot unpickle, a restarted controller).
+
 The futures are the standard library's own; ``as_completed`` and ``wait``
 work on them as usual. Shutting the executor down closes the job and, unless
 ``keep=True``, purges it.
@@ -16,7 +29,10 @@ work on them as usual. Shutting the executor down closes the job and, unless
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import logging
 import os
+import queue
 import select
 import threading
 import time
@@ -25,7 +41,11 @@ from typing import Any
 
 from .clusters.local import _wake
 from .errors import ConfigError, TaskError
-from .records import Kind
+from .records import Kind, Record
+
+log = logging.getLogger(__name__)
+
+_PAYLOAD_GATHER_S = 0.05
 
 
 class _Future(cf.Future):
@@ -68,8 +88,18 @@ class Executor(cf.Executor):
         self._futures: dict[int, _Future] = {}
         self._n = 0
         self._shutdown = False
+        self._by_value_cache: dict[Any, Any] = {}
         api._write_and_submit(self._job, None, [])
         self._stop = threading.Event()
+        self._link: Any = None  # the in-process controller that takes tasks in memory
+        link = getattr(self._job.cluster, "executor_link", None)
+        if link is not None:
+            self._link = link(self._job, self._on_outcome)
+            self._pickle_lock = threading.Lock()
+            self._to_write: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            self._payload_thread = threading.Thread(target=self._write_payload, daemon=True,
+                                                    name="elsewhere-executor-payload")  # fmt: skip
+            self._payload_thread.start()
         self._thread = threading.Thread(target=self._collect, name="elsewhere-executor", daemon=True)
         self._thread.start()
 
@@ -82,6 +112,8 @@ class Executor(cf.Executor):
         """Schedule ``fn(*args, **kwargs)``; returns a Future."""
         if not callable(fn):
             raise ConfigError(f"submit needs a callable, not {fn!r}")
+        if self._link is not None:
+            return self._submit_direct(fn, args, kwargs)
         with self._lock:
             if self._shutdown:
                 raise RuntimeError("cannot schedule new futures after shutdown")
@@ -89,7 +121,7 @@ class Executor(cf.Executor):
             try:
                 from . import serial
 
-                with serial.by_value_for([fn], shared_fs=self._job.cluster.shares_filesystem()):
+                with self._by_value(fn):
                     self._writer.write_tasks(index, [(fn, args, kwargs)])
             except Exception:
                 from . import serial
@@ -115,17 +147,119 @@ class Executor(cf.Executor):
                 self._job.cluster.poll(self._job)
         return fut
 
+    def _submit_direct(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> cf.Future:
+        from . import serial
+
+        entry = (fn, args, kwargs)
+        by_value = self._by_value(fn)
+        # Pickled here only to fail at once on what cannot be sent (out-of-band buffers
+        # are not copied); the controller and the payload writer use the objects.
+        try:
+            if by_value.modules:  # cloudpickle's registry is global: one thread at a time
+                with self._pickle_lock, by_value:
+                    serial.dumps(entry)
+            else:
+                serial.dumps(entry)
+        except Exception:
+            serial.check_serialisable(None, [entry])
+            raise
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            index = self._n
+            self._n += 1
+            fut = _Future(self, index)
+            self._futures[index] = fut
+            self._to_write.put((index, entry, by_value))
+            self._link.put(index, entry)
+        return fut
+
+    def _by_value(self, fn: Any) -> Any:
+        """``serial.by_value_for([fn])``, decided once per module (the decision looks
+        the module up on ``sys.path``: hundreds of microseconds)."""
+        from . import serial
+
+        name = getattr(fn, "__module__", None)
+        bv = self._by_value_cache.get(name)
+        if bv is None:
+            bv = serial.by_value_for([fn], shared_fs=self._job.cluster.shares_filesystem())
+            if len(self._by_value_cache) < 256:
+                self._by_value_cache[name] = bv
+        return bv
+
+    def _write_payload(self) -> None:
+        """The writer thread: append the tasks to the payload (for a controller started
+        later, ``retry`` and ``recover``), then count them in the queue. Tasks are
+        taken together for a few milliseconds: this thread then costs the tasks'
+        round trips little (it competes with them for the interpreter)."""
+        while True:
+            items = [self._to_write.get()]
+            if items[0] is not None:
+                self._stop.wait(_PAYLOAD_GATHER_S)
+            try:
+                while True:
+                    items.append(self._to_write.get_nowait())
+            except queue.Empty:
+                pass
+            tasks = [it for it in items if it is not None]
+            if tasks:
+                try:
+                    self._append(tasks)
+                except Exception:
+                    log.exception("cannot write the executor's tasks to job %r", self._job.name)
+            if len(tasks) < len(items):
+                return
+
+    def _append(self, tasks: list[tuple[int, Any, Any]]) -> None:
+        by_value = [t for t in tasks if t[2].modules]
+        if by_value:
+            for index, entry, bv in tasks:
+                lock = self._pickle_lock if bv.modules else contextlib.nullcontext()
+                with lock, bv:
+                    self._writer.write_tasks(index, [entry])
+        else:
+            self._writer.write_tasks(tasks[0][0], [t[1] for t in tasks])
+        with self._job.store.locked_queue() as q:
+            q["n"] = max(int(q.get("n", 0)), tasks[-1][0] + 1)
+        if self._link is not None and not self._link.alive():
+            with contextlib.suppress(Exception):
+                self._job.cluster.poll(self._job)  # a new controller reads them from the payload
+
+    def _on_outcome(self, index: int, ok: bool, value: Any, seed: int) -> None:
+        """The controller thread: task ``index`` ended with ``value`` (an error description
+        unless ``ok``); its record follows in the job folder."""
+        with self._lock:
+            fut = self._futures.pop(index, None)
+        if fut is None or fut.done():
+            return
+        try:
+            if ok:
+                fut.set_result(value)
+            else:
+                from .job import _task_error
+
+                rec = Record(int(Kind.ERROR), 0, 0, index, seed=seed)
+                fut.set_exception(_task_error(value, self._job.name, rec).as_original_type())
+        except cf.InvalidStateError:
+            pass
+
     def _cancel_task(self, index: int) -> None:
         self._job.cluster.cancel_task(self._job, index)
 
     def _collect(self) -> None:
         job = self._job
         reader = job._reader
-        fd = os.open(job.store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
+        # With a controller handing values back, the journal is only a fallback: looked
+        # at four times a second rather than woken by every result.
+        fd = -1 if self._link is not None else os.open(job.store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
         last_poll = time.monotonic()
         try:
             while True:
-                r, _, _ = select.select([fd], [], [], 0.25)
+                if fd < 0:
+                    self._stop.wait(0.25)
+                    r: list[Any] = []
+                else:
+                    r, _, _ = select.select([fd], [], [], 0.25)
                 if r:
                     try:
                         while os.read(fd, 4096):
@@ -149,7 +283,8 @@ class Executor(cf.Executor):
                             f.cancel()
                         return
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def _resolve(self) -> None:
         job = self._job
@@ -158,8 +293,9 @@ class Executor(cf.Executor):
                 del self._futures[i]
             ready = [i for i in self._futures if i in job._reader.final]
         for i in ready:
-            fut = self._futures.pop(i)
-            if fut.done():
+            with self._lock:
+                fut = self._futures.pop(i, None)
+            if fut is None or fut.done():
                 continue
             job._snap = None
             try:
@@ -184,12 +320,17 @@ class Executor(cf.Executor):
             if cancel_futures:
                 for f in list(self._futures.values()):
                     f.cancel()
+        if self._link is not None:
+            self._to_write.put(None)
+            self._payload_thread.join()
         with self._job.store.locked_queue() as q:
             q["closed"] = True
             waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
         for fifo in waiting:
             _wake(fifo)
         self._writer.close()
+        if self._link is not None:
+            self._link.refresh_queue()  # it sees the job closed now, not at its next look
         self._stop.set()
         if wait:
             self._thread.join()

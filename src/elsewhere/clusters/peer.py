@@ -267,6 +267,16 @@ class PeerCluster(Cluster):
             c = self._start_controller(job)
         c.tasks_added()
 
+    def executor_link(self, job: Job, on_outcome: Any) -> Controller:
+        """For an ``ew.Executor`` on stream job ``job``: its controller in this process,
+        which takes tasks in memory (``put``) and calls ``on_outcome(index, ok, value,
+        seed)`` with each value as it arrives (the job folder is written all the same)."""
+        c = self.controller(job)
+        if c is None:
+            c = self._start_controller(job)
+        c.on_outcome = on_outcome
+        return c
+
     def cancel_job(self, job: Job) -> None:
         with job.store.locked_queue() as q:
             q["cancelled"] = True

@@ -2,7 +2,7 @@
 
 A thread in the client process, owned by the job's :class:`PeerCluster`::
 
-    user thread ── tasks_added / cancel / stop ──> command queue + wake socket
+    user thread ── tasks_added / put / cancel / stop ──> command queue + wake socket
                                                         │
     listener thread (discovery) ── workers changed ──> wake
                                                         v
@@ -11,8 +11,9 @@ A thread in the client process, owned by the job's :class:`PeerCluster`::
                  local first, best memory fit); held or refused with a reason
         ACCEPT:  TASK = pickled (fn, args, kwargs) of the batch + out-of-band buffers
                  (+ the job's function and job data, once per connection)
-        RESULT:  each task's pickled value, error or fate -> OutcomeWriter (job folder),
-                 notify; fsync at most every 10 ms, then ACK (the worker forgets it)
+        RESULT:  each task's value -> the Executor's future at once (``on_outcome``);
+                 its pickled value, error or fate -> the recorder thread, which writes
+                 it to the job folder and syncs; then ACK (the worker forgets it)
         timers:  ASKs not admitted in time move elsewhere; overdue batches run twice;
                  workers whose announcements stop, or whose connection is refused,
                  lose their batches to others. The first result wins.
@@ -43,14 +44,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import records
 from ..errors import PeerError, ProtocolError
-from ..store import OutcomeWriter, writev_all
 from .access import same_user
 from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
 from .discovery import Announcer, DiscoveryConfig, Listener
 from .keys import GroupKey
+from .recorder import GroupWriter, Recorder
 from .stream import Closed, ConnectionPump, ReusableBuffers
 from .wire import (
     Accept,
@@ -80,42 +80,10 @@ log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 5
 """How often one task is placed again because its worker vanished (not its own fault)."""
-_SYNC_S = 0.01
 _MAX_BATCH = 4096
 _MAX_BATCH_BYTES = 16 << 20
 _MAX_OOB = 1000
 _PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
-
-
-class GroupWriter(OutcomeWriter):
-    """An :class:`OutcomeWriter` that also writes a *group*: one result body holding the
-    pickled list of several tasks' values, and one journal record per task pointing at
-    its item (the format of the local worker's bodies: read once, not once per task)."""
-
-    def write_group(self, pickled: Any, buffers: list[Any],
-                    rows: list[tuple[int, bool, int, int, bytes, float, float, int, int]]) -> None:  # fmt: skip
-        """Append a body and its records. ``rows``: (task, ok, item, attempt, log, t_start,
-        t_end, peak_rss, seed) each. Not fsynced: the caller syncs before acknowledging."""
-        parts = records.pack_body(bytes(pickled), [memoryview(b).cast("B") for b in buffers])
-        size = records.body_size(parts)
-        off = self.res_end
-        writev_all(self.res_fd, parts)
-        self.res_end += size
-        logs = [r[4] for r in rows if r[4]]
-        log_off = self.log_end
-        if logs:
-            writev_all(self.log_fd, logs)  # type: ignore[arg-type]
-            self.log_end += sum(len(x) for x in logs)
-        ok_kind, err_kind = int(records.Kind.OK), int(records.Kind.ERROR)
-        recs = []
-        for task, ok, item, attempt, log, t0, t1, rss, seed in rows:
-            recs.append(records.Record(
-                kind=ok_kind if ok else err_kind, flags=0, attempt=attempt, task=task, item=item,
-                res_off=off, res_len=size, log_off=log_off, log_len=len(log), t_start=t0,
-                t_end=t1, peak_rss=rss, seed=seed,
-            ))  # fmt: skip
-            log_off += len(log)
-        os.write(self.jfd, records.pack_frame(recs))
 
 
 @dataclass(frozen=True)
@@ -228,9 +196,10 @@ class Controller:
         self.closed = not self.stream
         self.mean_s = 0.0
         self.n_measured = 0
-        self.unsynced: set[int] = set()  # ids of writers with unsynced writes
-        self.ack_due: list[tuple[_Worker, str]] = []
-        self.first_unsynced = 0.0
+        self.entries: dict[int, Any] = {}  # tasks handed in memory (put), until final
+        self.on_outcome: Any = None  # (index, ok, value or error description) -> None
+        self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
+        self.recorder: Recorder | None = None
         self.stats: collections.Counter[str] = collections.Counter()
         self.common: tuple[str, list[Any]] | None = None
         self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
@@ -264,6 +233,7 @@ class Controller:
         except OSError as exc:
             log.warning("controller announcements are off (%s)", exc)
         self._load_state()
+        self.recorder = Recorder(self.store, self._on_durable)
         self._thread = threading.Thread(target=self._main, name="elsewhere-peer-controller", daemon=True)
         self._thread.start()
         self._watch = threading.Thread(target=self._watch_peers, name="elsewhere-peer-watch", daemon=True)
@@ -277,6 +247,12 @@ class Controller:
     def tasks_added(self) -> None:
         """New tasks were appended to a stream job (``q["n"]`` grew)."""
         self._command("tasks")
+
+    def put(self, index: int, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+        """Task ``index`` of a stream job, ``(fn, args, kwargs)``, handed in memory: it is
+        placed at once (the caller appends it to the job's payload on its own time).
+        Indices come in order, each once."""
+        self._command("put", index, entry)
 
     def cancel_task(self, index: int) -> None:
         """Drop task ``index``: it is not placed again, and its result is not kept."""
@@ -318,6 +294,12 @@ class Controller:
         self.commands.put(cmd)
         with contextlib.suppress(OSError):
             self._wake_w.send(b"c")
+
+    def _on_durable(self, acks: list[Any], buffers: list[Any]) -> None:
+        # the recorder thread: what it wrote is durable; the loop sends the ACKs
+        self.durable.put((acks, buffers))
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"d")
 
     # -- state from the job folder ---------------------------------------------------------
     def _load_state(self) -> None:
@@ -384,7 +366,7 @@ class Controller:
         last_queue = time.monotonic()
         while True:
             busy = bool(self.pending or self.batches)
-            timeout = _SYNC_S if self.unsynced else (0.05 if busy else 0.25)
+            timeout = 0.05 if busy else 0.25
             for key, mask in self.sel.select(timeout):
                 kind, worker = key.data
                 if kind == "wake":
@@ -404,14 +386,13 @@ class Controller:
                 self._read_queue()
                 last_queue = now
             self._place(now)
-            self._sync(now)
+            self._send_acks()
             if self._done():
-                self._sync(now, force=True)
                 break
         if self._cancelled_job:
             for b in list(self.batches.values()):
                 self._send(b.worker, Cancel(b.bid))
-        self._sync(time.monotonic(), force=True)
+        self._send_acks(wait=True)
 
     def _done(self) -> bool:
         if self.closed:
@@ -430,7 +411,13 @@ class Controller:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd[0] == "tasks" or cmd[0] == "queue":
+            if cmd[0] == "put":
+                index = int(cmd[1])
+                self.entries[index] = cmd[2]
+                if index >= self.n:
+                    old, self.n = self.n, index + 1
+                    self._queue_new(old)
+            elif cmd[0] == "tasks" or cmd[0] == "queue":
                 self._read_queue()
             elif cmd[0] == "cancel_task":
                 i = int(cmd[1])
@@ -760,24 +747,21 @@ class Controller:
         if b is not None:
             self._forget(b)
         try:
-            self._store_items(w, info, buffers)
+            self._store_items(w, msg.task_id, info, buffers)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             log.warning("malformed RESULT from %s: %s", w.host, exc)
             self._disconnected(w, f"malformed RESULT: {exc}")
             return
-        self.ack_due.append((w, msg.task_id))
-        for buf in buffers:  # written to the job folder: the memory can take the next result
-            self.buffers.free(buf)
         if b is not None:
             for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
                 if i not in self.final and i not in self.cancelled and not self.inflight.get(i):
                     if i not in self.pending:
                         self.pending.appendleft(i)
                     self.attempts.setdefault(i, a)
-        self.store.notify()
 
-    def _store_items(self, w: _Worker, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
-        """Write a RESULT's outcomes to the job folder (not yet fsynced)."""
+    def _store_items(self, w: _Worker, bid: str, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
+        """Hand a RESULT's outcomes to the Executor (if any) and to the recorder, which
+        writes them to the job folder; the worker is acknowledged once they are durable."""
         pickles = memoryview(buffers[0]).cast("B")
         logs = memoryview(buffers[1]).cast("B")
         self.stats["result_bytes"] += sum(len(memoryview(b).cast("B")) for b in buffers)
@@ -815,19 +799,36 @@ class Controller:
             rows.setdefault(int(group), []).append(
                 (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed))
             self._finalise(index)
-        if not rows:
-            return
+        if self.on_outcome is not None:
+            self._hand_out(groups, rows)
         if w.writer is None:
             if not w.wid:
                 w.wid = f"peer-x-{w.peer_id[:8]}-{self.short}"
                 self._write_worker_info(w)
             w.writer = GroupWriter(self.store, w.wid)
+        parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
+        assert self.recorder is not None  # started with the loop
+        self.recorder.record(w.writer, parts, (w, bid), buffers)
+
+    def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
+                  rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
+        """Give the Executor each finished task's value from the buffers just received
+        (no copy; the buffers are not reused while the values hold them). A value that
+        cannot be unpickled here is left to the Executor's reading of the job folder."""
+        from .. import serial
+
         for group, group_rows in rows.items():
             pickled, oob = groups[group]
-            w.writer.write_group(pickled, oob, group_rows)
-        if not self.unsynced:
-            self.first_unsynced = time.monotonic()
-        self.unsynced.add(id(w))
+            try:
+                values = serial.loads(pickled, oob)
+            except Exception as exc:
+                log.debug("a result is read back from the job folder: %s", exc)
+                continue
+            for index, ok, item, *_rest, seed in group_rows:
+                try:
+                    self.on_outcome(index, ok, values[item], seed)
+                except Exception:
+                    log.exception("the Executor's result callback failed")
 
     def _write_lost(self, w: _Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
                     t0: float, t1: float) -> None:  # fmt: skip
@@ -850,6 +851,7 @@ class Controller:
 
     def _finalise(self, index: int) -> None:
         self.final.add(index)
+        self.entries.pop(index, None)
         self.reasons.pop(index, None)
         with self.lock:
             self.running_view.pop(index, None)
@@ -981,7 +983,7 @@ class Controller:
         by one, when a batch shares it: an Executor's tasks then pickle only their inputs)."""
         from .. import serial
 
-        entries = [self.payload.task(i) for i in b.indices]
+        entries = [self._entry(i) for i in b.indices]
         own = {id(e[0]) for e in entries}
         if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
             digest, fn_parts = self._fn_part(entries[0][0])
@@ -1007,6 +1009,10 @@ class Controller:
             w.sent_fns.add(digest)
         self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
         return info, buffers
+
+    def _entry(self, index: int) -> Any:
+        entry = self.entries.get(index)
+        return entry if entry is not None else self.payload.task(index)
 
     def _common(self) -> tuple[str, list[Any]]:
         """The function part of the job's own function and job data."""
@@ -1159,22 +1165,26 @@ class Controller:
                     if i not in self.final and i not in self.cancelled and i not in self.pending:
                         self.pending.appendleft(i)
 
-    def _sync(self, now: float, *, force: bool = False) -> None:
-        """fsync what was written, then acknowledge the results it holds."""
-        if self.unsynced and (force or now - self.first_unsynced >= _SYNC_S):
-            for w in self.workers.values():
-                if id(w) in self.unsynced and w.writer is not None:
-                    for fd in (w.writer.res_fd, w.writer.log_fd, w.writer.jfd):
-                        with contextlib.suppress(OSError):
-                            os.fsync(fd)
-            self.unsynced.clear()
-        if self.ack_due and not self.unsynced:
-            due, self.ack_due = self.ack_due, []
-            for w, bid in due:
+    def _send_acks(self, *, wait: bool = False) -> None:
+        """Acknowledge the results the recorder made durable (all of them, with ``wait``);
+        their buffers may then take the next results (once nothing else holds them)."""
+        if wait and self.recorder is not None:
+            self.recorder.wait_idle()
+        while True:
+            try:
+                acks, buffers = self.durable.get_nowait()
+            except queue.Empty:
+                return
+            for w, bid in acks:
                 self._send(w, Ack(bid))
+            for buf in buffers:
+                self.buffers.free(buf)
 
     # -- the end -----------------------------------------------------------------------
     def _close_all(self) -> None:
+        if self.recorder is not None:
+            self.recorder.stop()
+            self._send_acks()
         for w in list(self.workers.values()):
             if w.state == "ready":
                 with contextlib.suppress(Exception):

@@ -24,6 +24,7 @@ import collections
 import mmap
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -293,33 +294,50 @@ class SharedBuffers:
 
 class ReusableBuffers:
     """An :data:`~.wire.Allocator` of large ``bytearray`` buffers, reused once freed
-    (a controller frees a RESULT's buffers once it has written them to the job folder)."""
+    (a controller frees a RESULT's buffers once it has written them to the job folder).
+
+    A freed buffer may still back a value handed out (an Executor's future holds the
+    NumPy array unpickled from it without a copy): it is reused only once nothing
+    but this pool refers to it (its reference count says so), so a value is never
+    overwritten under its holder. Not thread-safe: one thread allocates and frees.
+    """
 
     def __init__(self, threshold: int = 1 << 20, keep_bytes: int = 512 << 20, keep: int = 8) -> None:
         self.threshold = threshold
         self.keep_bytes = keep_bytes
         self.keep = keep
         self._free: list[bytearray] = []
+        probe = [bytearray(1)]
+        self._base = max(_refs(b) for b in probe)  # references of a buffer only the pool holds
 
     def __call__(self, size: int) -> Buffer:
         if size < self.threshold:
             return bytearray(size)
-        fits = [b for b in self._free if size <= len(b) <= 2 * size]
-        if fits:
-            buf = min(fits, key=len)
-            self._free.remove(buf)
-            return memoryview(buf)[:size]
+        best = None
+        for b in self._free:
+            if size <= len(b) <= 2 * size and _refs(b) <= self._base and (best is None or len(b) < len(best)):
+                best = b
+        if best is not None:
+            self._free.remove(best)
+            return memoryview(best)[:size]
         return memoryview(bytearray(-(-size // (1 << 20)) << 20))[:size]
 
     def free(self, buffer: Any) -> None:
-        """The caller is done with ``buffer`` (from this allocator): keep it for the next one."""
+        """The caller is done with ``buffer`` (from this allocator): keep it for a later
+        one, to be reused once nothing else holds it."""
         obj = buffer.obj if isinstance(buffer, memoryview) else None
         if not isinstance(obj, bytearray) or len(obj) < self.threshold:
             return
         if any(b is obj for b in self._free):
             return
+        if len(self._free) >= self.keep or sum(map(len, self._free)) + len(obj) > self.keep_bytes:
+            self._free = [b for b in self._free if _refs(b) <= self._base]  # make room: drop held ones
         if len(self._free) < self.keep and sum(map(len, self._free)) + len(obj) <= self.keep_bytes:
             self._free.append(obj)
+
+
+def _refs(obj: object) -> int:
+    return sys.getrefcount(obj)
 
 
 def check_open(sock: socket.socket) -> None:

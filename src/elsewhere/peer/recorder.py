@@ -1,0 +1,146 @@
+"""The recorder: makes a controller's results durable in the job folder, off its loop.
+
+The controller thread hands each RESULT's groups to the recorder and carries on
+(placing the next task, resolving an Executor's future from the values it
+holds); the recorder thread writes them, syncs, and only then hands the
+acknowledgements back, so a worker forgets a result only once it is on disk::
+
+    controller thread ── record(writer, groups, ack) ──> recorder thread
+                                                           write bodies + journal records
+                                                           fsync (once for all it took)
+                                                           notify the job's waiters
+    controller thread <── done(acks, buffers) + wake ────────┘
+                          send ACK; the buffers may be reused
+
+Writes that arrive while a sync runs are taken together: one fsync per writer
+for all of them (group commit), so many small results cost one sync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .. import records
+from ..store import JobStore, OutcomeWriter, writev_all
+
+__all__ = ["GroupWriter", "Recorder"]
+
+log = logging.getLogger(__name__)
+
+Row = tuple[int, bool, int, int, bytes, float, float, int, int]
+"""(task, ok, item, attempt, log, t_start, t_end, peak_rss, seed) of one task in a group."""
+
+
+class GroupWriter(OutcomeWriter):
+    """An :class:`OutcomeWriter` that also writes a *group*: one result body holding the
+    pickled list of several tasks' values, and one journal record per task pointing at
+    its item (the format of the local worker's bodies: read once, not once per task)."""
+
+    def write_group(self, pickled: Any, buffers: list[Any], rows: list[Row]) -> None:
+        """Append a body and its records. Not fsynced: the caller syncs before acknowledging."""
+        parts = records.pack_body(bytes(pickled), [memoryview(b).cast("B") for b in buffers])
+        size = records.body_size(parts)
+        off = self.res_end
+        writev_all(self.res_fd, parts)
+        self.res_end += size
+        logs = [r[4] for r in rows if r[4]]
+        log_off = self.log_end
+        if logs:
+            writev_all(self.log_fd, logs)  # type: ignore[arg-type]
+            self.log_end += sum(len(x) for x in logs)
+        ok_kind, err_kind = int(records.Kind.OK), int(records.Kind.ERROR)
+        recs = []
+        for task, ok, item, attempt, log_bytes, t0, t1, rss, seed in rows:
+            recs.append(records.Record(
+                kind=ok_kind if ok else err_kind, flags=0, attempt=attempt, task=task, item=item,
+                res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes), t_start=t0,
+                t_end=t1, peak_rss=rss, seed=seed,
+            ))  # fmt: skip
+            log_off += len(log_bytes)
+        os.write(self.jfd, records.pack_frame(recs))
+
+    def sync(self) -> None:
+        """Make everything written so far durable."""
+        for fd in (self.res_fd, self.log_fd, self.jfd):
+            with contextlib.suppress(OSError):
+                os.fsync(fd)
+
+
+class Recorder:
+    """A thread that writes results to the job folder and syncs them (see the module doc).
+
+    ``done(acks, buffers)`` is called from the recorder thread once what was handed
+    in is durable (or failed to be written: logged, and acknowledged anyway only if
+    written); it must be quick and thread-safe (the controller queues and wakes).
+    """
+
+    def __init__(self, store: JobStore, done: Callable[[list[Any], list[Any]], None]) -> None:
+        self.store = store
+        self._done = done
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._idle = threading.Condition()
+        self._outstanding = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="elsewhere-peer-recorder", daemon=True)
+        self._thread.start()
+
+    def record(self, writer: GroupWriter, groups: list[tuple[Any, list[Any], list[Row]]],
+               ack: Any, buffers: tuple[Any, ...]) -> None:  # fmt: skip
+        """Write ``groups`` (pickled values, out-of-band buffers, rows) with ``writer``; then
+        report ``ack`` and ``buffers`` (which the caller must not reuse until then) as done."""
+        with self._idle:
+            self._outstanding += 1
+        self._queue.put((writer, groups, ack, buffers))
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until everything handed in so far is durable and reported done."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._outstanding == 0, timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Finish what was handed in, then end the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            items = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    items.append(self._queue.get_nowait())
+            if items[-1] is None:
+                stopping = True
+            items = [it for it in items if it is not None]
+            if not items:
+                continue
+            acks: list[Any] = []
+            buffers: list[Any] = []
+            writers: dict[int, GroupWriter] = {}
+            for writer, groups, ack, bufs in items:
+                try:
+                    for pickled, oob, rows in groups:
+                        writer.write_group(pickled, oob, rows)
+                except OSError as exc:  # the job folder is gone (purged) or full: not acknowledged
+                    self.error = exc
+                    log.warning("cannot store a result in the job folder: %s", exc)
+                else:
+                    writers[id(writer)] = writer
+                    if ack is not None:
+                        acks.append(ack)
+                buffers.extend(bufs)
+            for writer in writers.values():
+                writer.sync()
+            self.store.notify()
+            try:
+                self._done(acks, buffers)
+            finally:
+                with self._idle:
+                    self._outstanding -= len(items)
+                    self._idle.notify_all()

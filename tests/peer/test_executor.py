@@ -1,0 +1,120 @@
+"""``ew.Executor`` on peers: tasks handed to the controller in memory, futures resolved
+from the results it receives, the job folder written all the same.
+
+Real worker daemons on loopback (two, one slot each), a real controller in this process.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from peer_procs import Workers, free_port
+
+import elsewhere as ew
+from elsewhere.clusters.peer import PeerCluster
+from elsewhere.errors import ElsewhereError
+from elsewhere.peer.keys import write_key
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    tmp = tmp_path_factory.mktemp("lab")
+    key = write_key("lab", tmp / "lab.key")
+    port = free_port()
+    with Workers(tmp, 2, port=port, key=key):
+        yield key, port
+
+
+@pytest.fixture
+def on(lab: tuple[Path, int], ew_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PeerCluster:
+    monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "config"))
+    key, port = lab
+    cluster = ew.peers("lab", key=key, port=port, interface="127.0.0.1")
+    assert isinstance(cluster, PeerCluster)
+    return cluster
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def fill(n: int, value: float) -> np.ndarray:
+    return np.full(n, value)
+
+
+def double(a: np.ndarray) -> np.ndarray:
+    return a * 2
+
+
+def fails(x: int) -> int:
+    raise KeyError(f"no {x}")
+
+
+def test_results_come_back_and_are_durable_in_the_job_folder(on: PeerCluster) -> None:
+    with ew.Executor(on=on, keep=True) as ex:
+        name = ex.job.name
+        futs = [ex.submit(square, i) for i in range(40)]
+        assert [f.result(timeout=30) for f in futs] == [i * i for i in range(40)]
+        assert ex.submit(square, 7).result(timeout=30) == 49  # one at a time, too
+    job = ew.recover(name)  # what the folder holds, read by a fresh Job
+    assert job.results() == [i * i for i in range(40)] + [49]
+    job.purge()
+
+
+def test_large_results_do_not_share_memory_with_later_ones(on: PeerCluster) -> None:
+    n = (8 << 20) // 8  # 8 MiB: received into the controller's reusable buffers
+    with ew.Executor(on=on) as ex:
+        first = ex.submit(fill, n, 1.0).result(timeout=60)
+        later = [ex.submit(fill, n, float(v)).result(timeout=60) for v in (2.0, 3.0, 4.0)]
+        # the buffer behind `first` is still held: a later result must not land in it
+        assert first.min() == first.max() == 1.0
+        assert [(a.min(), a.max()) for a in later] == [(2.0, 2.0), (3.0, 3.0), (4.0, 4.0)]
+        del first, later
+        again = [ex.submit(fill, n, float(v)).result(timeout=60) for v in (5.0, 6.0)]
+        assert [(a.min(), a.max()) for a in again] == [(5.0, 5.0), (6.0, 6.0)]
+
+
+def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:
+    a = np.random.default_rng(3).random((16 << 20) // 8)
+    with ew.Executor(on=on) as ex:
+        b = ex.submit(double, a).result(timeout=60)
+    assert b.shape == a.shape and np.array_equal(b, a * 2)
+
+
+def test_errors_raise_as_their_own_type(on: PeerCluster) -> None:
+    with ew.Executor(on=on) as ex:
+        fut = ex.submit(fails, 3)
+        with pytest.raises(KeyError, match="no 3"):
+            fut.result(timeout=30)
+        assert ex.submit(square, 3).result(timeout=30) == 9  # the executor carries on
+
+
+def test_what_cannot_be_sent_fails_at_submit(on: PeerCluster) -> None:
+    with ew.Executor(on=on) as ex:
+        with pytest.raises(ElsewhereError, match="lock"):
+            ex.submit(square, threading.Lock())
+        assert ex.submit(square, 4).result(timeout=30) == 16  # nothing else is affected
+
+
+def test_as_completed_and_map_work_across_threads(on: PeerCluster) -> None:
+    with ew.Executor(on=on) as ex:
+        futs: list[cf.Future] = []
+
+        def submit_some(start: int) -> None:
+            futs.extend(ex.submit(square, i) for i in range(start, start + 25))
+
+        threads = [threading.Thread(target=submit_some, args=(s,)) for s in (0, 25)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        got = sorted(f.result() for f in cf.as_completed(futs, timeout=60))
+        assert got == sorted(i * i for i in range(50))
+        assert list(ex.map(square, range(5))) == [0, 1, 4, 9, 16]
