@@ -3,16 +3,25 @@
     ew.ssh(["server1", "user@server2"])          every node with its free cores
     ew.ssh({"server1": 24, "server2": 20})       at most that many cores per node
 
-On submission each node is asked (one ssh command) for its Python, its
-elsewhere version, cores and load; the job folder is copied to it (rsync, or
-a zstd-compressed tar stream); ``setup=`` runs there once; then detached
-workers start, which survive the client going away. The tasks are split
-between nodes in proportion to their workers, and each node's workers claim
-their share from the node's own copy of the queue.
+Each node runs one ``python -m elsewhere.agent serve`` per client, over one
+ssh session on the host's master connection, for the whole session: requests
+are JSON lines on its stdin, so a probe, a start or a poll costs a message, not
+a remote login shell. On submission, while the client still writes the
+inputs, each node is asked for its Python, elsewhere version, cores and load,
+and the payload is streamed into the node's copy of the job folder as it grows
+(``payload.log`` is append-only); then the rest of the folder follows on the
+same session, ``setup=`` runs there once, and detached workers start, which
+survive the client going away. The tasks are split between nodes in
+proportion to their workers, and each node's workers claim their share from
+the node's own copy of the queue::
 
-While a client waits, each poll runs ``python -m elsewhere.agent poll`` on
-every node (vanished workers are written off there, replacements started)
-and mirrors new results, logs and worker files down. A node that cannot be
+    submit ──prepare──> per node, a thread: info ─> payload.log as it grows ─┐
+           ──writes payload.log, job.json, queue.json locally──────────────── │
+           ──submit_independent: "finished" ─> rest of the folder ─> start <──┘
+
+While a client waits, each poll asks the agent on every node (vanished
+workers are written off there, replacements started) and mirrors new
+results, logs and worker files down (rsync). A node that cannot be
 reached for ``host_timeout_s`` is given up: its unfinished tasks move to the
 other nodes (the first result of a task wins).
 """
@@ -21,8 +30,10 @@ from __future__ import annotations
 
 import math
 import shlex
+import threading
 import time
 import warnings
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +42,7 @@ from .base import Cluster
 
 if TYPE_CHECKING:
     from ..job import Job, Snapshot
+    from ..remote.session import AgentSession
     from ..remote.ssh import SSHTransport
 
 DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
@@ -103,7 +115,8 @@ class SSHCluster(Cluster):
         self.ssh_config = ssh_config
         self.host_timeout_s = float(host_timeout_s)
         self._transports: dict[str, SSHTransport] = {}
-        self._probing: Any = None
+        self._sessions: dict[str, AgentSession] = {}
+        self._early: tuple[str, threading.Event, dict[str, Future[Any]]] | None = None
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -138,38 +151,28 @@ class SSHCluster(Cluster):
             return self.remote_storage.get(host, DEFAULT_REMOTE_STORAGE)
         return self.remote_storage
 
-    def _agent(self, host: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
-        from ..agent import parse_answer
+    def session(self, host: str) -> AgentSession:
+        """The agent on ``host``, over one ssh session kept open (one per host per process)."""
+        sess = self._sessions.get(host)
+        if sess is None:
+            from ..remote.session import AgentSession
 
-        py = self.python_for(host)
-        argv = [py, "-m", "elsewhere.agent", *args]
-        res = self.transport(host).run(argv, check=False, timeout=timeout)
-        answer = parse_answer(res.text)
-        if answer is None:
-            err = res.stderr.decode(errors="replace")
-            if res.returncode in (126, 127):
-                raise RemoteSetupError(
-                    f"no Python {py!r} on {host}: install Python 3 there or give python= "
-                    "(per node: python={'host': '/path/to/python3'})",
-                    host=host, command=argv, returncode=res.returncode, stderr=err)
-            if "No module named" in err and "elsewhere" in err:
-                from .. import __version__
+            sess = AgentSession(self.transport(host), self.python_for(host))
+            self._sessions[host] = sess
+        return sess
 
-                raise RemoteSetupError(
-                    f"elsewhere is not installed for {py} on {host}: run `{py} -m pip install "
-                    f"'elsewhere=={__version__}'` there, or give python= an interpreter that has it",
-                    host=host, command=argv, returncode=res.returncode, stderr=err)
-            raise RemoteSetupError(f"the elsewhere agent failed on {host}", host=host, command=argv,
-                                   returncode=res.returncode, stderr=err + res.text[-400:])
+    def _agent(self, host: str, op: str, *, timeout: float = 120.0, **fields: Any) -> dict[str, Any]:
+        answer = self.session(host).request(op, timeout_s=timeout, **fields)
         if "error" in answer:
-            raise RemoteSetupError(f"{host}: {answer['error']}", host=host, command=argv)
+            raise RemoteSetupError(f"{host}: {answer['error']}", host=host,
+                                   command=[self.python_for(host), "-m", "elsewhere.agent", op])
         return answer
 
     def probe(self, host: str) -> dict[str, Any]:
         """What ``host`` offers: python, elsewhere version, cores, load; checks the storage."""
         from .. import __version__
 
-        info = self._agent(host, "info", self.storage_for(host), timeout=60)
+        info = self._agent(host, "info", dir=self.storage_for(host), timeout=60)
         theirs = str(info.get("elsewhere_version", ""))
         if theirs.split(".")[0] != __version__.split(".")[0]:
             raise RemoteSetupError(
@@ -179,6 +182,7 @@ class SSHCluster(Cluster):
             raise RemoteSetupError(
                 f"{host}: cannot write to {self.storage_for(host)}: {info.get('writable_error', '')} "
                 "(give remote_storage= a writable folder)", host=host)
+        self.transport(host).note_remote_rsync(bool(info.get("rsync")))  # no `which rsync` later
         usable = int(info.get("cpus_usable") or 1)
         load = (info.get("load_average") or [0.0])[0]
         info["free_cores"] = max(1, min(usable, round(usable - load)))
@@ -195,27 +199,39 @@ class SSHCluster(Cluster):
             return list(ex.map(fn, hosts))
 
     def prepare(self, job: Job, n_tasks: int) -> None:
-        """Ask the nodes about themselves while the client writes the inputs."""
-        from concurrent.futures import ThreadPoolExecutor
+        """While the client writes the inputs: ask the nodes about themselves, and
+        stream the payload into each node's copy as it is written."""
+        finished = threading.Event()
+        self._early = (job.id, finished, {h: _background(self._early_copy, job, h, finished)
+                                          for h in self.nodes})
 
-        ex = ThreadPoolExecutor(max_workers=1)
-        self._probing = (job.id, ex.submit(self._each, self.probe, list(self.nodes)))
-        ex.shutdown(wait=False)
+    def _copy_dir(self, job: Job, host: str, info: dict[str, Any]) -> str:
+        # nodes may share a file system (an NFS home): never one copy for two nodes
+        copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
+        return f"{info['writable']}/{copy}"
 
-    def _probes(self, job: Job) -> dict[str, dict[str, Any]]:
-        pending = getattr(self, "_probing", None)
-        self._probing = None
-        if pending is not None and pending[0] == job.id:
-            return dict(zip(self.nodes, pending[1].result()))  # its errors are raised here
-        return dict(zip(self.nodes, self._each(self.probe, list(self.nodes))))
+    def _early_copy(self, job: Job, host: str, finished: threading.Event) -> tuple[dict[str, Any], int]:
+        info = self.probe(host)
+        where = self._copy_dir(job, host, info)
+        sent = self.session(host).put_growing(where, "payload.log", job.store.path / "payload.log",
+                                              finished, job.store.path.exists)
+        if sent < 0:  # the client gave up (the inputs could not be written): leave nothing there
+            self._agent(host, "discard", dir=where, timeout=60)
+            sent = 0
+        return info, sent
 
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
         (job.store.path / "files").mkdir(exist_ok=True)
         plan: dict[str, dict[str, Any]] = {}
-        infos = self._probes(job)
+        early, self._early = self._early, None
+        if early is not None and early[0] == job.id:
+            early[1].set()  # the inputs are written: each node gets the rest of the folder
+            got = {h: f.result() for h, f in early[2].items()}  # a node's error is raised here
+        else:
+            got = dict(zip(self.nodes, self._each(lambda h: (self.probe(h), 0), list(self.nodes))))
         for host, asked in self.nodes.items():
-            info = infos[host]
+            info = got[host][0]
             free = info["free_cores"]
             cores = asked if asked is not None else free
             if asked is not None and asked > free:
@@ -223,9 +239,7 @@ class SSHCluster(Cluster):
                               stacklevel=3)
                 cores = free
             workers = max(1, cores // self.cores_per_task)
-            # nodes may share a file system (an NFS home): never one copy for two nodes
-            copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
-            plan[host] = {"workers": workers, "dir": f"{info['writable']}/{copy}",
+            plan[host] = {"workers": workers, "dir": self._copy_dir(job, host, info),
                           "python": self.python_for(host), "cores": cores}
         total = sum(p["workers"] for p in plan.values())
         start = 0
@@ -241,18 +255,20 @@ class SSHCluster(Cluster):
         data = {"hosts": plan}
         self.set_job_cluster_data(job, data)
         busy = [h for h, p in plan.items() if p["workers"]]
-        self._each(lambda h: self._place(job, h, plan[h]), busy)
+        for h in plan:
+            if h not in busy and got[h][1]:
+                self._agent(h, "discard", dir=plan[h]["dir"], timeout=60)
+        self._each(lambda h: self._place(job, h, plan[h], got[h][1]), busy)
         for h in busy:
             plan[h]["last_seen"] = time.time()
         self.set_job_cluster_data(job, data)
 
-    def _place(self, job: Job, host: str, p: dict[str, Any]) -> None:
-
-        # Few round trips: each costs a remote login shell (hundreds of ms on some hosts).
-        t = self.transport(host)
-        t.sync_up(job.store.path, p["dir"])  # makes the folder, files/ included
+    def _place(self, job: Job, host: str, p: dict[str, Any], streamed: int) -> None:
+        # the rest of the folder on the agent's session (files/ included), then start there
+        self.session(host).put_tree(job.store.path, p["dir"], sent={"payload.log": streamed})
         a, b = p["tasks"]
         if self.setup:
+            t = self.transport(host)
             files = shlex.quote(p["dir"] + "/files")
             res = t.run_shell(f"mkdir -p {files} && cd {files} && {self.setup}", check=False, timeout=3600)
             log = job.store.path / "logs" / f"setup-{_safe(host)}.log"
@@ -262,8 +278,8 @@ class SSHCluster(Cluster):
                     f"setup failed on {host}; its output is in {log}", host=host,
                     command=["sh", "-c", self.setup], returncode=res.returncode,
                     stderr=res.stderr.decode(errors="replace"))
-        self._agent(host, "start", p["dir"], "--workers", str(p["workers"]), "--tasks", f"{a}:{b}",
-                    "--retries", str(int(job._meta.get("retries", 0))))
+        self._agent(host, "start", job=p["dir"], workers=p["workers"], tasks=f"{a}:{b}",
+                    retries=int(job._meta.get("retries", 0)))
 
     # -- communicating jobs: mpiexec on the first node, a host list of all -----------
     def submit_communicating(self, job: Job) -> None:
@@ -339,7 +355,7 @@ class SSHCluster(Cluster):
 
         def ask(host: str, p: dict[str, Any]) -> tuple[dict[str, Any] | None, TransportError | None]:
             try:
-                ans = self._agent(host, "poll", p["dir"], "--workers", str(p["workers"]), timeout=limit)
+                ans = self._agent(host, "poll", job=p["dir"], workers=p["workers"], timeout=limit)
                 self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
             except TransportError as exc:
                 return None, exc
@@ -391,7 +407,7 @@ class SSHCluster(Cluster):
         for i, h in enumerate(others):
             part = moved[i * per : (i + 1) * per]
             if part:
-                self._agent(h, "add", hosts[h]["dir"], "--tasks", ",".join(map(str, part)))
+                self._agent(h, "add", job=hosts[h]["dir"], tasks=part)
                 hosts[h].setdefault("moved_in", []).extend(part)
                 hosts[h]["done"] = False
 
@@ -416,7 +432,7 @@ class SSHCluster(Cluster):
         for host, p in data.get("hosts", {}).items():
             if p.get("workers"):
                 try:
-                    self._agent(host, "cancel", p["dir"], timeout=60)
+                    self._agent(host, "cancel", job=p["dir"], timeout=60)
                 except TransportError as exc:
                     warnings.warn(f"could not cancel on {host}: {exc}", stacklevel=2)
 
@@ -440,9 +456,26 @@ class SSHCluster(Cluster):
         return dest
 
     def close(self) -> None:
+        for sess in self._sessions.values():
+            sess.close()
         for t in self._transports.values():
             t.close(keep_master=True)
 
 
 def _safe(host: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
+
+
+def _background(fn: Any, *args: Any) -> Future[Any]:
+    """``fn(*args)`` in a daemon thread (a client that gives up must not wait for it at exit)."""
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever asks for the result
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="elsewhere-ssh-prepare").start()
+    return fut

@@ -671,6 +671,11 @@ class SSHTransport(BaseTransport):
 
     # --- rsync ---------------------------------------------------------------------------
 
+    def note_remote_rsync(self, present: bool) -> None:
+        """Record whether the host has rsync (learnt some other way), saving a ``which rsync``."""
+        if self.transfer == "auto" and "rsync" not in self._caps:
+            self._caps["rsync"] = bool(present and shutil.which("rsync"))
+
     def _rsync_usable(self) -> bool:
         if self.transfer == "tar":
             return False
