@@ -151,14 +151,7 @@ class ConnectionPump:
     def _feed(self, n: int, events: list[Event]) -> None:
         """Feed ``n`` bytes of the read buffer part by part, so that the events of good
         frames are kept when a later frame in the same read is bad."""
-        conn = self.conn
-        view = self._rview[:n]
-        while view:
-            target = conn.receive_buffer()
-            k = min(len(target), len(view))
-            target[:k] = view[:k]
-            events += conn.received(k)
-            view = view[k:]
+        self.conn.feed(self._rview[:n], events)
 
 
 # ---------------------------------------------------------------- shared memory
