@@ -437,6 +437,11 @@ class Job:
 
     def _lost_error(self, index: int, rec: records.Record) -> TaskError:
         q = self.store.queue()
+        if str(index) not in q.get("lost_by", {}) and str(index) not in q.get("lost_reason", {}):
+            # The reaper appends the record before it writes the queue that says
+            # who was lost: wait for it to finish (it holds the lock meanwhile).
+            with self.store.locked_queue() as q:
+                pass
         why = q.get("lost_reason", {}).get(str(index))
         if why:
             return TaskError(why, type_name="WorkerLost", index=index, seed=self.seed + index,

@@ -24,9 +24,14 @@ OOB_MIN_BYTES = 64 * 1024
 
 
 def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
-    """Pickle ``obj`` with cloudpickle; large buffers are returned out of band."""
-    import cloudpickle
+    """Pickle ``obj``; large buffers are returned out of band.
 
+    The standard pickler first: it is faster, and what it writes needs no
+    cloudpickle to read (a worker then never imports it). Wherever something
+    must travel by value (a function or class of ``__main__``, of a module
+    that is not importable, of a module sent by value, a lambda, a closure),
+    cloudpickle pickles the whole object instead.
+    """
     buffers: list[memoryview] = []
 
     def keep(buf: pickle.PickleBuffer) -> bool:
@@ -36,8 +41,52 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         buffers.append(view)
         return False
 
+    import io
+
+    out = io.BytesIO()
+    try:
+        _ByReference(out, protocol=5, buffer_callback=keep).dump(obj)
+        return out.getvalue(), buffers
+    except Exception:
+        buffers.clear()
+    import cloudpickle
+
     data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
     return data, buffers
+
+
+class _ByValue(Exception):
+    """Something in the object must travel by value: use cloudpickle."""
+
+
+_by_value_modules: set[str] = set()  # modules sent by value (by_value_for), while they are
+
+
+class _ByReference(pickle.Pickler):
+    """The standard pickler, refusing what it would wrongly pickle by reference."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        # Not called for None, bools, ints, floats, str, bytes, list, tuple, dict, set.
+        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
+            import sys
+
+            name = getattr(obj, "__module__", None)
+            mod = sys.modules.get(name) if isinstance(name, str) else None
+            if (mod is None or name in ("__main__", "__mp_main__") or name in _by_value_modules
+                    or _registered_by_value(mod)):
+                raise _ByValue(name)
+        return NotImplemented
+
+
+def _registered_by_value(module: Any) -> bool:
+    """Whether the user registered ``module`` (or a package of it) with cloudpickle by value."""
+    import sys
+
+    cp = sys.modules.get("cloudpickle.cloudpickle")
+    if cp is None:
+        return False  # nothing can be registered before cloudpickle is imported
+    check = getattr(cp, "_is_registered_pickle_by_value", None)
+    return bool(check(module)) if check is not None else True
 
 
 def dumps_plain(obj: Any) -> tuple[bytes, list[memoryview]]:
@@ -112,10 +161,13 @@ class by_value_for:
                 self.modules.append(sys.modules[name])
 
     def __enter__(self) -> by_value_for:
+        self.registered = []
+        if not self.modules:
+            return self
         import cloudpickle
 
-        self.registered = []
         for m in self.modules:
+            _by_value_modules.add(m.__name__)
             try:
                 cloudpickle.register_pickle_by_value(m)
                 self.registered.append(m)
@@ -124,6 +176,10 @@ class by_value_for:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for m in self.modules:
+            _by_value_modules.discard(m.__name__)
+        if not self.registered:
+            return
         import cloudpickle
 
         for m in self.registered:

@@ -825,11 +825,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-timeout", type=float, default=60.0)
     p.add_argument("--tasks", default=os.environ.get("ELSEWHERE_TASKS"))
     p.add_argument("--mpi", action="store_true", help="one rank of a communicating job: run task <rank>")
+    p.add_argument("--also", default="", help="more worker ids (comma-separated): start a worker for each "
+                   "by forking this one once it has started up (with --pool)")
     args = p.parse_args(argv)
     import faulthandler
 
     faulthandler.enable(file=sys.stderr, all_threads=False)
     wid = args.wid or f"{os.uname().nodename}-{os.getpid()}-{os.urandom(3).hex()}"
+    if args.also and args.pool:
+        wid = _fork_workers(wid, [w for w in args.also.split(",") if w])
     if args.mpi:
         rank, size = mpi_rank_size()
         _MPI["rank"], _MPI["size"] = rank, size
@@ -851,6 +855,30 @@ def main(argv: list[str] | None = None) -> int:
             return 75
         raise
     return 0
+
+
+def _fork_workers(wid: str, others: list[str]) -> str:
+    """Start a worker for each of ``others`` by forking this process; the id this process goes on as.
+
+    A forked worker skips the interpreter's start and the imports (a fresh
+    one costs tens of milliseconds of CPU). Each leads its own session, like
+    a worker started by the client, and is orphaned at once (a double fork),
+    so that no process has to reap it.
+    """
+    import zstandard  # noqa: F401  (every job's payload needs it: import it once for all)
+
+    for other in others:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setsid()
+                if os.fork() != 0:
+                    os._exit(0)
+            except BaseException:
+                os._exit(1)
+            return other
+        os.waitpid(pid, 0)
+    return wid
 
 
 #: rank and size of this process in a communicating job (set once in main)

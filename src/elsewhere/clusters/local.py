@@ -199,20 +199,22 @@ class LocalCluster(Cluster):
                 os.close(fd2)
             except OSError:
                 pass
-        for wid in new:
-            self._spawn(pool, wid, job)
-            started.append(wid)
+        if new:
+            # One new process; it forks the others once it has started up.
+            self._spawn(pool, new[0], job, also=new[1:])
+            started += new
         return started
 
-    def _spawn(self, pool: Path, wid: str, job: Job) -> None:
+    def _spawn(self, pool: Path, wid: str, job: Job, also: tuple[str, ...] | list[str] = ()) -> None:
         env = dict(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        extra = ["--also", ",".join(also)] if also else []
         try:
             subprocess.Popen(
                 [self.python, "-m", "elsewhere.worker", "--pool", str(pool), "--wid", wid,
-                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)],
+                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s), *extra],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True, close_fds=True, cwd="/",
             )

@@ -1,0 +1,90 @@
+"""serial.dumps: the standard pickler where a reference is enough, cloudpickle where not."""
+
+import os
+import subprocess
+import sys
+import types
+
+import cloudpickle
+import numpy as np
+
+from elsewhere import serial
+
+
+def module_level(x):
+    return x + 1
+
+
+class Point:
+    def __init__(self, x):
+        self.x = x
+
+
+def by_cloudpickle(data: bytes) -> bool:
+    return b"cloudpickle" in data
+
+
+def roundtrip(obj):
+    data, bufs = serial.dumps(obj)
+    return data, serial.loads(data, bufs)
+
+
+def test_importable_functions_and_plain_data_use_the_standard_pickler():
+    for obj in (module_level, os.path.join, (1, "a", 2.5), {"k": [Point(3)]}):
+        data, back = roundtrip(obj)
+        assert not by_cloudpickle(data), obj
+    assert roundtrip(module_level)[1] is module_level
+    assert roundtrip({"k": [Point(3)]})[1]["k"][0].x == 3
+
+
+def test_large_arrays_stay_out_of_band():
+    a = np.arange(100_000, dtype=np.float64)
+    data, bufs = serial.dumps([a, 1])
+    assert not by_cloudpickle(data) and len(bufs) == 1 and len(data) < 1000
+    assert np.array_equal(serial.loads(data, bufs)[0], a)
+
+
+def test_lambdas_and_closures_travel_by_value():
+    k = 10
+    for fn in (lambda x: x * 2, (lambda: (lambda x: x + k))()):
+        data, back = roundtrip(fn)
+        assert by_cloudpickle(data)
+        assert back(1) == fn(1)
+
+
+def test_functions_of_a_module_sent_by_value_travel_by_value():
+    bv = serial.by_value_for([])
+    bv.modules = [sys.modules[__name__]]  # as if the worker could not import this module
+    with bv:
+        data, _ = serial.dumps([module_level, Point(1)])
+    assert by_cloudpickle(data)
+    assert not by_cloudpickle(serial.dumps(module_level)[0])  # and by reference again after
+
+
+def test_a_module_the_user_registered_with_cloudpickle_travels_by_value():
+    mod = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(mod)
+    try:
+        assert by_cloudpickle(serial.dumps(module_level)[0])
+    finally:
+        cloudpickle.unregister_pickle_by_value(mod)
+
+
+def test_functions_of_a_module_gone_from_sys_modules_travel_by_value():
+    mod = types.ModuleType("made_at_runtime_ew")
+    exec("def g(x):\n    return x * 3\n", mod.__dict__)
+    data, back = roundtrip(mod.g)
+    assert by_cloudpickle(data) and back(2) == 6
+
+
+def test_functions_of_a_script_travel_by_value():
+    # __main__ of another process: the standard pickler would write a reference to
+    # a name this process does not have.
+    script = ("import sys\nfrom elsewhere import serial\n"
+              "class C:\n    pass\n"
+              "def f(x):\n    return x + 41\n"
+              "data, _ = serial.dumps([f, C()])\nsys.stdout.buffer.write(data)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, check=True)
+    assert by_cloudpickle(out.stdout)
+    f, c = serial.loads(out.stdout)
+    assert f(1) == 42 and type(c).__name__ == "C"
