@@ -67,7 +67,7 @@ class _ByReference(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         # Not called for None, bools, ints, floats, str, bytes, list, tuple, dict, set.
-        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
+        if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__")):
             import sys
 
             name = getattr(obj, "__module__", None)

@@ -31,7 +31,7 @@ def roundtrip(obj):
 
 def test_importable_functions_and_plain_data_use_the_standard_pickler():
     for obj in (module_level, os.path.join, (1, "a", 2.5), {"k": [Point(3)]}):
-        data, back = roundtrip(obj)
+        data, _ = roundtrip(obj)
         assert not by_cloudpickle(data), obj
     assert roundtrip(module_level)[1] is module_level
     assert roundtrip({"k": [Point(3)]})[1]["k"][0].x == 3
