@@ -327,7 +327,8 @@ def serve(fd_in: int = 0, out: Any = None, idle_s: float = 120.0) -> int:
             out.flush()
             return 2
         if req.get("op") == "put":
-            failed = failed or _put(inp, req, size)
+            error = _put(inp, req, size)  # always: it consumes the body
+            failed = failed or error
             continue
         try:
             ans = _answer(req, failed)

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from elsewhere.errors import RemoteSetupError, TransportError
+from elsewhere.errors import HostUnreachable, RemoteSetupError, TransportError
 from elsewhere.remote.ssh import _NO_MASTER
 from elsewhere.remote.transport import CommandTimeout
 
@@ -46,6 +46,8 @@ __all__ = ["AgentSession", "agent_error"]
 MARKER = b"ELSEWHERE-AGENT "
 WIRE_VERSION = 1
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# asking these twice does no harm (a poll reaps and tops up; the others only look or end)
+_REPEATABLE = frozenset({"info", "poll", "cancel", "discard"})
 
 
 def agent_error(host: str, python: str, argv: Sequence[str], returncode: int | None,
@@ -256,9 +258,13 @@ class AgentSession:
                     ans = self._read_answer(want, op, self._last + timeout_s)
                 except _Ended:
                     err = self._failure(op)
-                    # the master went away before this session reached the agent: nothing
-                    # ran, so asking again on a new master is safe
-                    if fresh and attempt < 3 and _NO_MASTER in (err.stderr or ""):
+                    # The master went away before this session reached the agent (nothing
+                    # ran), or the connection broke under an open session and the op may be
+                    # asked again (the next poll would do the same): a new master, a new session.
+                    lost = _NO_MASTER in (err.stderr or "") if fresh else (
+                        op in _REPEATABLE and err.returncode == 255
+                        and type(err) in (TransportError, HostUnreachable))
+                    if lost and attempt < 3:
                         self.transport._master_lost(attempt)
                         continue
                     raise err from None
