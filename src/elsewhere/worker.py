@@ -871,9 +871,9 @@ def _fork_workers(wid: str, others: list[str]) -> str:
         pid = os.fork()
         if pid == 0:
             try:
-                os.setsid()
                 if os.fork() != 0:
                     os._exit(0)
+                os.setsid()
             except BaseException:
                 os._exit(1)
             return other

@@ -268,6 +268,20 @@ def test_seeds_match_eager_seeding_on_every_path(ew_home):
     assert len(set(unseeded)) == 50
 
 
+@pytest.mark.filterwarnings("ignore:local cluster asked for")
+def test_new_workers_each_lead_their_own_session(ew_home):
+    # A cold pool starts one interpreter that forks the other workers: each
+    # must still be a session leader (cancel kills a worker's process group).
+    def where(_):
+        time.sleep(0.05)
+        return os.getpid(), os.getsid(0)
+
+    out = set(ew.map(where, range(30), on=ew.local(cores=3)))
+    pids = {pid for pid, _ in out}
+    assert len(pids) == 3
+    assert all(pid == sid for pid, sid in out)
+
+
 def test_warm_workers_are_reused(ew_home):
     def pid(_):
         time.sleep(0.05)  # long enough that both workers take tasks
