@@ -79,6 +79,10 @@ __all__ = ["MAX_RESUBMITS", "Controller", "ControllerSettings", "GroupWriter", "
 log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 5
+_ACK_S = 0.005
+"""How soon the loop looks for results the recorder made durable, to acknowledge them."""
+_SHORT_S = 0.005
+"""Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
 """How often one task is placed again because its worker vanished (not its own fault)."""
 _MAX_BATCH = 4096
 _MAX_BATCH_BYTES = 16 << 20
@@ -200,6 +204,7 @@ class Controller:
         self.on_outcome: Any = None  # (index, ok, value or error description) -> None
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
+        self.acked: set[_Worker] = set()  # workers with ACKs queued, not yet flushed
         self.stats: collections.Counter[str] = collections.Counter()
         self.common: tuple[str, list[Any]] | None = None
         self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
@@ -296,10 +301,9 @@ class Controller:
             self._wake_w.send(b"c")
 
     def _on_durable(self, acks: list[Any], buffers: list[Any]) -> None:
-        # the recorder thread: what it wrote is durable; the loop sends the ACKs
+        # The recorder thread: what it wrote is durable. The loop sends the ACKs at its next
+        # turn (at most _ACK_S later): waking it for each would cost more than the wait.
         self.durable.put((acks, buffers))
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"d")
 
     # -- state from the job folder ---------------------------------------------------------
     def _load_state(self) -> None:
@@ -366,7 +370,8 @@ class Controller:
         last_queue = time.monotonic()
         while True:
             busy = bool(self.pending or self.batches)
-            timeout = 0.05 if busy else 0.25
+            recording = self.recorder is not None and self.recorder.outstanding
+            timeout = _ACK_S if recording or not self.durable.empty() else (0.05 if busy else 0.25)
             for key, mask in self.sel.select(timeout):
                 kind, worker = key.data
                 if kind == "wake":
@@ -385,8 +390,12 @@ class Controller:
             if self.stream and now - last_queue > 0.5:
                 self._read_queue()
                 last_queue = now
+            self._send_acks()  # queued: they leave with the next frame, or just below
             self._place(now)
-            self._send_acks()
+            for w in self.acked:
+                if w.pump is not None and w.pump.want_write:
+                    self._flush(w)
+            self.acked.clear()
             if self._done():
                 break
         if self._cancelled_job:
@@ -574,7 +583,7 @@ class Controller:
             if self.sel.get_key(w.sock).events != events:
                 self.sel.modify(w.sock, events, ("worker", w))
 
-    def _send(self, w: _Worker, message: Any, buffers: Any = ()) -> bool:
+    def _send(self, w: _Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
         if w.conn is None or w.state != "ready":
             return False
         try:
@@ -582,7 +591,8 @@ class Controller:
         except PeerError as exc:
             log.debug("cannot send %s to %s: %s", type(message).__name__, w.host, exc)
             return False
-        self._flush(w)
+        if flush:
+            self._flush(w)
         return True
 
     def _drop_connection(self, w: _Worker) -> None:
@@ -924,14 +934,19 @@ class Controller:
         if any(b.standing for b in self.batches.values()):
             return
         s = self.settings
+        # Tasks shorter than a round trip: ask where the last one runs. The worker holds the
+        # ASK and admits it as the task ends, its ACCEPT leaving with the RESULT, and no
+        # other worker is woken for it. Longer tasks: ask an idle worker.
+        short = self.n_measured > 0 and self.mean_s < _SHORT_S
         best = None
         for w in self.workers.values():
             if w.state != "ready" or not self._usable(w) or w.busy_until > now:
                 continue
-            if len(w.batches) >= max(1, w.info.announcement.slots // s.cores):
+            slots = max(1, w.info.announcement.slots // s.cores)
+            if len(w.batches) >= (2 * slots if short else slots):
                 continue
             local = w.info.connect_address[0] in self.local_addresses
-            key = (0 if local else 1, len(w.batches))
+            key = (0 if local else 1, -len(w.batches) if short else len(w.batches))
             if best is None or key < best[0]:
                 best = (key, w)
         if best is None:
@@ -1176,7 +1191,8 @@ class Controller:
             except queue.Empty:
                 return
             for w, bid in acks:
-                self._send(w, Ack(bid))
+                if self._send(w, Ack(bid), flush=False):
+                    self.acked.add(w)
             for buf in buffers:
                 self.buffers.free(buf)
 

@@ -98,6 +98,11 @@ class Recorder:
             self._outstanding += 1
         self._queue.put((writer, groups, ack, buffers))
 
+    @property
+    def outstanding(self) -> int:
+        """How many handed-in results are not yet reported done."""
+        return self._outstanding
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until everything handed in so far is durable and reported done."""
         with self._idle:

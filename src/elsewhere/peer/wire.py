@@ -611,12 +611,8 @@ class OutgoingFrame:
     def parts(self) -> list[memoryview]:
         """Every part of the frame: head, each buffer, body tag (if any)."""
         if self._tag is None:
-            if self.nbytes <= _SMALL_BODY:  # one call over a copy beats a streaming MAC here
-                assert self._key is not None  # set whenever the tag is still to compute
-                self._tag = self._key.body_tag(self.seq, b"".join([self._head, *self._buffers]))
-            else:
-                for _ in self.iter_parts():
-                    pass
+            for _ in self.iter_parts():
+                pass
         out = [memoryview(self._head), *self._buffers]
         if self._tag:
             out.append(memoryview(self._tag))
@@ -624,6 +620,9 @@ class OutgoingFrame:
 
     def iter_parts(self, slice_bytes: int = 1 << 20) -> Iterator[memoryview]:
         """The frame as slices of at most ``slice_bytes`` of each buffer."""
+        if self._tag is None and self.nbytes <= _SMALL_BODY:  # one call, not a streaming MAC
+            assert self._key is not None  # set whenever the tag is still to compute
+            self._tag = self._key.body_tag(self.seq, b"".join([self._head, *self._buffers]))
         yield memoryview(self._head)
         if self._tag is not None:
             yield from self._buffers
