@@ -46,6 +46,7 @@ from .records import Kind, Record
 log = logging.getLogger(__name__)
 
 _PAYLOAD_GATHER_S = 0.05
+_PAYLOAD_DEFER_S = 1.0
 
 
 class _Future(cf.Future):
@@ -96,6 +97,7 @@ class Executor(cf.Executor):
         if link is not None:
             self._link = link(self._job, self._on_outcome)
             self._pickle_lock = threading.Lock()
+            self._ended = threading.Condition()
             self._to_write: queue.SimpleQueue[Any] = queue.SimpleQueue()
             self._payload_thread = threading.Thread(target=self._write_payload, daemon=True,
                                                     name="elsewhere-executor-payload")  # fmt: skip
@@ -189,18 +191,30 @@ class Executor(cf.Executor):
 
     def _write_payload(self) -> None:
         """The writer thread: append the tasks to the payload (for a controller started
-        later, ``retry`` and ``recover``), then count them in the queue. Tasks are
-        taken together for a few milliseconds: this thread then costs the tasks'
-        round trips little (it competes with them for the interpreter)."""
+        later, ``retry`` and ``recover``), then count them in the queue.
+
+        The controller sends each task from memory, so the payload is not on a task's
+        path; written while the task is sent or runs, it would compete with it for the
+        cores, the interpreter and the memory bus (100 MB of arguments cost more to
+        write than to send). So tasks are taken together, and written once they ended
+        or after ``_PAYLOAD_DEFER_S``, whichever comes first.
+        """
         while True:
             items = [self._to_write.get()]
             if items[0] is not None:
-                self._stop.wait(_PAYLOAD_GATHER_S)
-            try:
+                self._stop.wait(_PAYLOAD_GATHER_S)  # not woken by each result
+                deadline = time.monotonic() + _PAYLOAD_DEFER_S
                 while True:
-                    items.append(self._to_write.get_nowait())
-            except queue.Empty:
-                pass
+                    try:
+                        while items[-1] is not None:
+                            items.append(self._to_write.get_nowait())
+                    except queue.Empty:
+                        pass
+                    left = deadline - time.monotonic()
+                    if items[-1] is None or left <= 0 or self._all_ended(items):
+                        break
+                    with self._ended:
+                        self._ended.wait(min(left, _PAYLOAD_GATHER_S))
             tasks = [it for it in items if it is not None]
             if tasks:
                 try:
@@ -209,6 +223,10 @@ class Executor(cf.Executor):
                     log.exception("cannot write the executor's tasks to job %r", self._job.name)
             if len(tasks) < len(items):
                 return
+
+    def _all_ended(self, items: list[Any]) -> bool:
+        with self._lock:
+            return not any(it[0] in self._futures for it in items)
 
     def _append(self, tasks: list[tuple[int, Any, Any]]) -> None:
         by_value = [t for t in tasks if t[2].modules]
@@ -230,6 +248,8 @@ class Executor(cf.Executor):
         unless ``ok``); its record follows in the job folder."""
         with self._lock:
             fut = self._futures.pop(index, None)
+        with self._ended:
+            self._ended.notify_all()
         if fut is None or fut.done():
             return
         try:
