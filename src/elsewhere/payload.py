@@ -91,8 +91,7 @@ class PayloadReader:
         self._firsts: list[int] = []
         self._heads: list[ChunkHeader] = []
         self._common: ChunkHeader | None = None
-        self._cached: tuple[int, list[TaskEntry]] | None = None
-        self._raw: tuple[int, list[tuple[Any, ...]]] | None = None
+        self._cached: tuple[int, str, list[Any]] | None = None
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -142,11 +141,11 @@ class PayloadReader:
         fn, job_data = self._load(self._common)
         return fn, job_data
 
-    def task(self, index: int) -> TaskEntry:
-        """The entry ``(fn, args, kwargs)`` of task ``index``."""
+    def _chunk(self, index: int) -> tuple[int, str, list[Any]]:
+        """(first task, tag, entries) of the chunk holding ``index``: the last one is kept."""
         cached = self._cached
-        if cached is not None and cached[0] <= index < cached[0] + len(cached[1]):
-            return cached[1][index - cached[0]]
+        if cached is not None and cached[0] <= index < cached[0] + len(cached[2]):
+            return cached
         pos = bisect.bisect_right(self._firsts, index) - 1
         if pos < 0 or index >= self._heads[pos].first + self._heads[pos].count:
             self._scan()
@@ -155,16 +154,18 @@ class PayloadReader:
             raise IndexError(f"task {index} is not in the payload")
         head = self._heads[pos]
         tag, part = self._load(head)
-        entries = [(None, a, _NO_KWARGS) for a in part] if tag == "a" else part
-        self._cached = (head.first, entries)
-        self._raw = (head.first, part) if tag == "a" else None
-        return entries[index - head.first]
+        self._cached = (head.first, tag, part)
+        return self._cached
+
+    def task(self, index: int) -> TaskEntry:
+        """The entry ``(fn, args, kwargs)`` of task ``index``."""
+        first, tag, part = self._chunk(index)
+        if tag == "a":  # argument tuples only: the common function, no keywords
+            return None, part[index - first], _NO_KWARGS
+        return part[index - first]
 
     def args_run(self, index: int) -> tuple[int, list[tuple[Any, ...]]] | None:
         """(first task, argument tuples) of the chunk holding ``index``, if its tasks
         all use the common function with positional arguments only; else None."""
-        self.task(index)
-        raw = self._raw
-        if raw is not None and raw[0] <= index < raw[0] + len(raw[1]):
-            return raw
-        return None
+        first, tag, part = self._chunk(index)
+        return (first, part) if tag == "a" else None

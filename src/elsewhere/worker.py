@@ -47,12 +47,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 _FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
-_SYNC_S = 0.05  # ... and fsync at least this often (and at the end of every claim)
+_SYNC_S = 0.05  # ... and fsync at least this often (and before waiting for work or leaving)
 _QUIET_BEFORE_FAST = 32  # tasks in a row without output before the fast path is used
 _FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
 _MIN_BATCH_S = 0.002  # ... and no less than this, even at the end of a job
-_MAX_BATCH = 4096
+_MAX_BATCH = 32768
 _WAIT = object()
 
 
@@ -311,7 +311,7 @@ class _JobRun:
         self.payload: Any = None
         self.common: tuple[Any, Any] | None = None
         self.pending: list[tuple[Any, ...]] = []
-        self.last_flush = time.time()
+        self.last_flush = self.last_sync = time.time()
         self.unsynced = False
         self.log_pos = 0
         self.mean_s = 0.0
@@ -507,7 +507,8 @@ class _JobRun:
                 self._wait_for_work()
                 continue
             self._run_batch(claim)
-            self._flush(sync=True)
+            # Durable at least every _SYNC_S, and before the worker waits or leaves.
+            self._flush(sync=time.time() - self.last_sync > _SYNC_S)
 
     def _wait_for_work(self) -> None:
         fd = self.w.fifo_fd
@@ -573,21 +574,23 @@ class _JobRun:
         if seeder is not None:
             seeder.job_seed = js
         i, stop = indices.start, indices.stop
+        # One range record for as many chunks of the payload as run within _FLUSH_S.
+        values: list[Any] = []
+        append = values.append
+        start = i
+        t0 = time.time()
+        log_off = self.log_pos
         while i < stop:
             run = payload.args_run(i)
             if run is None:  # tasks with their own function or keywords: one by one
+                self._emit_range(start, values, t0, log_off)
                 self._run_each(range(i, stop))
                 return
             if fn is None:
                 fn = self._common()[0]
             first, args = run
             end = min(stop, first + len(args))
-            log_off = self.log_pos
-            values: list[Any] = []
-            append = values.append
-            t0 = time.time()
             CUR.pack_into(cur, 0, i, t0, log_off)
-            start = i
             j = i
             try:
                 if seeder is None:
@@ -614,9 +617,16 @@ class _JobRun:
                 self.log_pos = log_end
                 self.quiet = 0
                 i = j + 1
-                continue
-            self._emit_range(start, values, t0, log_off)
-            i = end
+            else:
+                i = end
+                if time.time() - t0 < _FLUSH_S and i < stop:
+                    continue  # the next chunk joins the same range
+                self._emit_range(start, values, t0, log_off)
+            values = []
+            append = values.append
+            start = i
+            t0 = time.time()
+            log_off = self.log_pos
         CUR.pack_into(cur, 0, -1, 0.0, 0)
 
     def _emit_range(self, start: int, values: list[Any], t0: float, log_off: int) -> None:
@@ -674,7 +684,7 @@ class _JobRun:
         stdout, stderr = sys.stdout, sys.stderr
         log_off = self.log_pos
         last_flush = self.last_flush
-        last_sync = last_flush
+        last_sync = self.last_sync
         host = self.w.host
         for idx in indices:
             seed = job_seed + idx
@@ -732,6 +742,7 @@ class _JobRun:
                 os.fsync(self.res_fd)
                 os.fsync(self.jfd)
                 self.unsynced = False
+                self.last_sync = time.time()
             return
         from . import serial
 
@@ -760,6 +771,8 @@ class _JobRun:
         self.unsynced = not sync
         pending.clear()
         self.last_flush = time.time()
+        if sync:
+            self.last_sync = self.last_flush
         self.store.notify()
 
     def _dump_one_by_one(self) -> tuple[bytes, list[memoryview]]:

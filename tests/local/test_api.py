@@ -322,22 +322,33 @@ def test_warm_worker_sees_edited_user_module(ew_home, tmp_path, monkeypatch):
     assert ew.map(usermod_ew.get, [0], on=ew.local(cores=1)) == [2]
 
 
-def _draw(i):
-    if i == 1500:
+def _draw(i, bad):
+    if i == bad:
         raise KeyError(i)
     return random.random()
 
 
-def test_fast_batches_keep_seeds_errors_and_order(ew_home):
-    # thousands of microsecond tasks run in fast batches (range records): the
-    # values, the per-task seeds and an error in the middle must be as one by one
-    job = ew.submit(_draw, range(3000), seed=11, on=ew.local(cores=2))
+@pytest.mark.parametrize(("n", "bad", "cores"), [(3000, 1500, 2), (20000, 9000, 1)])
+def test_fast_batches_keep_seeds_errors_and_order(ew_home, n, bad, cores):
+    # thousands of microsecond tasks run in fast batches (range records, which
+    # span chunks of the payload): the values, the per-task seeds and an error
+    # in the middle must be as one by one
+    job = ew.submit(_draw, range(n), [bad] * n, seed=11, on=ew.local(cores=cores))
     job.wait(timeout=60)
     out = job.results()
     assert any(rec.count > 1 for _, rec in job._reader.final.values())  # the fast path ran
+    if cores == 1:  # one range record runs on from one chunk of the payload into the next
+        from elsewhere.payload import PayloadReader
+
+        reader = PayloadReader(job.path / "payload.log")
+        reader._scan()
+        starts = reader._firsts[1:]
+        reader.close()
+        assert starts and any(rec.task < s < rec.task + rec.count
+                              for _, rec in job._reader.final.values() for s in starts)
     expected = []
-    for i in range(3000):
+    for i in range(n):
         random.seed(11 + i)
         expected.append(random.random())
-    assert isinstance(out[1500], ew.TaskError) and out[1500].type_name == "KeyError"
-    assert out[:1500] == expected[:1500] and out[1501:] == expected[1501:]
+    assert isinstance(out[bad], ew.TaskError) and out[bad].type_name == "KeyError"
+    assert out[:bad] == expected[:bad] and out[bad + 1:] == expected[bad + 1:]
