@@ -97,7 +97,6 @@ class Executor(cf.Executor):
         if link is not None:
             self._link = link(self._job, self._on_outcome)
             self._pickle_lock = threading.Lock()
-            self._ended = threading.Condition()
             self._to_write: queue.SimpleQueue[Any] = queue.SimpleQueue()
             self._payload_thread = threading.Thread(target=self._write_payload, daemon=True,
                                                     name="elsewhere-executor-payload")  # fmt: skip
@@ -172,8 +171,9 @@ class Executor(cf.Executor):
             self._n += 1
             fut = _Future(self, index)
             self._futures[index] = fut
-            self._to_write.put((index, entry, by_value))
-            self._link.put(index, entry)
+            self._to_write.put((index, entry, by_value, fut))
+        # outside the lock: the controller calls _on_outcome holding its own
+        self._link.put(index, entry)
         return fut
 
     def _by_value(self, fn: Any) -> Any:
@@ -202,20 +202,15 @@ class Executor(cf.Executor):
         while True:
             items = [self._to_write.get()]
             if items[0] is not None:
-                self._stop.wait(_PAYLOAD_GATHER_S)  # not woken by each result
-                deadline = time.monotonic() + _PAYLOAD_DEFER_S
-                while True:
-                    try:
-                        while items[-1] is not None:
-                            items.append(self._to_write.get_nowait())
-                    except queue.Empty:
-                        pass
-                    left = deadline - time.monotonic()
-                    if items[-1] is None or left <= 0 or self._all_ended(items):
-                        break
-                    with self._ended:
-                        self._ended.wait(min(left, _PAYLOAD_GATHER_S))
-            tasks = [it for it in items if it is not None]
+                self._stop.wait(_PAYLOAD_GATHER_S)
+                try:
+                    while items[-1] is not None:
+                        items.append(self._to_write.get_nowait())
+                except queue.Empty:
+                    pass
+                # woken once, when the last of them ends, not by each result
+                cf.wait([it[3] for it in items if it is not None], timeout=_PAYLOAD_DEFER_S)
+            tasks = [it[:3] for it in items if it is not None]
             if tasks:
                 try:
                     self._append(tasks)
@@ -223,10 +218,6 @@ class Executor(cf.Executor):
                     log.exception("cannot write the executor's tasks to job %r", self._job.name)
             if len(tasks) < len(items):
                 return
-
-    def _all_ended(self, items: list[Any]) -> bool:
-        with self._lock:
-            return not any(it[0] in self._futures for it in items)
 
     def _append(self, tasks: list[tuple[int, Any, Any]]) -> None:
         by_value = [t for t in tasks if t[2].modules]
@@ -248,8 +239,6 @@ class Executor(cf.Executor):
         unless ``ok``); its record follows in the job folder."""
         with self._lock:
             fut = self._futures.pop(index, None)
-        with self._ended:
-            self._ended.notify_all()
         if fut is None or fut.done():
             return
         try:

@@ -205,6 +205,8 @@ class Controller:
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
         self.acked: set[_Worker] = set()  # workers with ACKs queued, not yet flushed
+        self._state = threading.RLock()  # the loop's, while it works; a put's, while it places
+        self._loop_ended = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.common: tuple[str, list[Any]] | None = None
         self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
@@ -256,8 +258,31 @@ class Controller:
     def put(self, index: int, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
         """Task ``index`` of a stream job, ``(fn, args, kwargs)``, handed in memory: it is
         placed at once (the caller appends it to the job's payload on its own time).
-        Indices come in order, each once."""
-        self._command("put", index, entry)
+        Each index comes once.
+
+        The calling thread places it itself, under the loop's lock, while the loop waits
+        for the network: a task admitted ahead then goes out without waking the loop's
+        thread (on two shared cores, a thread's wake-up costs as much as a frame).
+        """
+        if self._thread is None or threading.current_thread() is self._thread:
+            self._command("put", index, entry)
+            return
+        with self._state:
+            if self._loop_ended:
+                self._command("put", index, entry)  # nobody will place it: a new controller will
+                return
+            self._on_put(index, entry)
+            self._place(time.monotonic())
+            self._flush_acked()
+
+    def _on_put(self, index: int, entry: Any) -> None:
+        self.entries[index] = entry
+        if index >= self.n:
+            self.n = index + 1  # those before it (callers on other threads) come on their own
+        elif index in self.pending or index in self.inflight or index in self.final:
+            return  # known already
+        if index not in self.cancelled:
+            self.pending.append(index)
 
     def cancel_task(self, index: int) -> None:
         """Drop task ``index``: it is not placed again, and its result is not kept."""
@@ -362,7 +387,9 @@ class Controller:
             log.exception("peer controller of job %r failed", self.meta.get("name"))
             self.note = f"the peer controller failed: {type(exc).__name__}: {exc}"
         finally:
-            self._close_all()
+            with self._state:
+                self._loop_ended = True
+                self._close_all()
             self.finished.set()
 
     def _loop(self) -> None:
@@ -372,36 +399,44 @@ class Controller:
             busy = bool(self.pending or self.batches)
             recording = self.recorder is not None and self.recorder.outstanding
             timeout = _ACK_S if recording or not self.durable.empty() else (0.05 if busy else 0.25)
-            for key, mask in self.sel.select(timeout):
-                kind, worker = key.data
-                if kind == "wake":
-                    self._on_wake()
-                elif kind == "connect":
-                    self._on_connected(worker)
-                else:
-                    self._on_readable(worker, mask)
-            now = time.monotonic()
-            if self._stop.is_set() or self._cancelled_job:
-                break
-            if now - last_refresh > 0.05:
-                self._refresh_workers(now)
-                self._timers(now)
-                last_refresh = now
-            if self.stream and now - last_queue > 0.5:
-                self._read_queue()
-                last_queue = now
-            self._send_acks()  # queued: they leave with the next frame, or just below
-            self._place(now)
-            for w in self.acked:
-                if w.pump is not None and w.pump.want_write:
-                    self._flush(w)
-            self.acked.clear()
-            if self._done():
-                break
-        if self._cancelled_job:
-            for b in list(self.batches.values()):
-                self._send(b.worker, Cancel(b.bid))
-        self._send_acks(wait=True)
+            events = self.sel.select(timeout)
+            with self._state:
+                for key, mask in events:
+                    kind, worker = key.data
+                    if kind == "wake":
+                        self._on_wake()
+                    elif kind == "connect":
+                        self._on_connected(worker)
+                    else:
+                        self._on_readable(worker, mask)
+                now = time.monotonic()
+                if self._stop.is_set() or self._cancelled_job:
+                    self._loop_ended = True
+                    break
+                if now - last_refresh > 0.05:
+                    self._refresh_workers(now)
+                    self._timers(now)
+                    last_refresh = now
+                if self.stream and now - last_queue > 0.5:
+                    self._read_queue()
+                    last_queue = now
+                self._send_acks()  # queued: they leave with the next frame, or just below
+                self._place(now)
+                self._flush_acked()
+                if self._done():
+                    self._loop_ended = True
+                    break
+        with self._state:
+            if self._cancelled_job:
+                for b in list(self.batches.values()):
+                    self._send(b.worker, Cancel(b.bid))
+            self._send_acks(wait=True)
+
+    def _flush_acked(self) -> None:
+        for w in self.acked:
+            if w.pump is not None and w.pump.want_write:
+                self._flush(w)
+        self.acked.clear()
 
     def _done(self) -> bool:
         if self.closed:
@@ -421,11 +456,7 @@ class Controller:
             except queue.Empty:
                 return
             if cmd[0] == "put":
-                index = int(cmd[1])
-                self.entries[index] = cmd[2]
-                if index >= self.n:
-                    old, self.n = self.n, index + 1
-                    self._queue_new(old)
+                self._on_put(int(cmd[1]), cmd[2])
             elif cmd[0] == "tasks" or cmd[0] == "queue":
                 self._read_queue()
             elif cmd[0] == "cancel_task":
