@@ -12,7 +12,7 @@ from typing import Any
 from . import paths, serial
 from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
-from .job import Job, create_store, new_job_meta, remove_folder
+from .job import Job, create_store, gc_paused, new_job_meta, remove_folder
 from .registry import Registry
 from .store import JobStore
 
@@ -290,9 +290,10 @@ def submit(
     """
     if not callable(fn):
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
-    tasks, args_only = tasks_from_inputs(iterables)
-    job = create_job(on, name=name, _fn=fn, **options)
-    _write_and_submit(job, fn, tasks, args_only)
+    with gc_paused():  # thousands of argument tuples, no cycles: the collector would only rescan them
+        tasks, args_only = tasks_from_inputs(iterables)
+        job = create_job(on, name=name, _fn=fn, **options)
+        _write_and_submit(job, fn, tasks, args_only)
     return job
 
 

@@ -465,6 +465,10 @@ class Job:
         Raises JobError while tasks are unfinished, unless ``partial=True``
         (then unfinished tasks give None).
         """
+        with gc_paused():
+            return self._results(partial)
+
+    def _results(self, partial: bool) -> list[Any]:
         snap = self._snapshot(fresh=True)
         out: list[Any] = []
         missing = 0
@@ -735,3 +739,20 @@ def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool
     store = JobStore.create(root / meta["id"], meta)
     write_json(store.path / "queue.json", new_queue(0, closed=not stream, retries=retries), fsync=False)
     return store
+
+
+class gc_paused:
+    """``with gc_paused():`` the cyclic garbage collector is off (building or reading
+    many small objects without cycles, which it would only rescan)."""
+
+    def __enter__(self) -> None:
+        import gc
+
+        self.was = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.was:
+            import gc
+
+            gc.enable()

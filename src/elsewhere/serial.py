@@ -107,13 +107,20 @@ def dumps_plain(obj: Any) -> tuple[bytes, list[memoryview]]:
         return dumps(obj)
 
 
-def _system_paths() -> tuple[str, ...]:
-    import sys
-    import sysconfig
+_SYSTEM_PATHS: tuple[str, ...] = ()
 
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    found = {sysconfig.get_paths().get(k) for k in keys}
-    return tuple(p for p in found if p) + (sys.base_prefix, sys.prefix)
+
+def _system_paths() -> tuple[str, ...]:
+    """Where installed modules live (standard library, site-packages); computed once."""
+    global _SYSTEM_PATHS
+    if not _SYSTEM_PATHS:
+        import sys
+        import sysconfig
+
+        keys = ("stdlib", "platstdlib", "purelib", "platlib")
+        found = {sysconfig.get_paths().get(k) for k in keys}
+        _SYSTEM_PATHS = tuple(p for p in found if p) + (sys.base_prefix, sys.prefix)
+    return _SYSTEM_PATHS
 
 
 def needs_by_value(module_name: str, *, shared_fs: bool = True) -> bool:
