@@ -103,7 +103,9 @@ def _instrument() -> tuple[Steps, Steps]:
     top = Steps()
     top.wrap(SSHCluster, "probe", "probe (agent info; the ssh login if not open yet)")
     top.wrap(SSHCluster, "_agent", lambda self, host, op, *a, **k: f"agent {op}")
-    top.wrap(SSHCluster, "submit_independent", "submit_independent (after the inputs are written)")
+    outer = Steps()  # its own nesting, so that the steps inside it are timed too
+    outer.events = top.events
+    outer.wrap(SSHCluster, "submit_independent", "submit_independent (after the inputs are written)")
     top.wrap(AgentSession, "put_growing", "payload streamed while written (overlaps)")
     top.wrap(AgentSession, "put_tree", "copy: the rest of the folder (agent session)")
     top.wrap(SSHTransport, "sync_up", "sync_up (rsync)")

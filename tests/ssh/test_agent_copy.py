@@ -92,3 +92,35 @@ def test_python_without_elsewhere_on_the_node_says_what_to_install(ew_home, sshd
         ew.submit(abs, [1], on=cl)
     assert "elsewhere is not installed" in str(info.value) and sshd.host in str(info.value)
     assert ew.jobs() == []
+
+
+def test_two_jobs_submitted_at_once_on_one_cluster_each_get_their_own_copy(ew_home, sshd, tmp_path):
+    remote = tmp_path / "remote"
+    cl = nodes(sshd, remote)
+    inputs = {name: [np.full(200_000, i, dtype=float) for i in range(k)] for name, k in (("a", 2), ("b", 3))}
+    jobs: dict[str, ew.Job] = {}
+    errors: list[BaseException] = []
+
+    def submit(name: str) -> None:
+        try:
+            # np.sum travels by reference: serial.by_value_for is not safe from two threads yet
+            jobs[name] = ew.submit(np.sum, inputs[name], on=cl, name=f"at-once-{name}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit, args=(n,)) for n in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    for name, job in jobs.items():
+        job.wait(timeout=120, progress=False)
+        assert job.results() == [200_000.0 * i for i in range(len(inputs[name]))]
+        assert (remote / job.id / "payload.log").read_bytes() == (job.path / "payload.log").read_bytes()
+    # no thread is left streaming a payload nobody will finish
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(t.name == "elsewhere-ssh-prepare" for t in threading.enumerate()):
+        time.sleep(0.05)
+    assert not any(t.name == "elsewhere-ssh-prepare" for t in threading.enumerate())
+    assert cl._early == {}

@@ -116,7 +116,8 @@ class SSHCluster(Cluster):
         self.host_timeout_s = float(host_timeout_s)
         self._transports: dict[str, SSHTransport] = {}
         self._sessions: dict[str, AgentSession] = {}
-        self._early: tuple[str, threading.Event, dict[str, Future[Any]]] | None = None
+        # job id -> (the inputs are written, per node: its probe and the bytes streamed)
+        self._early: dict[str, tuple[threading.Event, dict[str, Future[Any]]]] = {}
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -202,7 +203,7 @@ class SSHCluster(Cluster):
         """While the client writes the inputs: ask the nodes about themselves, and
         stream the payload into each node's copy as it is written."""
         finished = threading.Event()
-        self._early = (job.id, finished, {h: _background(self._early_copy, job, h, finished)
+        self._early[job.id] = (finished, {h: _background(self._early_copy, job, h, finished)
                                           for h in self.nodes})
 
     def _copy_dir(self, job: Job, host: str, info: dict[str, Any]) -> str:
@@ -216,6 +217,7 @@ class SSHCluster(Cluster):
         sent = self.session(host).put_growing(where, "payload.log", job.store.path / "payload.log",
                                               finished, job.store.path.exists)
         if sent < 0:  # the client gave up (the inputs could not be written): leave nothing there
+            self._early.pop(job.id, None)
             self._agent(host, "discard", dir=where, timeout=60)
             sent = 0
         return info, sent
@@ -224,10 +226,10 @@ class SSHCluster(Cluster):
         n = job.n_tasks
         (job.store.path / "files").mkdir(exist_ok=True)
         plan: dict[str, dict[str, Any]] = {}
-        early, self._early = self._early, None
-        if early is not None and early[0] == job.id:
-            early[1].set()  # the inputs are written: each node gets the rest of the folder
-            got = {h: f.result() for h, f in early[2].items()}  # a node's error is raised here
+        early = self._early.pop(job.id, None)
+        if early is not None:
+            early[0].set()  # the inputs are written: each node gets the rest of the folder
+            got = {h: f.result() for h, f in early[1].items()}  # a node's error is raised here
         else:
             got = dict(zip(self.nodes, self._each(lambda h: (self.probe(h), 0), list(self.nodes))))
         for host, asked in self.nodes.items():
