@@ -149,11 +149,9 @@ class TaskSeeder:
         # If a task imports NumPy, put the stubs in right after numpy.random
         # has loaded, so a task that imports numpy inside its body is as
         # reproducible as one that got numpy with its inputs.
-        import importlib.abc
-
         seeder = self
 
-        class Finder(importlib.abc.MetaPathFinder):
+        class Finder:  # a meta path finder (no importlib.abc: importing it costs ~30 ms)
             def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
                 if name != "numpy.random":
                     return None
