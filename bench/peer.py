@@ -23,9 +23,11 @@ child and warmed up before their clock starts.
    way), against a bare TCP socket between two Python processes on loopback
    that echoes the same 100 MB, with and without a GMAC over every byte (the
    authentication the peer wire does). Measured at the wire (a bare controller
-   on the daemon: what the network part costs) and through ``ew.Executor``
-   (adds the job folder: the payload written and read back, the result written,
-   fsynced and read back). Target: >= 0.7x the authenticated bare socket.
+   on the daemon: what the network part costs; best of 3 on warm buffers) and
+   through ``ew.Executor`` (best of 3, each after a pause that lets the job
+   folder writes of the one before finish: the payload, the result written and
+   fsynced; its first, cold run is shown too). Target: >= 0.7x the
+   authenticated bare socket.
 4. ``bytes``: bytes on the wire per task against the payload, for 50 tasks
    that each get and return a 1 MB array, and for 10 000 no-op tasks.
 

@@ -205,6 +205,8 @@ class Controller:
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
         self.acked: set[_Worker] = set()  # workers with ACKs queued, not yet flushed
+        self.to_record: list[Any] = []  # results for the recorder, handed over together
+        self.first_to_record = 0.0
         self._state = threading.RLock()  # the loop's, while it works; a put's, while it places
         self._loop_ended = False
         self.stats: collections.Counter[str] = collections.Counter()
@@ -397,7 +399,7 @@ class Controller:
         last_queue = time.monotonic()
         while True:
             busy = bool(self.pending or self.batches)
-            recording = self.recorder is not None and self.recorder.outstanding
+            recording = self.to_record or (self.recorder is not None and self.recorder.outstanding)
             timeout = _ACK_S if recording or not self.durable.empty() else (0.05 if busy else 0.25)
             events = self.sel.select(timeout)
             with self._state:
@@ -848,8 +850,9 @@ class Controller:
                 self._write_worker_info(w)
             w.writer = GroupWriter(self.store, w.wid)
         parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
-        assert self.recorder is not None  # started with the loop
-        self.recorder.record(w.writer, parts, (w, bid), buffers)
+        if not self.to_record:
+            self.first_to_record = time.monotonic()
+        self.to_record.append((w.writer, parts, (w, bid), buffers))
 
     def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
                   rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
@@ -1214,6 +1217,11 @@ class Controller:
     def _send_acks(self, *, wait: bool = False) -> None:
         """Acknowledge the results the recorder made durable (all of them, with ``wait``);
         their buffers may then take the next results (once nothing else holds them)."""
+        if self.recorder is not None and self.to_record and (
+                wait or time.monotonic() - self.first_to_record >= _ACK_S):  # fmt: skip
+            # handed over every few milliseconds, not per result: each hand-over wakes a thread
+            self.recorder.record_many(self.to_record)
+            self.to_record = []
         if wait and self.recorder is not None:
             self.recorder.wait_idle()
         while True:
@@ -1230,6 +1238,9 @@ class Controller:
     # -- the end -----------------------------------------------------------------------
     def _close_all(self) -> None:
         if self.recorder is not None:
+            if self.to_record:
+                self.recorder.record_many(self.to_record)
+                self.to_record = []
             self.recorder.stop()
             self._send_acks()
         for w in list(self.workers.values()):

@@ -94,9 +94,14 @@ class Recorder:
                ack: Any, buffers: tuple[Any, ...]) -> None:  # fmt: skip
         """Write ``groups`` (pickled values, out-of-band buffers, rows) with ``writer``; then
         report ``ack`` and ``buffers`` (which the caller must not reuse until then) as done."""
+        self.record_many([(writer, groups, ack, buffers)])
+
+    def record_many(self, items: list[tuple[GroupWriter, list[tuple[Any, list[Any], list[Row]]], Any,
+                                            tuple[Any, ...]]]) -> None:  # fmt: skip
+        """:meth:`record` for several results at once (one wake-up of the thread)."""
         with self._idle:
-            self._outstanding += 1
-        self._queue.put((writer, groups, ack, buffers))
+            self._outstanding += len(items)
+        self._queue.put(items)
 
     @property
     def outstanding(self) -> int:
@@ -116,13 +121,13 @@ class Recorder:
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            items = [self._queue.get()]
+            got = [self._queue.get()]
             with contextlib.suppress(queue.Empty):
                 while True:
-                    items.append(self._queue.get_nowait())
-            if items[-1] is None:
+                    got.append(self._queue.get_nowait())
+            if got[-1] is None:
                 stopping = True
-            items = [it for it in items if it is not None]
+            items = [it for many in got if many is not None for it in many]
             if not items:
                 continue
             acks: list[Any] = []
