@@ -26,9 +26,8 @@ its workers detached, ``on=ew.local(cores=2)``:
 to the alternative): above 1, elsewhere is faster. A FAIL is reported, never
 turned into an exit status: this is a benchmark, not a test.
 
-The task functions below are module-level so that workers import them by
-reference (``bench/`` is on the job's ``sys.path``); keep the module's
-top-level imports cheap.
+The task functions live in ``_tasks.py``, a module of their own that workers
+import by reference (``bench/`` is on the job's ``sys.path``).
 """
 
 from __future__ import annotations
@@ -37,27 +36,8 @@ import os
 import sys
 import time
 
-# -- task functions (imported by workers as local.<name>) ------------------------
-
-
-def noop(x):
-    return x
-
-
-def spin_cpu(secs):
-    """Loop until this thread has used ``secs`` of CPU time (the vCPU speed drifts)."""
-    tt = time.thread_time
-    end = tt() + secs
-    x = 0
-    while tt() < end:
-        for i in range(10000):
-            x += i
-    return x
-
-
-def arr_sum(a):
-    return float(a.sum())
-
+# -- task functions (imported by workers as _tasks.<name>: see _tasks.py) --------
+from _tasks import arr_sum, noop, spin_cpu
 
 # -- measurements (run in a fresh child process each) ------------------------------
 pc = time.perf_counter

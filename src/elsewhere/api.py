@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -122,7 +121,7 @@ def _default_name(fn: Any) -> str:
     base = getattr(fn, "__name__", "job")
     if not base.isidentifier():
         base = "job"
-    return f"{base}-{secrets.token_hex(3)}"
+    return f"{base}-{os.urandom(3).hex()}"
 
 
 def create_job(
@@ -162,13 +161,13 @@ def create_job(
     if not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"retries must be a non-negative integer, not {retries!r}")
     if seed is None:
-        seed = secrets.randbits(31)
+        seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 random bits
     elif seed is False:
         seed = None  # no per-task seeding: for floods of tiny tasks that use no randomness
     elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, None (random) or False (off), not {seed!r}")
     root = Path(storage).expanduser().absolute() if storage else (cl.storage or paths.default_storage())
-    job_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(4)
+    job_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(4).hex()
     meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl, seed=seed, tag=tag,
                         retries=retries, env=env, stream=_stream)
     if not cl.shares_filesystem():

@@ -46,17 +46,24 @@ class TaskSeeder:
         self._pending = _NO_SEED  # task index whose seed is not applied yet
         self._fired_index = 0
         self.job_seed = 0
+        self._random_module: Any = None
         self._random_stubs: dict[str, Any] = {}
         self._random_real: dict[str, Any] = {}
         self._np_module: Any = None
         self._np_stubs: dict[str, Any] = {}
         self._np_real: dict[str, Any] = {}
-        self._install_random()
-        np_random = sys.modules.get("numpy.random")
-        if np_random is not None:
-            self._install_numpy(np_random)
-        else:
-            self._hook_numpy()
+        # A module loaded already gets its stubs now; one a task imports later,
+        # right after it has loaded (no import here: ``random`` costs a worker
+        # that never uses it a few milliseconds, NumPy far more).
+        watch = []
+        for name, install in (("random", self._install_random), ("numpy.random", self._install_numpy)):
+            module = sys.modules.get(name)
+            if module is not None:
+                install(module)
+            else:
+                watch.append(name)
+        if watch:
+            self._hook(watch)
 
     # -- per task ---------------------------------------------------------------
     def begin(self, job_seed: int, index: int) -> None:
@@ -79,9 +86,8 @@ class TaskSeeder:
         self._put(self._random_real, self._np_real)
 
     def _put(self, random_fns: dict[str, Any], np_fns: dict[str, Any]) -> None:
-        import random
-
-        random.__dict__.update(random_fns)
+        if self._random_module is not None:
+            self._random_module.__dict__.update(random_fns)
         if self._np_module is not None:
             self._np_module.__dict__.update(np_fns)
 
@@ -93,29 +99,46 @@ class TaskSeeder:
         self._pending = _NO_SEED
         self._fired_index = index
         self.fired = True
-        import _random
-        import random
+        if self._random_module is not None:
+            self._seed_random(index)
+            self._random_module.__dict__.update(self._random_real)
+        if self._np_module is not None:
+            self._seed_numpy(index)
+            self._np_module.__dict__.update(self._np_real)
 
-        _random.Random.seed(random._inst, self.job_seed + index)  # what random.seed(n) ends in
-        random._inst.gauss_next = None  # type: ignore[attr-defined]
-        random.__dict__.update(self._random_real)
-        np = self._np_module
-        if np is not None:
-            ss = np.SeedSequence(self.job_seed, spawn_key=(index,))
-            self._np_real["seed"](ss.generate_state(4))
-            np.__dict__.update(self._np_real)
+    def _seed_random(self, index: int) -> None:
+        import _random
+
+        inst = self._random_module._inst
+        _random.Random.seed(inst, self.job_seed + index)  # what random.seed(n) ends in
+        inst.gauss_next = None
+
+    def _seed_numpy(self, index: int) -> None:
+        ss = self._np_module.SeedSequence(self.job_seed, spawn_key=(index,))
+        self._np_real["seed"](ss.generate_state(4))
 
     # -- installing the stubs -----------------------------------------------------
-    def _install_random(self) -> None:
-        import random
-
-        inst = random._inst
+    def _install_random(self, random: Any) -> None:
+        inst = getattr(random, "_inst", None)
+        if inst is None:
+            return
         for name in dir(random):
             real = random.__dict__.get(name)
             if getattr(real, "__self__", None) is inst and not name.startswith("_"):
                 self._random_real[name] = real
                 self._random_stubs[name] = _stub(self, real)
-        random.__dict__.update(self._random_stubs)
+        self._random_module = random
+        self._arrive(random, self._random_stubs, self._seed_random)
+
+    def _arrive(self, module: Any, stubs: dict[str, Any], seed: Any) -> None:
+        if not self.armed:
+            return
+        if self.fired:
+            # Loaded in the middle of a task that already drew from the other
+            # generator: seed it now for this task, as eager seeding would have.
+            seed(self._fired_index)
+        else:
+            module.__dict__.update(stubs)
 
     def _install_numpy(self, np_random: Any) -> None:
         mtrand = getattr(np_random, "mtrand", None)
@@ -135,25 +158,18 @@ class TaskSeeder:
         if "seed" not in self._np_real:
             return
         self._np_module = np_random
-        if not self.armed:
-            return
-        if self.fired:
-            # NumPy arrived in the middle of a task that already drew from
-            # ``random``: seed it now for this task, as eager seeding would have.
-            ss = np_random.SeedSequence(self.job_seed, spawn_key=(self._fired_index,))
-            self._np_real["seed"](ss.generate_state(4))
-        else:
-            np_random.__dict__.update(self._np_stubs)
+        self._arrive(np_random, self._np_stubs, self._seed_numpy)
 
-    def _hook_numpy(self) -> None:
-        # If a task imports NumPy, put the stubs in right after numpy.random
-        # has loaded, so a task that imports numpy inside its body is as
+    def _hook(self, names: list[str]) -> None:
+        # If a task imports one of ``names``, put the stubs in right after it has
+        # loaded, so a task that imports numpy inside its body is as
         # reproducible as one that got numpy with its inputs.
-        seeder = self
+        installs = {"random": self._install_random, "numpy.random": self._install_numpy}
+        waiting = set(names)
 
         class Finder:  # a meta path finder (no importlib.abc: importing it costs ~30 ms)
             def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-                if name != "numpy.random":
+                if name not in waiting:
                     return None
                 for finder in sys.meta_path:
                     if finder is self:
@@ -163,15 +179,18 @@ class TaskSeeder:
                         loader = spec.loader
                         exec_module = loader.exec_module
 
-                        def exec_and_install(module: Any, _exec: Any = exec_module) -> None:
+                        def exec_and_install(module: Any, _exec: Any = exec_module,
+                                             _install: Any = installs[name]) -> None:
                             _exec(module)
-                            seeder._install_numpy(module)
+                            _install(module)
 
                         loader.exec_module = exec_and_install
-                        try:
-                            sys.meta_path.remove(self)
-                        except ValueError:
-                            pass
+                        waiting.discard(name)
+                        if not waiting:
+                            try:
+                                sys.meta_path.remove(self)
+                            except ValueError:
+                                pass
                         return spec
                 return None
 

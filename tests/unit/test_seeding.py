@@ -115,3 +115,29 @@ def test_numpy_imported_inside_a_task(order):
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_random_imported_inside_a_task():
+    # Neither random nor NumPy loaded when the seeder is made (a worker that
+    # never draws numbers does not pay for importing them); the task imports both.
+    script = textwrap.dedent("""
+        import sys
+        from elsewhere.seeding import TaskSeeder
+        assert "random" not in sys.modules and "numpy" not in sys.modules
+        s = TaskSeeder()
+        assert "random" not in sys.modules
+        s.begin(3, 4)
+        import random
+        r = random.random()
+        import numpy as np
+        v = np.random.rand()
+        s.rearm()
+        s.begin(3, 5)
+        v2, r2 = np.random.rand(), random.random()
+        rs = lambda i: np.random.RandomState(np.random.SeedSequence(3, spawn_key=(i,)).generate_state(4))
+        assert (r, v) == (random.Random(7).random(), rs(4).rand()), (r, v)
+        assert (r2, v2) == (random.Random(8).random(), rs(5).rand()), (r2, v2)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
