@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 
 import elsewhere.remote as remote
-from elsewhere.remote import local, ssh, transport
+from elsewhere.remote import local, session, ssh, transport
 
 
 def test_all_is_complete_and_importable() -> None:
     for name in remote.__all__:
         assert hasattr(remote, name), name
-    for module in (transport, local, ssh):
+    for module in (transport, local, ssh, session):
         for name in module.__all__:
             if name != "TREE_SCRIPT" and name != "tree_functions":
                 assert name in remote.__all__, f"{module.__name__}.{name} is not re-exported"

@@ -444,7 +444,7 @@ class SSHCluster(Cluster):
         for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
             if p.get("workers"):
                 try:
-                    self.transport(host).run(["rm", "-rf", "--", p["dir"]], check=False, timeout=60)
+                    self._agent(host, "discard", dir=p["dir"], timeout=60)
                 except TransportError as exc:
                     warnings.warn(f"could not remove the job copy on {host}: {exc}", stacklevel=2)
 

@@ -11,6 +11,7 @@ The rest of elsewhere reaches other machines only through a
 from __future__ import annotations
 
 from elsewhere.remote.local import LocalTransport
+from elsewhere.remote.session import AgentSession, agent_error
 from elsewhere.remote.ssh import (
     SSHTransport,
     build_remote_command,
@@ -27,6 +28,7 @@ from elsewhere.remote.transport import (
 )
 
 __all__ = [
+    "AgentSession",
     "BaseTransport",
     "CommandFailed",
     "CommandTimeout",
@@ -34,6 +36,7 @@ __all__ = [
     "LocalTransport",
     "SSHTransport",
     "Transport",
+    "agent_error",
     "build_remote_command",
     "build_rsync_rsh",
     "parse_ssh_failure",
