@@ -211,6 +211,25 @@ def test_a_full_worker_holds_requests_and_admits_them_in_turn(tmp_path: Path, ke
         w.stop()
 
 
+def test_the_accept_a_freed_slot_brings_leaves_with_the_result(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        assert isinstance(c.ask("a"), Accept)
+        c.send(Ask("b"))  # held: the slot is taken
+        c.task("a", pow, [(2, 3)])
+        c.sock.settimeout(10)
+        data = c.sock.recv(1 << 20)  # one send of the worker: both frames in one read
+        events = c.conn.feed(data)
+        assert [type(e.message) for e in events] == [Result, Accept], events
+        assert events[1].message == Accept("b")
+        assert decode(events[0].message.info, events[0].buffers) == [(0, Outcome.OK, 8)]
+        c.send(Ack("a"))
+        c.send(Cancel("b"))
+    finally:
+        w.stop()
+
+
 def test_results_are_kept_until_acknowledged(tmp_path: Path, key_file: Path) -> None:
     w, port = start_worker(tmp_path, key_file)
     key = load_key(key_file)

@@ -231,6 +231,7 @@ class PeerWorker:
         self.peers: set[_Peer] = set()
         self.by_controller: dict[str, _Peer] = {}
         self.held: list[_Held] = []
+        self._corked: set[_Peer] | None = None  # peers whose frames wait to leave together
         self.reserved: dict[tuple[int, str], _Run] = {}  # (id(peer), task_id) -> accepted run
         self.queued: collections.deque[_Run] = collections.deque()  # TASK received, no child free
         self.running: dict[int, _Run] = {}  # seq -> run on a child
@@ -493,7 +494,10 @@ class PeerWorker:
         except PeerError as exc:
             log.debug("cannot send %s to %s: %s", type(message).__name__, peer.address, exc)
             return
-        self._flush(peer)
+        if self._corked is not None:
+            self._corked.add(peer)
+        else:
+            self._flush(peer)
 
     def _refuse(self, peer: _Peer, ask: Ask, reason: RefuseReason, detail: str) -> None:
         self.stats[f"refused_{reason.name.lower()}"] += 1
@@ -874,9 +878,17 @@ class PeerWorker:
             buffers.extend(g[1])
         self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now, run.leases)
         peer = self.by_controller.get(run.controller)
-        if peer is not None:
-            self._send(peer, Result(run.task_id, info), buffers)
-        self._after_batch()
+        # The RESULT and what the freed slot brings (an ACCEPT of a held ASK, often of the
+        # same controller) leave together: one send, one wake-up of the controller.
+        corked = self._corked = set()
+        try:
+            if peer is not None:
+                self._send(peer, Result(run.task_id, info), buffers)
+            self._after_batch()
+        finally:
+            self._corked = None
+            for p in corked:
+                self._flush(p)
 
     def _free_buffers(self, run: _Run, released: list[int] | None) -> None:
         """The run's large input buffers: back to the pool, unless its child keeps a map
