@@ -137,6 +137,7 @@ def create_job(
     storage: str | os.PathLike[str] | None = None,
     _fn: Any = None,
     _stream: bool = False,
+    _n_tasks: int = 0,
 ) -> Job:
     """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
 
@@ -175,7 +176,7 @@ def create_job(
         # to exist): tasks run in the job's files folder, code travels by value.
         meta["cwd"] = None
         meta["sys_path"] = []
-    store = create_store(root, meta, retries=retries, stream=_stream)
+    store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
     if files:
         _copy_files(store, files)
     job = Job(store, cl, meta)
@@ -291,7 +292,7 @@ def submit(
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
     with gc_paused():  # thousands of argument tuples, no cycles: the collector would only rescan them
         tasks, args_only = tasks_from_inputs(iterables)
-        job = create_job(on, name=name, _fn=fn, **options)
+        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), **options)
         _write_and_submit(job, fn, tasks, args_only)
     return job
 

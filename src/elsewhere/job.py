@@ -627,10 +627,14 @@ def remove_folder(path: Path) -> None:
     except FileNotFoundError:
         return
     except OSError:
-        grave = path  # another file system's rules: remove in place
-    shutil.rmtree(grave, ignore_errors=True)
-    if grave.exists():
-        shutil.rmtree(grave, ignore_errors=True)
+        # another file system's rules: remove in place, now
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    from . import housekeeping
+
+    housekeeping.remove_later(grave)  # gone for everyone already; the bytes go in the background
 
 
 def _open_notify(store: JobStore) -> int:
@@ -732,12 +736,16 @@ def new_job_meta(
     }
 
 
-def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool) -> JobStore:
-    """Make the job folder with metadata and an empty queue."""
+def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool, n_tasks: int = 0) -> JobStore:
+    """Make the job folder with metadata and a queue of ``n_tasks`` (known up front, or 0).
+
+    Nothing is claimed before the queue says "submitted", so the count may be
+    written before the inputs are.
+    """
     from .store import write_json
 
     store = JobStore.create(root / meta["id"], meta)
-    write_json(store.path / "queue.json", new_queue(0, closed=not stream, retries=retries), fsync=False)
+    write_json(store.path / "queue.json", new_queue(n_tasks, closed=not stream, retries=retries), fsync=False)
     return store
 
 

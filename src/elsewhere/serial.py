@@ -13,6 +13,7 @@ to name the part that fails, so the error says *which* object is to blame.
 from __future__ import annotations
 
 import pickle
+import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -168,29 +169,42 @@ class by_value_for:
                 self.modules.append(sys.modules[name])
 
     def __enter__(self) -> by_value_for:
-        self.registered = []
         if not self.modules:
             return self
         import cloudpickle
 
-        for m in self.modules:
-            _by_value_modules.add(m.__name__)
-            try:
-                cloudpickle.register_pickle_by_value(m)
-                self.registered.append(m)
-            except ValueError:
-                pass  # already registered by the user
+        with _by_value_lock:  # the registry is global: counted, so threads may nest blocks
+            for m in self.modules:
+                name = m.__name__
+                if name not in _by_value_counts:
+                    try:
+                        cloudpickle.register_pickle_by_value(m)
+                        ours = True
+                    except ValueError:
+                        ours = False  # registered by the user: theirs to keep
+                    _by_value_counts[name] = [0, ours]
+                _by_value_counts[name][0] += 1
+                _by_value_modules.add(name)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for m in self.modules:
-            _by_value_modules.discard(m.__name__)
-        if not self.registered:
+        if not self.modules:
             return
         import cloudpickle
 
-        for m in self.registered:
-            cloudpickle.unregister_pickle_by_value(m)
+        with _by_value_lock:
+            for m in self.modules:
+                entry = _by_value_counts[m.__name__]
+                entry[0] -= 1
+                if entry[0] == 0:
+                    del _by_value_counts[m.__name__]
+                    _by_value_modules.discard(m.__name__)
+                    if entry[1]:
+                        cloudpickle.unregister_pickle_by_value(m)
+
+
+_by_value_lock = threading.Lock()
+_by_value_counts: dict[str, list[Any]] = {}  # module name -> [blocks open, registered by us]
 
 
 def loads(data: bytes | memoryview, buffers: list[Any] | None = None) -> Any:

@@ -116,14 +116,12 @@ class JobStore:
     @classmethod
     def create(cls, path: Path, meta: dict[str, Any]) -> JobStore:  # client only
         """Make a new job folder (mode 0700) with its metadata."""
+        from . import housekeeping
+
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.mkdir(mode=0o700)
-        for sub in ("journal", "results", "logs", "workers"):
-            (path / sub).mkdir(mode=0o700)
+        housekeeping.make_job_folder(path)  # subfolders, queue.lock, notify.fifo
         store = cls(path)
         write_json(path / META, meta, fsync=False)  # made durable when the job is submitted
-        (path / QUEUE_LOCK).touch(mode=0o600)
-        os.mkfifo(path / NOTIFY, 0o600)
         return store
 
     # -- metadata ---------------------------------------------------------

@@ -469,8 +469,14 @@ class _JobRun:
                 if remaining > 0:
                     active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
                     # Guided: a share of what is left, shrinking towards the end, but
-                    # never less than ~2 ms of work (a claim costs a lock and an fsync).
-                    k = min(remaining, max(least, min(want, -(-remaining // (2 * max(1, active))))))
+                    # never less than ~2 ms of work (a claim costs a lock and a
+                    # rewrite of queue.json). When what is left is a few ms of work
+                    # per worker, it is split evenly at once.
+                    active = max(1, active)
+                    share = -(-remaining // active)
+                    if remaining * self.mean_s > _TARGET_BATCH_S * active / 2 or self.n_done == 0:
+                        share = -(-share // 2)
+                    k = min(remaining, max(least, min(want, share)))
                     a = q["next"]
                     q["next"] = a + k
                     m["state"] = "active"
@@ -643,7 +649,10 @@ class _JobRun:
             self.quiet = 0  # output appeared: back to one by one, to attribute it per task
         self.log_pos = log_end
         self.n_done += n
-        self.mean_s += ((t1 - t0) / n - self.mean_s) / 2
+        if n >= 64:
+            self.mean_s = (t1 - t0) / n  # a long run measures well: trust it (claims adapt at once)
+        else:
+            self.mean_s += ((t1 - t0) / n - self.mean_s) / 2
         from . import serial
 
         self._flush(sync=False)  # keep the journal in task order

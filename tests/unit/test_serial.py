@@ -88,3 +88,34 @@ def test_functions_of_a_script_travel_by_value():
     assert by_cloudpickle(out.stdout)
     f, c = serial.loads(out.stdout)
     assert f(1) == 42 and type(c).__name__ == "C"
+
+
+def test_by_value_blocks_nest_across_threads():
+    # Two submissions from two threads send the same module by value: neither may
+    # unregister it while the other still pickles (cloudpickle's registry is global).
+    import threading
+
+    mod = sys.modules[__name__]
+    errors = []
+    inside = threading.Barrier(2, timeout=30)
+
+    def submit():
+        try:
+            bv = serial.by_value_for([])
+            bv.modules = [mod]
+            with bv:
+                inside.wait()
+                for _ in range(50):
+                    assert by_cloudpickle(serial.dumps(module_level)[0])
+                inside.wait()  # both still inside: neither has left yet
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert not by_cloudpickle(serial.dumps(module_level)[0])  # unregistered after the last one
+    assert not cloudpickle.cloudpickle._is_registered_pickle_by_value(mod)

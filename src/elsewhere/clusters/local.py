@@ -166,8 +166,11 @@ class LocalCluster(Cluster):
             taken.append((wid, fd))
         return taken
 
-    def dispatch(self, job: Job, count: int) -> list[str]:
-        """Give ``job`` up to ``count`` more workers: warm ones first, then new ones."""
+    def dispatch(self, job: Job, count: int, *, max_workers: int | None = None) -> list[str]:
+        """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.
+
+        ``max_workers``, if given, is written to the queue in the same update.
+        """
         if count <= 0:
             return []
         pool = self.pool_dir()
@@ -176,6 +179,8 @@ class LocalCluster(Cluster):
         idle = self._take_idle(pool)
         use, spare = idle[:count], idle[count:]
         with job.store.locked_queue() as q:
+            if max_workers is not None:
+                q["max_workers"] = max_workers
             d = q.setdefault("dispatched", {})
             now = time.time()
             for wid, _ in use:
@@ -242,10 +247,8 @@ class LocalCluster(Cluster):
     def prepare(self, job: Job, n_tasks: int) -> None:
         if not n_tasks:
             return
-        with job.store.locked_queue() as q:
-            q["max_workers"] = self._max_for(q, n_tasks)
-            want = min(q["max_workers"], n_tasks)
-        self.dispatch(job, want)
+        most = self._max_for({"closed": not job._meta.get("stream")}, n_tasks)
+        self.dispatch(job, min(most, n_tasks), max_workers=most)
 
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks

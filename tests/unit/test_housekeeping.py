@@ -1,0 +1,82 @@
+"""Spare job folders and background removal (elsewhere.housekeeping)."""
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+from elsewhere import housekeeping
+from elsewhere.job import remove_folder
+
+
+def wait_for(cond, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def spares(root):
+    try:
+        return [n for n in os.listdir(root / housekeeping.SPARES) if not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def complete(path):
+    return (all((path / s).is_dir() for s in housekeeping.SUBDIRS)
+            and (path / housekeeping.QUEUE_LOCK).is_file()
+            and stat.S_ISFIFO(os.stat(path / housekeeping.NOTIFY).st_mode))
+
+
+def test_the_next_job_folder_is_a_spare_made_ahead(tmp_path):
+    housekeeping.make_job_folder(tmp_path / "job1")  # no spare yet: built in place
+    assert complete(tmp_path / "job1")
+    wait_for(lambda: len(spares(tmp_path)) == 1)  # the next one, made in the background
+    spare = tmp_path / housekeeping.SPARES / spares(tmp_path)[0]
+    assert complete(spare) and stat.S_IMODE(spare.stat().st_mode) == 0o700
+    inode = spare.stat().st_ino
+    housekeeping.make_job_folder(tmp_path / "job2")
+    assert (tmp_path / "job2").stat().st_ino == inode  # renamed into place, not built
+    assert complete(tmp_path / "job2")
+    wait_for(lambda: len(spares(tmp_path)) == 1)  # and one more made for the job after
+
+
+def test_a_purged_folder_is_gone_at_once_and_its_bytes_later(tmp_path):
+    job = tmp_path / "job"
+    housekeeping.make_job_folder(job)
+    (job / "results" / "w.bin").write_bytes(b"x" * 1000)
+    remove_folder(job)
+    assert not job.exists()  # the name is free at once
+    wait_for(lambda: not [n for n in os.listdir(tmp_path) if ".purged-" in n])
+
+
+def test_removals_left_at_exit_are_done_before_the_process_ends(tmp_path):
+    script = textwrap.dedent(f"""
+        import threading
+        from pathlib import Path
+        from elsewhere import housekeeping
+        from elsewhere.job import remove_folder
+        root = Path({str(tmp_path)!r})
+        for i in range(20):
+            housekeeping.make_job_folder(root / f"job{{i}}")
+            (root / f"job{{i}}" / "logs" / "a.log").write_text("x")
+        import os
+        # as if the background thread were busy elsewhere: the removals must happen at exit
+        housekeeping._thread, housekeeping._thread_pid = threading.current_thread(), os.getpid()
+        housekeeping._todo.clear()
+        for i in range(20):
+            remove_folder(root / f"job{{i}}")
+        assert len(housekeeping._todo) == 20
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".spare")) == []
+
+
+def test_leftovers_of_killed_processes_are_swept(tmp_path):
+    grave = tmp_path / ".20260101-000000-abcd.purged-1-2"
+    (grave / "logs").mkdir(parents=True)
+    housekeeping.make_job_folder(tmp_path / "job")
+    wait_for(lambda: not grave.exists())
