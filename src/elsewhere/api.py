@@ -220,9 +220,9 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
         except Exception:
             pass  # submit_independent will try again and report
     try:
-        with PayloadWriter(store.path / "payload.log") as w, serial.by_value_for(
-            fns, shared_fs=job.cluster.shares_filesystem()
-        ):
+        shared = job.cluster.shares_filesystem()
+        with (PayloadWriter(store.path / "payload.log", compress=not shared) as w,
+              serial.by_value_for(fns, shared_fs=shared)):
             try:
                 w.write_common(fn, job._job_data)
                 if entries:

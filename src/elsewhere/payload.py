@@ -1,7 +1,8 @@
 """Writing and reading ``payload.log``: the function, job data and task inputs.
 
 The client appends chunks; workers read them. A chunk holds the inputs of a
-run of consecutive tasks as one zstd-compressed pickle plus the large
+run of consecutive tasks as one pickle (zstd-compressed where the job folder
+travels to other machines) plus the large
 buffers (NumPy arrays) out of band, so 100 000 tasks are about a hundred
 chunks, and a 100 MB array is written from the caller's memory and read
 into the worker's without passing through a pickle.
@@ -33,8 +34,9 @@ _MAX_CHUNK_TASKS = 4096
 class PayloadWriter:
     """Appends chunks to a job's payload (the client is the only writer)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, compress: bool = True) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.compress = compress  # False where the folder never travels: zstd would only cost time
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -49,7 +51,7 @@ class PayloadWriter:
 
     def _write(self, kind: ChunkKind, first: int, count: int, obj: Any) -> None:
         data, bufs = serial.dumps(obj)
-        compressed = serial.compress(data, level=1 if len(data) > 1 << 20 else 3)
+        compressed = serial.compress(data, level=1 if len(data) > 1 << 20 else 3) if self.compress else data
         head = records.pack_chunk_head(kind, first, count, compressed, bufs)
         from .store import writev_all
 

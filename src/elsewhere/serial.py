@@ -12,6 +12,7 @@ to name the part that fails, so the error says *which* object is to blame.
 
 from __future__ import annotations
 
+import os
 import pickle
 import threading
 
@@ -112,15 +113,18 @@ _SYSTEM_PATHS: tuple[str, ...] = ()
 
 
 def _system_paths() -> tuple[str, ...]:
-    """Where installed modules live (standard library, site-packages); computed once."""
+    """Where installed modules live: the interpreter's and the environment's prefixes
+    (standard library, site-packages), and the user's site-packages."""
     global _SYSTEM_PATHS
     if not _SYSTEM_PATHS:
+        import site
         import sys
-        import sysconfig
 
-        keys = ("stdlib", "platstdlib", "purelib", "platlib")
-        found = {sysconfig.get_paths().get(k) for k in keys}
-        _SYSTEM_PATHS = tuple(p for p in found if p) + (sys.base_prefix, sys.prefix)
+        found = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+        user_site = getattr(site, "USER_SITE", None)
+        if user_site:
+            found.add(user_site)
+        _SYSTEM_PATHS = tuple(os.path.join(p, "") for p in found if p)
     return _SYSTEM_PATHS
 
 
@@ -212,15 +216,27 @@ def loads(data: bytes | memoryview, buffers: list[Any] | None = None) -> Any:
     return pickle.loads(data, buffers=buffers or ())
 
 
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_compressors = threading.local()
+
+
 def compress(data: bytes, level: int = 3) -> bytes:
     """zstd-compress ``data`` (one frame with its content size)."""
     import zstandard
 
-    return zstandard.ZstdCompressor(level=level).compress(data)
+    cache = getattr(_compressors, "by_level", None)
+    if cache is None:
+        cache = _compressors.by_level = {}
+    c = cache.get(level)
+    if c is None:
+        c = cache[level] = zstandard.ZstdCompressor(level=level)
+    return c.compress(data)
 
 
-def decompress(data: bytes | memoryview) -> bytes:
-    """Undo :func:`compress`."""
+def decompress(data: bytes | memoryview) -> bytes | memoryview:
+    """Undo :func:`compress`; data that is not a zstd frame (a pickle stored as is) is returned as is."""
+    if bytes(data[:4]) != _ZSTD_MAGIC:
+        return data
     import zstandard
 
     return zstandard.ZstdDecompressor().decompress(data)
