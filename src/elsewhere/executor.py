@@ -343,5 +343,7 @@ class Executor(cf.Executor):
         self._stop.set()
         if wait:
             self._thread.join()
+            if self._link is not None:  # the futures came from memory: wait for the folder
+                self._link.finished.wait()
             if not self._keep:
                 self._job.purge()

@@ -118,3 +118,15 @@ def test_as_completed_and_map_work_across_threads(on: PeerCluster) -> None:
         got = sorted(f.result() for f in cf.as_completed(futs, timeout=60))
         assert got == sorted(i * i for i in range(50))
         assert list(ex.map(square, range(5))) == [0, 1, 4, 9, 16]
+
+
+def test_a_cancelled_task_stops_and_the_executor_carries_on(on: PeerCluster) -> None:
+    import time
+
+    with ew.Executor(on=on) as ex:
+        slow = [ex.submit(time.sleep, 30) for _ in range(2)]  # both workers busy
+        for f in slow:
+            assert f.cancel()
+        assert all(f.cancelled() for f in slow)
+        # the workers are free again: without the cancel this would wait 30 s (the timeout)
+        assert [ex.submit(square, i).result(timeout=20) for i in range(3)] == [0, 1, 4]
