@@ -331,21 +331,12 @@ def _draw(i, bad):
 @pytest.mark.parametrize(("n", "bad", "cores"), [(3000, 1500, 2), (20000, 9000, 1)])
 def test_fast_batches_keep_seeds_errors_and_order(ew_home, n, bad, cores):
     # thousands of microsecond tasks run in fast batches (range records, which
-    # span chunks of the payload): the values, the per-task seeds and an error
-    # in the middle must be as one by one
+    # run on across chunks of the payload while within 10 ms): the values, the
+    # per-task seeds and an error in the middle must be as one by one
     job = ew.submit(_draw, range(n), [bad] * n, seed=11, on=ew.local(cores=cores))
     job.wait(timeout=60)
     out = job.results()
     assert any(rec.count > 1 for _, rec in job._reader.final.values())  # the fast path ran
-    if cores == 1:  # one range record runs on from one chunk of the payload into the next
-        from elsewhere.payload import PayloadReader
-
-        reader = PayloadReader(job.path / "payload.log")
-        reader._scan()
-        starts = reader._firsts[1:]
-        reader.close()
-        assert starts and any(rec.task < s < rec.task + rec.count
-                              for _, rec in job._reader.final.values() for s in starts)
     expected = []
     for i in range(n):
         random.seed(11 + i)
