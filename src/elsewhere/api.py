@@ -13,7 +13,7 @@ from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
 from .job import Job, create_store, gc_paused, new_job_meta, remove_folder
 from .registry import Registry
-from .store import JobStore
+from .store import META, JobStore
 
 
 def local(cores: int | None = None, **options: Any) -> Cluster:
@@ -237,11 +237,15 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
         raise
     n = len(entries)
     job._staged = []
-    meta = store.update_meta(n_tasks=n, submitted=time.time()) if not job._meta.get("stream") else \
-        store.update_meta(submitted=time.time())
+    changes = {"submitted": time.time()} if job._meta.get("stream") else {"n_tasks": n, "submitted": time.time()}
+    meta = store.update_meta(fsync=False, **changes)
+    from . import housekeeping
+
+    housekeeping.sync_later(store.path, (META, "payload.log"))  # durable in the background, at exit at the latest
     job._meta = meta
-    with store.locked_queue() as q:
-        q["n"] = n if not meta.get("stream") else q["n"]
+    if not meta.get("stream") and store.queue().get("n") != n:  # usually written when the folder was made
+        with store.locked_queue() as q:
+            q["n"] = n
     reg = Registry()
     try:
         reg.add(meta, store.path, _current_state)
@@ -253,8 +257,9 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             job.cluster.submit_communicating(job)
         else:
             job.cluster.submit_independent(job)
-        with store.locked_queue() as q:
-            q["submitted"] = True  # whatever the plugin did: the job is now in its hands
+        if not store.queue().get("submitted"):  # only ever set, never unset: no lock to look
+            with store.locked_queue() as q:
+                q["submitted"] = True  # whatever the plugin did: the job is now in its hands
     except BaseException:
         # Nothing runs: do not leave a half-submitted job behind.
         reg.remove(job.id)

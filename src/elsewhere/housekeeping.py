@@ -10,7 +10,10 @@ costs as much again. So a client process
   atomic rename; any process of the user may take a spare, only one
   succeeds), and makes the next spare in a background thread;
 - removes a purged job folder in the background once it has been renamed
-  away (the rename is what makes the job gone; see ``job.remove_folder``).
+  away (the rename is what makes the job gone; see ``job.remove_folder``);
+- makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
+  in the background: a job must survive a crash of the machine, but its
+  workers do not wait for the disk to start.
 
 Whatever the background thread had not done when the process ends is done
 at exit; folders left by a process that was killed (``.<id>.purged-*``,
@@ -61,6 +64,26 @@ def make_job_folder(path: Path) -> None:
 def remove_later(path: Path) -> None:
     """Remove ``path`` (already renamed away from where anyone looks) in the background."""
     _later("remove", path)
+
+
+def sync_later(folder: Path, names: tuple[str, ...]) -> None:
+    """Make ``folder/name`` for each name, and ``folder`` itself, durable (fsync) in the background."""
+    _later("sync", folder / "\0".join(names))
+
+
+def _sync(spec: Path) -> None:
+    folder, names = spec.parent, spec.name.split("\0")
+    for name in (*names, "."):
+        try:
+            fd = os.open(folder / name, os.O_RDONLY)
+        except OSError:
+            continue  # purged meanwhile
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _build(path: Path) -> None:
@@ -137,6 +160,8 @@ def _do(kind: str, path: Path) -> None:
     try:
         if kind == "remove":
             shutil.rmtree(path, ignore_errors=True)
+        elif kind == "sync":
+            _sync(path)
         else:
             _make_spare(path)
     except Exception:
@@ -144,9 +169,9 @@ def _do(kind: str, path: Path) -> None:
 
 
 def finish() -> None:
-    """Do what is still to be done, now (at exit: removals only)."""
+    """Do what is still to be done, now (at exit: syncs and removals; no new spares)."""
     with _lock:
-        todo = [t for t in _todo if t[0] == "remove"]
+        todo = [t for t in _todo if t[0] != "spare"]
         _todo.clear()
     for kind, path in todo:
         _do(kind, path)

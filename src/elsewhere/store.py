@@ -129,11 +129,11 @@ class JobStore:
         """The job's metadata."""
         return read_json(self._p(META))
 
-    def update_meta(self, **changes: Any) -> dict[str, Any]:
+    def update_meta(self, *, fsync: bool = True, **changes: Any) -> dict[str, Any]:
         """Change metadata fields (the client is the only writer)."""
         meta = self.meta()
         meta.update(changes)
-        write_json(self._p(META), meta)
+        write_json(self._p(META), meta, fsync=fsync)
         return meta
 
     def cluster_data(self) -> dict[str, Any]:

@@ -80,3 +80,26 @@ def test_leftovers_of_killed_processes_are_swept(tmp_path):
     (grave / "logs").mkdir(parents=True)
     housekeeping.make_job_folder(tmp_path / "job")
     wait_for(lambda: not grave.exists())
+
+
+def test_syncs_left_at_exit_are_done(tmp_path):
+    log = tmp_path / "synced.log"
+    script = textwrap.dedent(f"""
+        import os, threading
+        from pathlib import Path
+        from elsewhere import housekeeping
+        root = Path({str(tmp_path)!r})
+        real = housekeeping._sync
+        def sync(spec):
+            real(spec)  # a job purged meanwhile ("gone") must not fail it
+            with open({str(log)!r}, "a") as f:
+                f.write(str(spec).replace("\\0", "+") + "\\n")
+        housekeeping._sync = sync
+        # as if the background thread were busy elsewhere: the syncs must happen at exit
+        housekeeping._thread, housekeeping._thread_pid = threading.current_thread(), os.getpid()
+        (root / "job.json").write_text("{{}}")
+        housekeeping.sync_later(root, ("job.json", "payload.log"))
+        housekeeping.sync_later(root / "gone", ("job.json",))
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert log.read_text().splitlines() == [f"{tmp_path}/job.json+payload.log", f"{tmp_path}/gone/job.json"]
