@@ -14,7 +14,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,24 +32,35 @@ _KIND_STATE = {
 }
 
 
-@dataclass
 class Snapshot:
     """What is known about a job's tasks at one moment.
 
     ``reasons`` maps a task index to a short text from the backend (e.g. a
     scheduler's "pending: Resources"); ``running`` maps a running task to
-    (worker id, since).
+    (worker id, since). (A plain class: importing dataclasses costs a client
+    a few milliseconds on its first submission.)
     """
 
-    n: int
-    submitted: bool
-    cancelled: bool
-    final: dict[int, tuple[str, records.Record]]
-    running: dict[int, tuple[str, float]]
-    cancelled_tasks: set[int]
-    kind_counts: dict[int, int] = field(default_factory=dict)
-    reasons: dict[int, str] = field(default_factory=dict)
-    note: str = ""
+    __slots__ = ("cancelled", "cancelled_tasks", "final", "kind_counts", "n", "note", "reasons", "running",
+                 "submitted")
+
+    def __init__(self, n: int, submitted: bool, cancelled: bool, final: dict[int, tuple[str, records.Record]],
+                 running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
+                 kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
+                 note: str = "") -> None:
+        self.n = n
+        self.submitted = submitted
+        self.cancelled = cancelled
+        self.final = final
+        self.running = running
+        self.cancelled_tasks = cancelled_tasks
+        self.kind_counts = kind_counts if kind_counts is not None else {}
+        self.reasons = reasons if reasons is not None else {}
+        self.note = note
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
+                f"final={len(self.final)}, running={len(self.running)}, note={self.note!r})")
 
     def task_state(self, i: int) -> TaskState:
         f = self.final.get(i)

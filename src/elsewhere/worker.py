@@ -852,6 +852,8 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.enable(file=sys.stderr, all_threads=False)
     wid = args.wid or f"{os.uname().nodename}-{os.getpid()}-{os.urandom(3).hex()}"
+    if args.pool:
+        os.chdir("/")  # a pool worker outlives its client: hold none of its folders (each job sets its own)
     if args.also and args.pool:
         wid = _fork_workers(wid, [w for w in args.also.split(",") if w])
     if args.mpi:

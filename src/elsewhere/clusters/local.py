@@ -20,10 +20,8 @@ so they survive the client), by the absolute path of this interpreter.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
-import subprocess
 import sys
 import time
 import warnings
@@ -133,9 +131,12 @@ class LocalCluster(Cluster):
     # -- the pool -------------------------------------------------------------
     def pool_dir(self) -> Path:
         """The folder of warm workers for this interpreter and elsewhere version."""
+        import zlib
+
         from .. import __version__
 
-        key = hashlib.sha256(f"{self.python}\0{__version__}\0{_package_root()}".encode()).hexdigest()[:12]
+        ident = f"{self.python}\0{__version__}\0{_package_root()}".encode()
+        key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
         d = paths.home() / "local" / key
         if not (d / "fifo").is_dir():
             for sub in ("idle", "fifo"):
@@ -214,15 +215,19 @@ class LocalCluster(Cluster):
         env = dict(os.environ)
         root = _package_root()
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        argv = [self.python, "-m", "elsewhere.worker", "--pool", str(pool), "--wid", wid,
+                "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)]
+        if also:
+            argv += ["--also", ",".join(also)]
         log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        extra = ["--also", ",".join(also)] if also else []
         try:
-            subprocess.Popen(
-                [self.python, "-m", "elsewhere.worker", "--pool", str(pool), "--wid", wid,
-                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s), *extra],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                start_new_session=True, close_fds=True, cwd="/",
-            )
+            # posix_spawn (vfork and exec, in a session of its own): a fork of a big
+            # client costs it milliseconds; the worker leaves the client's folder itself.
+            os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, log, 1),
+                (os.POSIX_SPAWN_DUP2, log, 2),
+            ])
         finally:
             os.close(log)
 
@@ -285,6 +290,8 @@ class LocalCluster(Cluster):
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         log = os.open(job.store.path / "logs" / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            import subprocess
+
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                     start_new_session=True, close_fds=True, cwd=str(job.store.path))
         finally:
