@@ -22,7 +22,7 @@ def _pids_with_home(home: Path) -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if b"elsewhere.worker" in cmd and any(needle.encode() in part for part in cmd):
+        if any(b"elsewhere.worker" in part for part in cmd) and any(needle.encode() in part for part in cmd):
             pids.append(int(d))
     return pids
 

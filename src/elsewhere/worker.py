@@ -834,8 +834,55 @@ def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dic
     }
 
 
+class _Args:
+    job: str | None
+    pool: str | None
+    wid: str | None
+    idle_timeout: float
+    tasks: str | None
+    mpi: bool
+    also: str
+
+
+_FLAGS = ("--job", "--pool", "--wid", "--idle-timeout", "--tasks", "--also")
+
+
+def _quick_args(argv: list[str]) -> _Args | None:
+    """The flags the backends pass, without argparse (a worker's start-up is part of
+    every cold job); None for anything else (--help, a typo), which argparse explains."""
+    a = _Args()
+    a.job, a.pool, a.wid = (os.environ.get("ELSEWHERE_JOB_DIR"), None, os.environ.get("ELSEWHERE_WORKER_ID"))
+    a.idle_timeout, a.tasks, a.mpi, a.also = 60.0, os.environ.get("ELSEWHERE_TASKS"), False, ""
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag == "--mpi":
+            a.mpi = True
+            i += 1
+            continue
+        if flag not in _FLAGS or i + 1 >= len(argv):
+            return None
+        value = argv[i + 1]
+        if flag == "--idle-timeout":
+            try:
+                a.idle_timeout = float(value)
+            except ValueError:
+                return None
+        else:
+            setattr(a, flag[2:], value)
+        i += 2
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m elsewhere.worker``."""
+    args: Any = _quick_args(sys.argv[1:] if argv is None else argv)
+    if args is None:
+        args = _parse_args(argv)
+    return _main(args)
+
+
+def _parse_args(argv: list[str] | None) -> Any:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m elsewhere.worker", description=__doc__.split("\n")[0])
@@ -847,7 +894,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mpi", action="store_true", help="one rank of a communicating job: run task <rank>")
     p.add_argument("--also", default="", help="more worker ids (comma-separated): start a worker for each "
                    "by forking this one once it has started up (with --pool)")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def _main(args: Any) -> int:
     import faulthandler
 
     faulthandler.enable(file=sys.stderr, all_threads=False)
@@ -866,7 +916,8 @@ def main(argv: list[str] | None = None) -> int:
     if tasks is not None and args.wid is None and os.environ.get("ELSEWHERE_ARRAY_VAR"):
         wid = f"a{os.environ.get(os.environ['ELSEWHERE_ARRAY_VAR'], '0')}-{wid}"
     if not args.job and not args.pool:
-        p.error("nothing to do: give --job DIR and/or --pool DIR")
+        print("python -m elsewhere.worker: nothing to do: give --job DIR and/or --pool DIR", file=sys.stderr)
+        return 2
     if tasks is not None:
         _print_header(args.job, tasks)
     try:
@@ -887,8 +938,6 @@ def _fork_workers(wid: str, others: list[str]) -> str:
     a worker started by the client, and is orphaned at once (a double fork),
     so that no process has to reap it.
     """
-    import zstandard  # noqa: F401  (every job's payload needs it: import it once for all)
-
     for other in others:
         pid = os.fork()
         if pid == 0:
