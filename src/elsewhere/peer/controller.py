@@ -79,11 +79,13 @@ __all__ = ["MAX_RESUBMITS", "Controller", "ControllerSettings", "GroupWriter", "
 log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 5
+"""How often one task is placed again because its worker vanished (not its own fault)."""
 _ACK_S = 0.005
 """How soon the loop looks for results the recorder made durable, to acknowledge them."""
 _SHORT_S = 0.005
 """Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
-"""How often one task is placed again because its worker vanished (not its own fault)."""
+_PUT_WAIT_S = 0.002
+"""How long ``put`` waits for the loop to finish its turn before leaving the task to it."""
 _MAX_BATCH = 4096
 _MAX_BATCH_BYTES = 16 << 20
 _MAX_OOB = 1000
@@ -269,13 +271,18 @@ class Controller:
         if self._thread is None or threading.current_thread() is self._thread:
             self._command("put", index, entry)
             return
-        with self._state:
+        if not self._state.acquire(timeout=_PUT_WAIT_S):  # the loop is busy (a large frame?):
+            self._command("put", index, entry)  # it places the task when done
+            return
+        try:
             if self._loop_ended:
                 self._command("put", index, entry)  # nobody will place it: a new controller will
                 return
             self._on_put(index, entry)
             self._place(time.monotonic())
             self._flush_acked()
+        finally:
+            self._state.release()
 
     def _on_put(self, index: int, entry: Any) -> None:
         self.entries[index] = entry
