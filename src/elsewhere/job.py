@@ -22,7 +22,7 @@ from .clusters.base import Cluster
 from .errors import ConfigError, JobError, TaskError, TimeoutError
 from .records import Kind
 from .states import JobState, TaskState, derive_job_state
-from .store import CONTROL, JobStore, JournalReader, new_queue, read_body, read_log
+from .store import CONTROL, JobStore, JournalReader, Outcomes, new_queue, read_body, read_log
 
 _KIND_STATE = {
     Kind.OK: TaskState.FINISHED,
@@ -44,7 +44,7 @@ class Snapshot:
     __slots__ = ("cancelled", "cancelled_tasks", "final", "kind_counts", "n", "note", "reasons", "running",
                  "submitted")
 
-    def __init__(self, n: int, submitted: bool, cancelled: bool, final: dict[int, tuple[str, records.Record]],
+    def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
                  running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
                  kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
                  note: str = "") -> None:
@@ -502,8 +502,8 @@ class Job:
                         append(value)
                         i += 1
                         continue
-                end = min(n, rec.task + rec.count)
-                if end - i > 1 and list(map(get, range(i, end))).count(f) == end - i:
+                end = min(n, final.run_end(i)) if rec.count > 1 else i
+                if end - i > 1:
                     # the rest of a range record, none of it overtaken by a retry: one slice
                     out.extend(values[rec.item + i - rec.task:rec.item + end - rec.task])
                     i = end
@@ -690,9 +690,7 @@ def _task_error(value: dict[str, Any], job: str, rec: records.Record) -> TaskErr
 
 def raise_first_error(values: Iterable[Any]) -> None:
     """Raise the first TaskError among ``values``, as its original type where possible."""
-    if isinstance(values, list) and TaskError not in set(map(type, values)) and not any(
-        isinstance(v, TaskError) for v in {type(v): v for v in values}.values()
-    ):
+    if isinstance(values, list) and not any(issubclass(t, TaskError) for t in set(map(type, values))):
         return
     for v in values:
         if isinstance(v, TaskError):

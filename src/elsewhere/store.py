@@ -24,6 +24,7 @@ This module is imported by the worker: keep its imports light.
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import json
 import os
@@ -35,6 +36,7 @@ from .records import Kind, Record
 
 TYPE_CHECKING = False  # neither typing nor pathlib at run time: the worker imports this module
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
     from typing import Any
 
@@ -270,19 +272,127 @@ def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int
     }
 
 
+class Outcomes:
+    """task -> (worker id, record), read like a dict; a range record's tasks are one entry.
+
+    A hundred thousand tiny tasks are a few dozen range records: keeping them as
+    ranges (sorted, bisected) instead of one dict entry per task saves the client
+    a dict insert per task and the memory of a dict of every task. Single
+    records, and tasks of a range that a later attempt overtook, are in a dict,
+    which wins over the ranges.
+    """
+
+    __slots__ = ("_n", "_ranges", "_single", "_starts")
+
+    def __init__(self) -> None:
+        self._single: dict[int, tuple[str, Record]] = {}
+        self._starts: list[int] = []
+        self._ranges: list[tuple[int, int, tuple[str, Record]]] = []  # (first, end, entry)
+        self._n = 0
+
+    def _range_index(self, t: int) -> int:
+        i = bisect.bisect_right(self._starts, t) - 1
+        return i if i >= 0 and t < self._ranges[i][1] else -1
+
+    def get(self, t: int, default: Any = None) -> Any:
+        e = self._single.get(t)
+        if e is not None:
+            return e
+        if self._ranges:
+            i = bisect.bisect_right(self._starts, t) - 1
+            if i >= 0:
+                r = self._ranges[i]
+                if t < r[1]:
+                    return r[2]
+        return default
+
+    def __getitem__(self, t: int) -> tuple[str, Record]:
+        e = self.get(t)
+        if e is None:
+            raise KeyError(t)
+        return e
+
+    def __contains__(self, t: object) -> bool:
+        return isinstance(t, int) and self.get(t) is not None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[int]:
+        single = self._single
+        yield from list(single)
+        for first, end, _ in list(self._ranges):
+            for t in range(first, end):
+                if t not in single:
+                    yield t
+
+    def keys(self) -> Iterator[int]:
+        return iter(self)
+
+    def values(self) -> Iterator[tuple[str, Record]]:
+        return (self[t] for t in self)
+
+    def items(self) -> Iterator[tuple[int, tuple[str, Record]]]:
+        return ((t, self[t]) for t in self)
+
+    def __setitem__(self, t: int, entry: tuple[str, Record]) -> None:
+        if t not in self:
+            self._n += 1
+        self._single[t] = entry
+
+    def __delitem__(self, t: int) -> None:
+        i = self._range_index(t)
+        if i >= 0:  # rare (a retry forgets an outcome): that range becomes single entries
+            first, end, entry = self._ranges.pop(i)
+            del self._starts[i]
+            for u in range(first, end):
+                self._single.setdefault(u, entry)
+        del self._single[t]
+        self._n -= 1
+
+    def add_range(self, first: int, count: int, entry: tuple[str, Record]) -> bool:
+        """Add a range record's tasks as one entry; False (nothing added) if any has an outcome."""
+        end = first + count
+        i = bisect.bisect_right(self._starts, first) - 1
+        if i >= 0 and self._ranges[i][1] > first:
+            return False
+        if i + 1 < len(self._ranges) and self._ranges[i + 1][0] < end:
+            return False
+        single = self._single
+        if single and (any(first <= t < end for t in single) if len(single) < count
+                       else not single.keys().isdisjoint(range(first, end))):
+            return False
+        self._starts.insert(i + 1, first)
+        self._ranges.insert(i + 1, (first, end, entry))
+        self._n += count
+        return True
+
+    def run_end(self, t: int) -> int:
+        """If ``t`` is in a range whose entry no later outcome overtook from ``t`` on,
+        the end of that range (tasks ``t .. end-1`` share the entry); else ``t``."""
+        i = self._range_index(t)
+        if i < 0:
+            return t
+        end = self._ranges[i][1]
+        single = self._single
+        if single and any(t <= u < end for u in single):
+            return t
+        return end
+
+
 class JournalReader:
     """Reads every worker's journal incrementally: only what is new each time.
 
-    ``final`` maps a task to (worker id, record); a range record stands for
-    each of its tasks (the task's value is item ``rec.item + task - rec.task``).
+    ``final`` maps a task to (worker id, record) (an :class:`Outcomes`); a
+    range record stands for each of its tasks (the task's value is item
+    ``rec.item + task - rec.task``).
     """
 
     def _add_range(self, wid: str, r: Record) -> int:
         final = self.final
         tasks = range(r.task, r.task + r.count)
         entry = (wid, r)
-        if not any(t in final for t in (r.task, r.task + r.count - 1)) and final.keys().isdisjoint(tasks):
-            final.update(dict.fromkeys(tasks, entry))
+        if final.add_range(r.task, r.count, entry):
             self.kind_counts[r.kind] += r.count
             return r.count
         new = 0
@@ -299,7 +409,7 @@ class JournalReader:
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._offsets: dict[str, int] = {}
-        self.final: dict[int, tuple[str, Record]] = {}  # the outcome that counts, per task
+        self.final = Outcomes()  # the outcome that counts, per task
         self.kind_counts: dict[int, int] = dict.fromkeys((int(k) for k in Kind), 0)
 
     def refresh(self) -> int:
