@@ -97,24 +97,35 @@ def _is_dataframe(x: Any) -> bool:
     return t.__name__ == "DataFrame" and t.__module__.startswith("pandas")
 
 
-def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], bool]:
-    """One entry per task, and whether entries are plain argument tuples.
-
-    Zipped iterables give argument tuples; a DataFrame gives one
-    ``(None, (), row_as_kwargs)`` triple per row.
+def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], str]:
+    """One entry per task, and their form: ``"single"`` (one iterable: its
+    elements, each a task's only argument), ``"args"`` (zipped iterables:
+    argument tuples) or ``"entries"`` (a DataFrame: one ``(None, (),
+    row_as_kwargs)`` triple per row).
     """
     if not iterables:
         raise ConfigError("give at least one iterable of inputs (one task per element)")
     if len(iterables) == 1 and _is_dataframe(iterables[0]):
         df: Any = iterables[0]
-        return [(None, (), {str(k): v for k, v in row.items()}) for row in df.to_dict("records")], False
+        return [(None, (), {str(k): v for k, v in row.items()}) for row in df.to_dict("records")], "entries"
     for i, it in enumerate(iterables):
         if isinstance(it, (str, bytes)) or not hasattr(it, "__iter__"):
             raise ConfigError(
                 f"input {i} is not an iterable of task inputs (got {type(it).__name__}); "
                 "wrap a single value in a list"
             )
-    return list(zip(*iterables)), True
+    if len(iterables) == 1:
+        return list(iterables[0]), "single"
+    return list(zip(*iterables)), "args"
+
+
+def _as_entries(tasks: list[Any], form: str) -> list[Any]:
+    """``(fn, args, kwargs)`` triples from tasks in ``form``."""
+    if form == "single":
+        return [(None, (a,), {}) for a in tasks]
+    if form == "args":
+        return [(None, a, {}) for a in tasks]
+    return tasks
 
 
 def _default_name(fn: Any) -> str:
@@ -202,17 +213,19 @@ def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> Non
             shutil.copy2(src, target)
 
 
-def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, args_only: bool = False,
+def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
                       *, communicating: bool = False) -> None:
-    """Write the payload, register the job, hand it to its cluster."""
+    """Write the payload, register the job, hand it to its cluster.
+
+    ``tasks`` are in ``form`` (see ``tasks_from_inputs``).
+    """
     from .payload import PayloadWriter
 
     store = job.store
     entries: list[Any] = list(tasks or [])
     if job._staged:
-        if args_only:
-            entries = [(None, a, {}) for a in entries]
-            args_only = False
+        entries = _as_entries(entries, form)
+        form = "entries"
         entries += job._staged
     fns = [fn] + [e[0] for e in job._staged]
     if not communicating:
@@ -227,10 +240,9 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             try:
                 w.write_common(fn, job._job_data)
                 if entries:
-                    w.write_tasks(0, entries, args_only=args_only)
+                    w.write_tasks(0, entries, form=form)
             except Exception:
-                triples = [(None, e, {}) for e in entries] if args_only else entries
-                serial.check_serialisable(fn, triples, job_data=job._job_data)  # names the culprit
+                serial.check_serialisable(fn, _as_entries(entries, form), job_data=job._job_data)  # names the culprit
                 raise
     except BaseException:
         remove_folder(store.path)  # workers started early may be inside: rename, then remove
@@ -297,9 +309,9 @@ def submit(
     if not callable(fn):
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
     with gc_paused():  # thousands of argument tuples, no cycles: the collector would only rescan them
-        tasks, args_only = tasks_from_inputs(iterables)
+        tasks, form = tasks_from_inputs(iterables)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), **options)
-        _write_and_submit(job, fn, tasks, args_only)
+        _write_and_submit(job, fn, tasks, form)
     return job
 
 

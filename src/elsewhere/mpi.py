@@ -83,5 +83,5 @@ def submit_communicating(
     job.store.update_meta(communicating=True, ranks=ranks)
     job._meta["ranks"] = ranks
     tasks = [(None, tuple(args), dict(kwargs or {})) for _ in range(ranks)]
-    api._write_and_submit(job, fn, tasks, False, communicating=True)
+    api._write_and_submit(job, fn, tasks, "entries", communicating=True)
     return job

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 TaskEntry = tuple  # (fn or None, args tuple, kwargs dict)
 
 _NO_KWARGS: dict = {}
+_TAGS = {"entries": "e", "args": "a", "single": "1"}  # how a chunk of tasks is stored
 _TARGET_CHUNK_BYTES = 512 * 1024
 _MAX_CHUNK_TASKS = 4096
 
@@ -61,15 +62,16 @@ class PayloadWriter:
         """Write the function and the job data shared by every task."""
         self._write(ChunkKind.COMMON, 0, 0, (fn, job_data))
 
-    def write_tasks(self, first: int, entries: list[Any], *, args_only: bool = False) -> int:
+    def write_tasks(self, first: int, entries: list[Any], *, form: str = "entries") -> int:
         """Write the inputs of tasks ``first ..``; returns how many chunks.
 
-        ``entries`` are ``(fn, args, kwargs)`` triples, or with ``args_only``
-        plain argument tuples of tasks that use the common function.
+        ``entries`` are ``(fn, args, kwargs)`` triples (``form="entries"``), or
+        for tasks that use the common function, argument tuples (``"args"``) or
+        single arguments (``"single"``: ``map(f, xs)`` needs no tuple per task).
         """
         if not entries:
             return 0
-        tag = "a" if args_only else "e"
+        tag = _TAGS[form]
         # Size chunks by a sample, so that tiny inputs share a chunk and huge
         # ones get one each.
         sample = entries[: min(16, len(entries))]
@@ -164,10 +166,15 @@ class PayloadReader:
         first, tag, part = self._chunk(index)
         if tag == "a":  # argument tuples only: the common function, no keywords
             return None, part[index - first], _NO_KWARGS
+        if tag == "1":  # one argument each
+            return None, (part[index - first],), _NO_KWARGS
         return part[index - first]
 
-    def args_run(self, index: int) -> tuple[int, list[tuple[Any, ...]]] | None:
-        """(first task, argument tuples) of the chunk holding ``index``, if its tasks
-        all use the common function with positional arguments only; else None."""
+    def args_run(self, index: int) -> tuple[int, list[Any], bool] | None:
+        """(first task, arguments, whether each is a single argument rather than a
+        tuple) of the chunk holding ``index``, if its tasks all use the common
+        function with positional arguments only; else None."""
         first, tag, part = self._chunk(index)
-        return (first, part) if tag == "a" else None
+        if tag == "e":
+            return None
+        return first, part, tag == "1"

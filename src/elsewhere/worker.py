@@ -592,17 +592,33 @@ class _JobRun:
                 return
             if fn is None:
                 fn = self._common()[0]
-            first, args = run
+            first, args, single = run
             end = min(stop, first + len(args))
             CUR.pack_into(cur, 0, i, t0, log_off)
             j = i
             try:
-                if seeder is None:
+                # four copies of one loop: the per-task work is a handful of bytecodes
+                if seeder is None and single:
+                    for j in range(i, end):
+                        cur_index[0] = j
+                        ctx.index = j
+                        ctx.seed = js + j
+                        append(fn(args[j - first]))
+                elif seeder is None:
                     for j in range(i, end):
                         cur_index[0] = j
                         ctx.index = j
                         ctx.seed = js + j
                         append(fn(*args[j - first]))
+                elif single:
+                    for j in range(i, end):
+                        if seeder.fired:
+                            seeder.rearm()
+                        cur_index[0] = j
+                        ctx.index = j
+                        ctx.seed = js + j
+                        seeder._pending = j
+                        append(fn(args[j - first]))
                 else:
                     for j in range(i, end):
                         if seeder.fired:
