@@ -262,15 +262,18 @@ class Worker:
             meta = store.meta()
         except FileNotFoundError:
             return  # purged before we got here
-        lock_path = store._p("workers", f"{self.wid}.lock")
-        lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        # workers/<wid>.cur: which task runs now (a shared map), and the worker's
+        # lock: held while it lives, released by the kernel however it ends.
+        cur_path = store._p("workers", f"{self.wid}.cur")
+        cur_fd = os.open(cur_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            if tasks is None and not self._join(store, lock_path):
+            os.write(cur_fd, CUR.pack(-1, 0.0, 0))
+            fcntl.flock(cur_fd, fcntl.LOCK_EX)
+            if tasks is None and not self._join(store, cur_path):
                 return
-            _JobRun(self, store, meta, tasks).run()
+            _JobRun(self, store, meta, tasks).run(cur_fd)
         finally:
-            os.close(lock_fd)
+            os.close(cur_fd)
 
     def _join(self, store: JobStore, lock_path: str) -> bool:
         with store.locked_queue() as q:
@@ -318,20 +321,21 @@ class _JobRun:
         self.quiet = 0  # tasks in a row that printed nothing
 
     # -- set-up and tear-down ---------------------------------------------
-    def run(self) -> None:
+    def run(self, cur_fd: int) -> None:
         store, wid = self.store, self.wid
         info = {"host": self.w.host, "pid": self.w.pid, "python": sys.executable,
                 "version": sys.version.split()[0], "started": time.time()}
-        from .store import write_json
+        import json
 
-        write_json(store._p("workers", f"{wid}.json"), info, fsync=False)
-        cur_path = store._p("workers", f"{wid}.cur")
-        with open(cur_path, "wb") as f:
-            f.write(CUR.pack(-1, 0.0, 0))
-        cur_fd = os.open(cur_path, os.O_RDWR)
+        # Written once, by this worker alone, in one write: no temporary file
+        # (a reader that finds it half written takes it as unknown).
+        fd = os.open(store._p("workers", f"{wid}.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(info).encode())
+        finally:
+            os.close(fd)
         self.cur = mmap.mmap(cur_fd, CUR.size)
         self.cur_index = memoryview(self.cur).cast("q")  # [0]: the task running now
-        os.close(cur_fd)
         w = self.w
         if self.seeding:
             if w.seeder is None:
