@@ -32,6 +32,8 @@ SPARES = ".spare"
 SUBDIRS = ("journal", "results", "logs", "workers")
 QUEUE_LOCK = "queue.lock"
 NOTIFY = "notify.fifo"
+#: made empty ahead of time too: the client writes into them (creating a file is the cost)
+FILES = (QUEUE_LOCK, "job.json", "queue.json", "payload.log")
 
 _lock = threading.Lock()
 _todo: list[tuple[str, Path]] = []
@@ -90,8 +92,8 @@ def _build(path: Path) -> None:
     path.mkdir(mode=0o700)
     for sub in SUBDIRS:
         (path / sub).mkdir(mode=0o700)
-    fd = os.open(path / QUEUE_LOCK, os.O_WRONLY | os.O_CREAT, 0o600)
-    os.close(fd)
+    for name in FILES:
+        os.close(os.open(path / name, os.O_WRONLY | os.O_CREAT, 0o600))
     os.mkfifo(path / NOTIFY, 0o600)
 
 

@@ -750,10 +750,10 @@ def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool
     Nothing is claimed before the queue says "submitted", so the count may be
     written before the inputs are.
     """
-    from .store import write_json
+    from .store import write_new
 
     store = JobStore.create(root / meta["id"], meta)
-    write_json(store.path / "queue.json", new_queue(n_tasks, closed=not stream, retries=retries), fsync=False)
+    write_new(store.path / "queue.json", new_queue(n_tasks, closed=not stream, retries=retries))
     return store
 
 

@@ -74,6 +74,18 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) ->
     atomic_write(path, json.dumps(obj, separators=(",", ":"), default=str).encode(), fsync=fsync)
 
 
+def write_new(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as JSON in place, for a file of a folder that no one else knows yet
+    (a job folder being made): no temporary file, no rename."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        data = memoryview(json.dumps(obj, separators=(",", ":"), default=str).encode())
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
 def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file."""
     with open(path, "rb") as f:
@@ -121,9 +133,9 @@ class JobStore:
         from . import housekeeping
 
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        housekeeping.make_job_folder(path)  # subfolders, queue.lock, notify.fifo
+        housekeeping.make_job_folder(path)  # subfolders, queue.lock, notify.fifo, empty files
         store = cls(path)
-        write_json(path / META, meta, fsync=False)  # made durable when the job is submitted
+        write_new(path / META, meta)  # made durable when the job is submitted
         return store
 
     # -- metadata ---------------------------------------------------------

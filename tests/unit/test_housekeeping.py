@@ -27,7 +27,7 @@ def spares(root):
 
 def complete(path):
     return (all((path / s).is_dir() for s in housekeeping.SUBDIRS)
-            and (path / housekeeping.QUEUE_LOCK).is_file()
+            and all((path / f).is_file() for f in housekeeping.FILES)
             and stat.S_ISFIFO(os.stat(path / housekeeping.NOTIFY).st_mode))
 
 
