@@ -33,7 +33,7 @@ SUBDIRS = ("journal", "results", "logs", "workers")
 QUEUE_LOCK = "queue.lock"
 NOTIFY = "notify.fifo"
 #: made empty ahead of time too: the client writes into them (creating a file is the cost)
-FILES = (QUEUE_LOCK, "job.json", "queue.json", "payload.log")
+FILES = (QUEUE_LOCK, "job.json", "queue.json", "queue.b.json", "payload.log")
 
 _lock = threading.Lock()
 _todo: list[tuple[str, Path]] = []

@@ -750,10 +750,10 @@ def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool
     Nothing is claimed before the queue says "submitted", so the count may be
     written before the inputs are.
     """
-    from .store import write_new
+    from .store import write_queue
 
     store = JobStore.create(root / meta["id"], meta)
-    write_new(store.path / "queue.json", new_queue(n_tasks, closed=not stream, retries=retries))
+    write_queue(store, new_queue(n_tasks, closed=not stream, retries=retries), 1, 0)
     return store
 
 

@@ -30,6 +30,7 @@ import json
 import os
 import struct
 import time
+import zlib
 
 from . import records
 from .records import Kind, Record
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 META = "job.json"
 PAYLOAD = "payload.log"
 QUEUE = "queue.json"
+QUEUE_B = "queue.b.json"  # the queue's second slot (see write_queue)
 QUEUE_LOCK = "queue.lock"
 CLUSTER = "cluster.json"
 NOTIFY = "notify.fifo"
@@ -173,7 +175,7 @@ class JobStore:
     def queue(self) -> dict[str, Any]:
         """A snapshot of the queue state (no lock: the file is replaced atomically)."""
         try:
-            return read_json(self._p(QUEUE))
+            return read_queue(self)[2]
         except FileNotFoundError:
             return new_queue(0)
 
@@ -239,7 +241,7 @@ class JobStore:
 class _LockedQueue:
     """``with store.locked_queue() as q``: flock, read, yield, write back if changed."""
 
-    __slots__ = ("before", "fd", "q", "store")
+    __slots__ = ("before", "fd", "gen", "q", "slot", "store")
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
@@ -249,9 +251,9 @@ class _LockedQueue:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             try:
-                q = read_json(self.store._p(QUEUE))
+                self.gen, self.slot, q = read_queue(self.store)
             except FileNotFoundError:
-                q = new_queue(0)
+                self.gen, self.slot, q = 0, 1, new_queue(0)
         except BaseException:
             os.close(self.fd)
             raise
@@ -262,9 +264,83 @@ class _LockedQueue:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         try:
             if exc_type is None and json.dumps(self.q, sort_keys=True) != self.before:
-                write_json(self.store._p(QUEUE), self.q, fsync=False)
+                # over the older slot: the one just read stays whole if this write is torn
+                write_queue(self.store, self.q, self.gen + 1, 1 - self.slot)
         finally:
             os.close(self.fd)  # releases the lock
+
+
+_QUEUE_MAGIC = b"EWQ1"
+
+
+def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None:
+    """Write queue state ``q`` as generation ``gen`` into ``slot`` (0: queue.json, 1: queue.b.json).
+
+    The queue is rewritten at every claim, join and leave, always under
+    queue.lock. It is written *in place*, into the slot that does not hold the
+    newest state, as one line ``EWQ1 <generation> <length> <crc32>`` and the
+    JSON; a reader takes the newest slot whose checksum holds. A write torn by
+    a crash leaves the other slot, the state before it, to be read; a reader
+    without the lock that meets a slot being written does the same. No file is
+    created or renamed per update (on many disks that costs more than the rest
+    of a claim).
+    """
+    body = json.dumps(q, separators=(",", ":"), default=str).encode()
+    data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
+    fd = os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        view = memoryview(data)
+        off = 0
+        while off < len(data):
+            off += os.pwrite(fd, view[off:], off)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+
+
+def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
+        try:
+            return 0, json.loads(data)
+        except ValueError:
+            return None
+    nl = data.find(b"\n")
+    head = data[:nl].split() if nl > 0 else []
+    if len(head) != 4 or head[0] != _QUEUE_MAGIC:
+        return None
+    try:
+        gen, length, crc = int(head[1]), int(head[2]), int(head[3], 16)
+        body = data[nl + 1:nl + 1 + length]
+        if len(body) != length or zlib.crc32(body) != crc:
+            return None
+        return gen, json.loads(body)
+    except ValueError:
+        return None
+
+
+def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
+    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
+    best: tuple[int, int, dict[str, Any]] | None = None
+    found = False
+    for slot, name in ((0, QUEUE), (1, QUEUE_B)):
+        path = store._p(name)
+        got = _read_slot(path)
+        if got is None:
+            found = found or os.path.exists(path)
+            continue
+        found = True
+        if best is None or got[0] > best[0]:
+            best = (got[0], slot, got[1])
+    if best is None:
+        if found:
+            raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
+        raise FileNotFoundError(store._p(QUEUE))
+    return best
 
 
 def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:
