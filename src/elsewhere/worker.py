@@ -216,13 +216,17 @@ class Worker:
             raise _Exit
         return line.decode() or None
 
+    _system: tuple[str, ...] = ()
+
     def _user_code_changed(self) -> bool:
         """Whether a user module this worker has loaded changed on disk since it started."""
-        import sysconfig
+        if not self._system:  # installed modules never count: their prefixes, found once
+            import site
 
-        paths = sysconfig.get_paths()
-        system = (*(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)),
-                  sys.prefix, sys.base_prefix)
+            found = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                     getattr(site, "USER_SITE", None) or sys.prefix}
+            Worker._system = tuple(os.path.join(p, "") for p in found if p)
+        system = self._system
         for mod in list(sys.modules.values()):
             f = getattr(mod, "__file__", None)
             if not f or f.startswith(system):
