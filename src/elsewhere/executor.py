@@ -83,7 +83,8 @@ class Executor(cf.Executor):
 
         self._job = api.create_job(on, name=name or f"executor-{os.urandom(3).hex()}", _stream=True, **options)
         self._keep = keep
-        self._writer = PayloadWriter(self._job.store.path / "payload.log")
+        self._writer = PayloadWriter(self._job.store.path / "payload.log",
+                                     compress=not self._job.cluster.shares_filesystem())
         self._writer.write_common(None, self._job._job_data)
         self._lock = threading.Lock()
         self._futures: dict[int, _Future] = {}

@@ -222,19 +222,22 @@ class LocalCluster(Cluster):
         if also:
             argv += ["--also", ",".join(also)]
         log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        _reap()
         try:
             # posix_spawn (vfork and exec, in a session of its own): a fork of a big
             # client costs it milliseconds; the worker leaves the client's folder itself.
-            os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
+            pid = os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_DUP2, log, 1),
                 (os.POSIX_SPAWN_DUP2, log, 2),
             ])
+            _spawned.append(pid)
         finally:
             os.close(log)
 
     def shutdown(self) -> int:
         """Ask this pool's idle workers to exit now; returns how many were asked."""
+        _reap()
         stopped = 0
         for _wid, fd in self._take_idle(self.pool_dir()):
             try:
@@ -265,6 +268,8 @@ class LocalCluster(Cluster):
             have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
             have += len(q.get("dispatched", {}))
             want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
+            if not n and not q.get("closed", True):
+                want = 1 - have  # an open stream (an Executor): one worker ready for its first task
             waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
         for fifo in waiting:
             _wake(fifo)
@@ -324,6 +329,7 @@ class LocalCluster(Cluster):
                                for i in range(job.n_tasks)})
 
     def poll(self, job: Job) -> None:
+        _reap()
         if job._meta.get("communicating"):
             self._poll_communicating(job)
             return
@@ -384,6 +390,21 @@ class LocalCluster(Cluster):
         # (they notice the folder is gone). Only a job with work left is stopped.
         if not job.state.done:
             self.cancel_job(job)
+
+
+_spawned: list[int] = []  # workers this process started and has not reaped yet
+
+
+def _reap() -> None:
+    """Collect the exit status of workers this process started that have ended, so
+    they do not stay zombies while it lives (a notebook may run for days)."""
+    for pid in list(_spawned):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid  # not ours to wait for any more (reaped elsewhere)
+        if done:
+            _spawned.remove(pid)
 
 
 def _wake(fifo: str | None) -> None:
