@@ -1,33 +1,38 @@
-"""Per-task seeds for ``random`` and NumPy's global generator, applied on first use.
+"""Per-task seeds for ``random`` and NumPy's global generator.
 
 Every task runs as if ``random`` and NumPy's legacy global generator had been
 seeded from the job seed and the task index just before it started (NumPy
-through ``SeedSequence(job_seed, spawn_key=(index,))``). Seeding eagerly costs
-more than a tiny task (4 us for ``random``, 18 us for NumPy), so the worker
-seeds on first use instead: the module-level functions of ``random`` and
-``numpy.random`` (``random.random``, ``np.random.rand``, ...) are replaced by
-stubs that apply the running task's seed, put the real functions back for the
-rest of the task (full speed), and call through. After a task that used them,
-the stubs go back in for the next task. A task that never draws a random
-number costs one attribute store::
+through ``SeedSequence(job_seed, spawn_key=(index,))``), at as little cost as
+possible for floods of tasks that take microseconds:
+
+- ``random`` is seeded before each task (its C seeding, ~4 us), but only once
+  it is loaded: a worker does not import it, and a job whose code never
+  imports it pays nothing. When a task imports it, it is seeded right after
+  it has loaded.
+- NumPy's generator costs ~18 us to seed, so it is seeded on first use: the
+  module functions of ``numpy.random`` (``np.random.rand``, ...) are stubs that
+  apply the running task's seed on the first draw (or ``get_state``, or
+  ``seed``), put the real functions back for the rest of the task and call
+  through; after a task that used them the stubs go back in. A stub bound to
+  a name (``rand = np.random.rand``) stays valid: it checks for a pending
+  seed on each call (~0.1 us more per call). Observable state is that of
+  eager seeding.
+
+::
 
     seeder.begin(job_seed, index)     # before the task
     value = fn(*args)
     if seeder.fired:                  # after it
         seeder.rearm()
 
-Observable state is the same as with eager seeding: the first draw (or
-``getstate()``, or ``seed()``) of a task sees the task's seed. A function
-bound before the stubs went in (``from random import random`` in a module
-imported before the worker started) bypasses them; the stubs themselves stay
-valid when bound (``from random import random`` in a task's module): they
-check for a pending seed on every call.
-
-Kept free of heavy imports: the worker imports it at start-up.
+``random`` is not stubbed: tasks bind ``random.random`` to a local name for
+speed in hot loops, and a stub there would slow every draw. Kept free of heavy
+imports: the worker imports it at start-up.
 """
 
 from __future__ import annotations
 
+import _random
 import sys
 
 TYPE_CHECKING = False
@@ -35,6 +40,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 _NO_SEED = -1
+
+
+#: ``random.seed(n)`` for an int n: the C seeding it ends in, without its Python wrapper
+#: (``_random`` is built in: importing it does not load the ``random`` module)
+_c_seed = _random.Random.seed
 
 
 class TaskSeeder:
@@ -46,13 +56,12 @@ class TaskSeeder:
         self._pending = _NO_SEED  # task index whose seed is not applied yet
         self._fired_index = 0
         self.job_seed = 0
-        self._random_module: Any = None
-        self._random_stubs: dict[str, Any] = {}
-        self._random_real: dict[str, Any] = {}
+        self._index = _NO_SEED  # the task running now
+        self._rinst: Any = None  # random's global generator, once random is loaded
         self._np_module: Any = None
         self._np_stubs: dict[str, Any] = {}
         self._np_real: dict[str, Any] = {}
-        # A module loaded already gets its stubs now; one a task imports later,
+        # A module loaded already is taken care of now; one a task imports later,
         # right after it has loaded (no import here: ``random`` costs a worker
         # that never uses it a few milliseconds, NumPy far more).
         watch = []
@@ -69,25 +78,27 @@ class TaskSeeder:
     def begin(self, job_seed: int, index: int) -> None:
         """The task ``index`` of a job seeded ``job_seed`` starts now."""
         self.job_seed = job_seed
-        self._pending = index
+        self._pending = self._index = index
+        r = self._rinst
+        if r is not None:
+            _c_seed(r, job_seed + index)
+            r.gauss_next = None
 
     def rearm(self) -> None:
         """After a task that drew numbers (or for a seeded job): stubs back in."""
         self.fired = False
         self.armed = True
         self._pending = _NO_SEED
-        self._put(self._random_stubs, self._np_stubs)
+        self._put(self._np_stubs)
 
     def disarm(self) -> None:
         """For a job without seeds: the real functions back in, nothing seeded."""
         self.fired = False
         self.armed = False
-        self._pending = _NO_SEED
-        self._put(self._random_real, self._np_real)
+        self._pending = self._index = _NO_SEED
+        self._put(self._np_real)
 
-    def _put(self, random_fns: dict[str, Any], np_fns: dict[str, Any]) -> None:
-        if self._random_module is not None:
-            self._random_module.__dict__.update(random_fns)
+    def _put(self, np_fns: dict[str, Any]) -> None:
         if self._np_module is not None:
             self._np_module.__dict__.update(np_fns)
 
@@ -99,19 +110,9 @@ class TaskSeeder:
         self._pending = _NO_SEED
         self._fired_index = index
         self.fired = True
-        if self._random_module is not None:
-            self._seed_random(index)
-            self._random_module.__dict__.update(self._random_real)
         if self._np_module is not None:
             self._seed_numpy(index)
             self._np_module.__dict__.update(self._np_real)
-
-    def _seed_random(self, index: int) -> None:
-        import _random
-
-        inst = self._random_module._inst
-        _random.Random.seed(inst, self.job_seed + index)  # what random.seed(n) ends in
-        inst.gauss_next = None
 
     def _seed_numpy(self, index: int) -> None:
         ss = self._np_module.SeedSequence(self.job_seed, spawn_key=(index,))
@@ -122,13 +123,11 @@ class TaskSeeder:
         inst = getattr(random, "_inst", None)
         if inst is None:
             return
-        for name in dir(random):
-            real = random.__dict__.get(name)
-            if getattr(real, "__self__", None) is inst and not name.startswith("_"):
-                self._random_real[name] = real
-                self._random_stubs[name] = _stub(self, real)
-        self._random_module = random
-        self._arrive(random, self._random_stubs, self._seed_random)
+        self._rinst = inst
+        if self.armed and self._index != _NO_SEED:
+            # imported by the running task: seeded for it, as if it had been loaded before
+            _c_seed(inst, self.job_seed + self._index)
+            inst.gauss_next = None
 
     def _arrive(self, module: Any, stubs: dict[str, Any], seed: Any) -> None:
         if not self.armed:

@@ -578,6 +578,8 @@ class _JobRun:
         one range record per run of successes (see records.py), one log check per batch."""
 
         seeder = self.w.seeder if self.seeding else None
+        from .seeding import _c_seed as c_seed
+
         payload = self._load_payload()
         fn = None
         ctx = self.ctx
@@ -625,7 +627,10 @@ class _JobRun:
                         cur_index[0] = j
                         ctx.index = j
                         ctx.seed = js + j
-                        seeder._pending = j
+                        seeder._pending = seeder._index = j
+                        if seeder._rinst is not None:  # random is loaded: seeded before the task
+                            c_seed(seeder._rinst, js + j)
+                            seeder._rinst.gauss_next = None
                         append(fn(args[j - first]))
                 else:
                     for j in range(i, end):
@@ -634,7 +639,10 @@ class _JobRun:
                         cur_index[0] = j
                         ctx.index = j
                         ctx.seed = js + j
-                        seeder._pending = j
+                        seeder._pending = seeder._index = j
+                        if seeder._rinst is not None:
+                            c_seed(seeder._rinst, js + j)
+                            seeder._rinst.gauss_next = None
                         append(fn(*args[j - first]))
             except BaseException as exc:
                 self._emit_range(start, values, t0, log_off)
