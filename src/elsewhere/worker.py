@@ -219,7 +219,8 @@ class Worker:
     _system: tuple[str, ...] = ()
 
     def _user_code_changed(self) -> bool:
-        """Whether a user module this worker has loaded changed on disk since it started."""
+        """Whether a user module this worker has loaded, or elsewhere itself, changed on disk
+        since it started."""
         if not self._system:  # installed modules never count: their prefixes, found once
             import site
 
@@ -227,9 +228,11 @@ class Worker:
                      getattr(site, "USER_SITE", None) or sys.prefix}
             Worker._system = tuple(os.path.join(p, "") for p in found if p)
         system = self._system
-        for mod in list(sys.modules.values()):
+        for name, mod in list(sys.modules.items()):
             f = getattr(mod, "__file__", None)
-            if not f or f.startswith(system):
+            # installed modules never change under a worker, except elsewhere itself
+            # (reinstalled in place, same version: a warm worker must not run old code)
+            if not f or (f.startswith(system) and not name.startswith("elsewhere")):
                 continue
             try:
                 if os.stat(f).st_mtime > self._started_at:

@@ -383,3 +383,27 @@ def test_fast_batches_keep_seeds_errors_and_order(ew_home, n, bad, cores):
         expected.append(random.random())
     assert isinstance(out[bad], ew.TaskError) and out[bad].type_name == "KeyError"
     assert out[:bad] == expected[:bad] and out[bad + 1:] == expected[bad + 1:]
+
+
+def test_a_warm_worker_notices_elsewhere_itself_reinstalled(tmp_path, monkeypatch):
+    # Installed modules are not watched, except elsewhere's own: reinstalled in
+    # place (same version, same pool), a warm worker must not run its old code.
+    from elsewhere.worker import Worker
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    for name in ("elsewhere_probe_ew", "otherlib_probe_ew"):
+        (site / f"{name}.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(site))
+    import elsewhere_probe_ew
+    import otherlib_probe_ew
+
+    w = Worker("probe")
+    monkeypatch.setattr(Worker, "_system", (str(site) + os.sep,))
+    w._started_at = time.time()
+    assert not w._user_code_changed()
+    later = time.time() + 5
+    os.utime(otherlib_probe_ew.__file__, (later, later))
+    assert not w._user_code_changed()  # an installed library: not watched
+    os.utime(elsewhere_probe_ew.__file__, (later, later))
+    assert w._user_code_changed()
