@@ -157,9 +157,9 @@ def create_job(
         name: unique among running jobs; default the function name plus a random suffix.
         tag: free text kept with the job.
         seed: task i runs with ``random`` and NumPy seeded from seed + i; default
-            a random seed (recorded). Seeds are applied when a task first draws a
-            number, so tasks that draw none pay nothing. ``False`` turns
-            per-task seeding off.
+            a random seed (recorded). Seeding costs only what a job uses (``random``
+            once loaded, NumPy on a task's first draw). ``False`` turns per-task
+            seeding off.
         retries: how many times a task whose worker vanished is run again.
         files: files and folders copied into the job (they sit in the task's
             working directory when the caller's is not there, and are on ``sys.path``).
