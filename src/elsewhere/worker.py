@@ -80,54 +80,6 @@ def _parse_tasks(spec: str) -> list[int]:
     return out
 
 
-class _NumpySeeder:
-    """Seeds NumPy's global generator for the running task, now or when imported."""
-
-    def __init__(self) -> None:
-        self.job_seed = 0
-        self.index = 0
-        self._hooked = False
-
-    def seed(self, job_seed: int, index: int) -> None:
-        self.job_seed, self.index = job_seed, index
-        np = sys.modules.get("numpy")
-        if np is not None and hasattr(np, "random") and hasattr(np.random, "SeedSequence"):
-            ss = np.random.SeedSequence(job_seed, spawn_key=(index,))
-            np.random.seed(ss.generate_state(4))
-        elif not self._hooked:
-            self._hook()
-
-    def _hook(self) -> None:
-        # numpy is not imported yet; if the task imports it, seed it right
-        # after numpy.random has loaded, so a task that imports numpy inside
-        # its body is as reproducible as one that got numpy with its inputs.
-        seeder = self
-
-        class Finder:  # a meta path finder (no importlib.abc: importing it costs ~30 ms)
-            def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-                if name != "numpy.random":
-                    return None
-                for finder in sys.meta_path:
-                    if finder is self:
-                        continue
-                    spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
-                    if spec is not None and spec.loader is not None:
-                        loader = spec.loader
-                        exec_module = loader.exec_module
-
-                        def exec_and_seed(module: Any, _exec: Any = exec_module) -> None:
-                            _exec(module)
-                            ss = module.SeedSequence(seeder.job_seed, spawn_key=(seeder.index,))
-                            module.seed(ss.generate_state(4))
-
-                        loader.exec_module = exec_and_seed
-                        return spec
-                return None
-
-        sys.meta_path.insert(0, Finder())
-        self._hooked = True
-
-
 class Worker:
     """One worker process: joins jobs, runs their tasks, writes outcomes."""
 

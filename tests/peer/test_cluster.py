@@ -75,6 +75,26 @@ def test_numpy_random_differs_per_task_and_repeats_with_the_seed(on: PeerCluster
     assert a == b  # seed + task index, whichever worker ran it
 
 
+def draw_both(_: int) -> tuple[float, float]:
+    import random
+
+    import numpy as np
+
+    rand = random.random  # bound for a hot loop: must be seeded, and the C method
+    return rand(), float(np.random.rand())
+
+
+def test_seeds_are_those_of_every_other_backend(on: PeerCluster) -> None:
+    import random
+
+    import numpy as np
+
+    got = ew.map(draw_both, range(6), on=on, seed=77)
+    assert got == [(random.Random(77 + i).random(),
+                    float(np.random.RandomState(np.random.SeedSequence(77, spawn_key=(i,)).generate_state(4)).rand()))
+                   for i in range(6)]
+
+
 def fails_on_two(x: int) -> int:
     if x == 2:
         raise ValueError(f"bad input {x}")

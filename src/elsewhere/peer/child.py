@@ -257,9 +257,9 @@ class _Child:
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
-        from ..worker import _NumpySeeder
+        from ..seeding import TaskSeeder
 
-        self.seeder = _NumpySeeder()
+        self.seeder = TaskSeeder()  # the same seeds, and costs, as on every other backend
         self.warned = False
         self.out_pool: dict[int, _Lease] = {}
         self.in_maps: dict[Any, mmap.mmap] = {}  # (device, inode) of the daemon's memfds -> map
@@ -401,7 +401,6 @@ class _Child:
     def _run_items(self, header: dict[str, Any], items: list[list[Any]], entries: list[Any],
                    common: tuple[Any, Any], failure: BaseException | None) -> _Results:  # fmt: skip
         """Run the batch; the last group of outcomes is left in the returned ``_Results``."""
-        import random
 
         from ..context import TaskContext, set_current
         from ..worker import _describe_error
@@ -409,6 +408,11 @@ class _Child:
         job = header.get("job") or {}
         diary = header.get("diary", "always")
         seeding = job.get("seed") is not None
+        seeder = self.seeder
+        if seeding and not seeder.armed:
+            seeder.rearm()
+        elif not seeding and seeder.armed:
+            seeder.disarm()
         job_seed = int(job.get("seed") or 0)
         ctx = TaskContext(index=-1, job=str(job.get("name", "")), job_id=str(job.get("id", "")),
                           cores=int(job.get("cores", 1)), seed=0, job_seed=job_seed,
@@ -432,8 +436,9 @@ class _Child:
                         if failure is not None:
                             raise _Unusable
                         if seeding:
-                            random.seed(seed)
-                            self.seeder.seed(job_seed, index)
+                            if seeder.fired:
+                                seeder.rearm()
+                            seeder.begin(job_seed, index)
                         fn, args, kwargs = entries[pos]
                         if fn is None:
                             fn = common[0]
