@@ -322,6 +322,20 @@ def test_workers_that_ended_are_not_left_as_zombies(ew_home):
     assert [state(p) for p in pids] == ["gone"] * len(pids)
 
 
+def test_workers_start_where_posix_spawn_cannot_make_a_session(ew_home, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("setsid is not supported by posix_spawn here")
+
+    monkeypatch.setattr(os, "posix_spawn", refuse)
+
+    def where(_):
+        time.sleep(0.05)
+        return os.getpid(), os.getsid(0)
+
+    out = set(ew.map(where, range(10), on=ew.local(cores=2)))
+    assert out and all(pid == sid for pid, sid in out)
+
+
 def test_warm_workers_are_reused(ew_home):
     def pid(_):
         time.sleep(0.05)  # long enough that both workers take tasks

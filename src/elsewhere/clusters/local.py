@@ -224,13 +224,19 @@ class LocalCluster(Cluster):
         log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         _reap()
         try:
-            # posix_spawn (vfork and exec, in a session of its own): a fork of a big
-            # client costs it milliseconds; the worker leaves the client's folder itself.
-            pid = os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, log, 1),
-                (os.POSIX_SPAWN_DUP2, log, 2),
-            ])
+            try:
+                # posix_spawn (vfork and exec, in a session of its own): a fork of a big
+                # client costs it milliseconds; the worker leaves the client's folder itself.
+                pid = os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log, 1),
+                    (os.POSIX_SPAWN_DUP2, log, 2),
+                ])
+            except (AttributeError, NotImplementedError):  # no posix_spawn, or no setsid for it here
+                import subprocess
+
+                pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                       start_new_session=True, close_fds=True, cwd="/").pid
             _spawned.append(pid)
         finally:
             os.close(log)
