@@ -54,7 +54,6 @@ class TaskSeeder:
         self.fired = False
         self.armed = True
         self._pending = _NO_SEED  # task index whose seed is not applied yet
-        self._fired_index = 0
         self.job_seed = 0
         self._index = _NO_SEED  # the task running now
         self._rinst: Any = None  # random's global generator, once random is loaded
@@ -108,7 +107,6 @@ class TaskSeeder:
         if index == _NO_SEED:
             return
         self._pending = _NO_SEED
-        self._fired_index = index
         self.fired = True
         if self._np_module is not None:
             self._seed_numpy(index)
@@ -129,16 +127,6 @@ class TaskSeeder:
             _c_seed(inst, self.job_seed + self._index)
             inst.gauss_next = None
 
-    def _arrive(self, module: Any, stubs: dict[str, Any], seed: Any) -> None:
-        if not self.armed:
-            return
-        if self.fired:
-            # Loaded in the middle of a task that already drew from the other
-            # generator: seed it now for this task, as eager seeding would have.
-            seed(self._fired_index)
-        else:
-            module.__dict__.update(stubs)
-
     def _install_numpy(self, np_random: Any) -> None:
         mtrand = getattr(np_random, "mtrand", None)
         legacy = getattr(mtrand, "_rand", None)
@@ -157,7 +145,8 @@ class TaskSeeder:
         if "seed" not in self._np_real:
             return
         self._np_module = np_random
-        self._arrive(np_random, self._np_stubs, self._seed_numpy)
+        if self.armed:  # NumPy fires its stubs itself, so it cannot have fired before they exist
+            np_random.__dict__.update(self._np_stubs)
 
     def _hook(self, names: list[str]) -> None:
         # If a task imports one of ``names``, put the stubs in right after it has

@@ -112,7 +112,7 @@ def dumps_plain(obj: Any) -> tuple[bytes, list[memoryview]]:
 _SYSTEM_PATHS: tuple[str, ...] = ()
 
 
-def _system_paths() -> tuple[str, ...]:
+def installed_prefixes() -> tuple[str, ...]:
     """Where installed modules live: the interpreter's and the environment's prefixes
     (standard library, site-packages), and the user's site-packages."""
     global _SYSTEM_PATHS
@@ -145,7 +145,7 @@ def needs_by_value(module_name: str, *, shared_fs: bool = True) -> bool:
     path = getattr(mod, "__file__", None)
     if mod is None or not path:
         return False
-    if path.startswith(_system_paths()):
+    if path.startswith(installed_prefixes()):
         return False
     if not shared_fs:
         return True

@@ -53,6 +53,12 @@ CONTROL = "_control"  # pseudo-worker id of records written by reapers and cance
 CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` via a temporary file and a rename."""
     path = os.fspath(path)
@@ -60,10 +66,7 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = Tru
     tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        _write_all(fd, data)
         if fsync:
             os.fsync(fd)
     finally:
@@ -71,19 +74,21 @@ def atomic_write(path: str | os.PathLike[str], data: bytes, *, fsync: bool = Tru
     os.replace(tmp, path)
 
 
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+
+
 def write_json(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
     """Atomically write ``obj`` as JSON."""
-    atomic_write(path, json.dumps(obj, separators=(",", ":"), default=str).encode(), fsync=fsync)
+    atomic_write(path, _json_bytes(obj), fsync=fsync)
 
 
 def write_new(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as JSON in place, for a file of a folder that no one else knows yet
-    (a job folder being made): no temporary file, no rename."""
+    """Write ``obj`` as JSON in place, no temporary file, no rename: for a file that no
+    one reads before it is whole (one of a job folder being made, a worker's own info)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        data = memoryview(json.dumps(obj, separators=(",", ":"), default=str).encode())
-        while data:
-            data = data[os.write(fd, data):]
+        _write_all(fd, _json_bytes(obj))
     finally:
         os.close(fd)
 
@@ -285,7 +290,7 @@ def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None
     created or renamed per update (on many disks that costs more than the rest
     of a claim).
     """
-    body = json.dumps(q, separators=(",", ":"), default=str).encode()
+    body = _json_bytes(q)
     data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
     fd = os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
     try:

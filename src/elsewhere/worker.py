@@ -40,7 +40,7 @@ import time
 from . import records
 from .context import TaskContext, set_current
 from .records import Kind, Record
-from .store import CUR, JobStore, reap, writev_all
+from .store import CUR, JobStore, reap, write_new, writev_all
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
 if TYPE_CHECKING:
@@ -168,18 +168,12 @@ class Worker:
             raise _Exit
         return line.decode() or None
 
-    _system: tuple[str, ...] = ()
-
     def _user_code_changed(self) -> bool:
         """Whether a user module this worker has loaded, or elsewhere itself, changed on disk
         since it started."""
-        if not self._system:  # installed modules never count: their prefixes, found once
-            import site
+        from .serial import installed_prefixes
 
-            found = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                     getattr(site, "USER_SITE", None) or sys.prefix}
-            Worker._system = tuple(os.path.join(p, "") for p in found if p)
-        system = self._system
+        system = installed_prefixes()
         for name, mod in list(sys.modules.items()):
             f = getattr(mod, "__file__", None)
             # installed modules never change under a worker, except elsewhere itself
@@ -284,15 +278,9 @@ class _JobRun:
         store, wid = self.store, self.wid
         info = {"host": self.w.host, "pid": self.w.pid, "python": sys.executable,
                 "version": sys.version.split()[0], "started": time.time()}
-        import json
-
-        # Written once, by this worker alone, in one write: no temporary file
-        # (a reader that finds it half written takes it as unknown).
-        fd = os.open(store._p("workers", f"{wid}.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, json.dumps(info).encode())
-        finally:
-            os.close(fd)
+        # Written once, by this worker alone: no temporary file (a reader that
+        # finds it half written takes it as unknown: JobStore.worker_info).
+        write_new(store._p("workers", f"{wid}.json"), info)
         self.cur = mmap.mmap(cur_fd, CUR.size)
         self.cur_index = memoryview(self.cur).cast("q")  # [0]: the task running now
         w = self.w
@@ -533,15 +521,11 @@ class _JobRun:
         one range record per run of successes (see records.py), one log check per batch."""
 
         seeder = self.w.seeder if self.seeding else None
-        from .seeding import _c_seed as c_seed
-
         payload = self._load_payload()
         fn = None
         ctx = self.ctx
         cur, cur_index = self.cur, self.cur_index
         js = self.job_seed
-        if seeder is not None:
-            seeder.job_seed = js
         i, stop = indices.start, indices.stop
         # One range record for as many chunks of the payload as run within _FLUSH_S.
         values: list[Any] = []
@@ -562,7 +546,7 @@ class _JobRun:
             CUR.pack_into(cur, 0, i, t0, log_off)
             j = i
             try:
-                # four copies of one loop: the per-task work is a handful of bytecodes
+                # without seeds, two copies of one loop: the per-task work is a handful of bytecodes
                 if seeder is None and single:
                     for j in range(i, end):
                         cur_index[0] = j
@@ -575,30 +559,16 @@ class _JobRun:
                         ctx.index = j
                         ctx.seed = js + j
                         append(fn(*args[j - first]))
-                elif single:
-                    for j in range(i, end):
-                        if seeder.fired:
-                            seeder.rearm()
-                        cur_index[0] = j
-                        ctx.index = j
-                        ctx.seed = js + j
-                        seeder._pending = seeder._index = j
-                        if seeder._rinst is not None:  # random is loaded: seeded before the task
-                            c_seed(seeder._rinst, js + j)
-                            seeder._rinst.gauss_next = None
-                        append(fn(args[j - first]))
                 else:
+                    begin = seeder.begin
                     for j in range(i, end):
                         if seeder.fired:
                             seeder.rearm()
                         cur_index[0] = j
                         ctx.index = j
                         ctx.seed = js + j
-                        seeder._pending = seeder._index = j
-                        if seeder._rinst is not None:
-                            c_seed(seeder._rinst, js + j)
-                            seeder._rinst.gauss_next = None
-                        append(fn(*args[j - first]))
+                        begin(js, j)
+                        append(fn(args[j - first]) if single else fn(*args[j - first]))
             except BaseException as exc:
                 self._emit_range(start, values, t0, log_off)
                 err = _describe_error(exc, self.w.host, j, js + j)

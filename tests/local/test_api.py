@@ -402,6 +402,7 @@ def test_fast_batches_keep_seeds_errors_and_order(ew_home, n, bad, cores):
 def test_a_warm_worker_notices_elsewhere_itself_reinstalled(tmp_path, monkeypatch):
     # Installed modules are not watched, except elsewhere's own: reinstalled in
     # place (same version, same pool), a warm worker must not run its old code.
+    from elsewhere import serial
     from elsewhere.worker import Worker
 
     site = tmp_path / "site-packages"
@@ -413,7 +414,7 @@ def test_a_warm_worker_notices_elsewhere_itself_reinstalled(tmp_path, monkeypatc
     import otherlib_probe_ew
 
     w = Worker("probe")
-    monkeypatch.setattr(Worker, "_system", (str(site) + os.sep,))
+    monkeypatch.setattr(serial, "_SYSTEM_PATHS", (str(site) + os.sep,))
     w._started_at = time.time()
     assert not w._user_code_changed()
     later = time.time() + 5

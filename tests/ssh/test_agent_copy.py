@@ -7,26 +7,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import elsewhere as ew
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import services
-
 pytestmark = pytest.mark.timeout(180)
 PY = sys.executable  # the remote side is this machine: the same venv has elsewhere
-
-
-@pytest.fixture
-def sshd():
-    info = services.ssh()
-    if info is None:
-        pytest.skip(services.why_no_ssh())
-    return info
 
 
 def nodes(sshd, remote, **kw):

@@ -14,20 +14,9 @@ from elsewhere import __version__
 from elsewhere.doctor import Check, diagnose, format_report
 from elsewhere.errors import ConfigError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import services
-
 pytestmark = pytest.mark.timeout(120)
 PY = sys.executable  # the "remote" side is this machine: the venv has elsewhere
 HOST_CHECKS = ["ssh", "python", "elsewhere", "cores", "memory", "storage"]
-
-
-@pytest.fixture
-def sshd():
-    info = services.ssh()
-    if info is None:
-        pytest.skip(services.why_no_ssh())
-    return info
 
 
 @pytest.fixture

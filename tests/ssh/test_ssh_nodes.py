@@ -22,14 +22,6 @@ PY = sys.executable  # the remote side is this machine: the same venv has elsewh
 
 
 @pytest.fixture
-def sshd():
-    info = services.ssh()
-    if info is None:
-        pytest.skip(services.why_no_ssh())
-    return info
-
-
-@pytest.fixture
 def remote(tmp_path):
     d = tmp_path / "remote-storage"  # a different folder from the local storage
     return d

@@ -255,22 +255,23 @@ class LocalCluster(Cluster):
         return stopped
 
     # -- plugin operations ----------------------------------------------------
-    def _max_for(self, q: dict[str, Any], n: int) -> int:
-        if q.get("closed", True):
+    def _max_for(self, closed: bool, n: int) -> int:
+        """Workers a job may have: for ``n`` tasks, or, for an open stream, the usable cores."""
+        if closed:
             return self.max_workers(n)
         return max(1, self.usable_cores() // self.cores_per_task)
 
     def prepare(self, job: Job, n_tasks: int) -> None:
         if not n_tasks:
             return
-        most = self._max_for({"closed": not job._meta.get("stream")}, n_tasks)
+        most = self._max_for(not job._meta.get("stream"), n_tasks)
         self.dispatch(job, min(most, n_tasks), max_workers=most)
 
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
         with job.store.locked_queue() as q:
             q["submitted"] = True
-            q["max_workers"] = self._max_for(q, n)
+            q["max_workers"] = self._max_for(q.get("closed", True), n)
             have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
             have += len(q.get("dispatched", {}))
             want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
