@@ -53,10 +53,15 @@ def test_map_pow_gives_the_results_in_order(on: PeerCluster) -> None:
     assert ew.map(pow, [1, 2, 3], [2, 2, 2], on=on) == [1, 4, 9]
 
 
+def square_in_a_while(x: int) -> int:
+    time.sleep(0.005)  # short, but not so short that one worker is done before the other starts
+    return x * x
+
+
 def test_many_tiny_tasks_spread_over_both_workers(on: PeerCluster) -> None:
-    job = ew.submit(square, range(2000), on=on)
-    job.wait(timeout=30)
-    assert job.results() == [x * x for x in range(2000)]
+    job = ew.submit(square_in_a_while, range(400), on=on)
+    job.wait(timeout=60)
+    assert job.results() == [x * x for x in range(400)]
     hosts = {p.name for p in (job.path / "workers").glob("peer-*.json")}
     assert len(hosts) == 2, hosts  # both workers took part
     job.purge()
