@@ -117,8 +117,29 @@ def writev_all(fd: int, parts: list[bytes | memoryview]) -> None:
 class JobStore:
     """Access to one job folder."""
 
+    _held: tuple[int, int, int] | None = None
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.dir = os.fspath(path)
+
+    def hold_queue(self) -> None:
+        """Keep queue.lock and the queue's two slots open until ``release_queue`` (a
+        worker inside the job: a claim is then a lock, two reads and a write)."""
+        if self._held is None:
+            fds: list[int] = []
+            try:
+                for name in (QUEUE_LOCK, QUEUE, QUEUE_B):
+                    fds.append(os.open(self._p(name), os.O_RDWR))
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            self._held = (fds[0], fds[1], fds[2])
+
+    def release_queue(self) -> None:
+        held, self._held = self._held, None
+        for fd in held or ():
+            os.close(fd)
 
     @property
     def path(self) -> Path:
@@ -246,32 +267,40 @@ class JobStore:
 class _LockedQueue:
     """``with store.locked_queue() as q``: flock, read, yield, write back if changed."""
 
-    __slots__ = ("before", "fd", "gen", "q", "slot", "store")
+    __slots__ = ("body", "fd", "gen", "q", "slot", "store")
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
 
     def __enter__(self) -> dict[str, Any]:
-        self.fd = os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
+        held = self.store._held
+        self.fd = held[0] if held else os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             try:
-                self.gen, self.slot, q = read_queue(self.store)
+                self.gen, self.slot, q, self.body = _read_newest(self.store)
             except FileNotFoundError:
-                self.gen, self.slot, q = 0, 1, new_queue(0)
+                self.gen, self.slot, q, self.body = 0, 1, new_queue(0), b""
         except BaseException:
-            os.close(self.fd)
+            self._release()
             raise
-        self.before = json.dumps(q, sort_keys=True)
         self.q = q
         return q
 
     def __exit__(self, exc_type: object, *rest: object) -> None:
         try:
-            if exc_type is None and json.dumps(self.q, sort_keys=True) != self.before:
-                # over the older slot: the one just read stays whole if this write is torn
-                write_queue(self.store, self.q, self.gen + 1, 1 - self.slot)
+            if exc_type is None:
+                body = _json_bytes(self.q)  # the state read encodes to the bytes read: unchanged
+                if body != self.body:
+                    # over the older slot: the one just read stays whole if this write is torn
+                    _write_slot(self.store, body, self.gen + 1, 1 - self.slot)
         finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.store._held:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        else:
             os.close(self.fd)  # releases the lock
 
 
@@ -290,9 +319,13 @@ def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None
     created or renamed per update (on many disks that costs more than the rest
     of a claim).
     """
-    body = _json_bytes(q)
+    _write_slot(store, _json_bytes(q), gen, slot)
+
+
+def _write_slot(store: JobStore, body: bytes, gen: int, slot: int) -> None:
     data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
-    fd = os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
+    held = store._held
+    fd = held[1 + slot] if held else os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         view = memoryview(data)
         off = 0
@@ -300,18 +333,27 @@ def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None
             off += os.pwrite(fd, view[off:], off)
         os.ftruncate(fd, len(data))
     finally:
-        os.close(fd)
+        if not held:
+            os.close(fd)
 
 
-def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
+def _pread_all(fd: int) -> bytes:
+    data = os.pread(fd, 65536, 0)
+    if len(data) < 65536:
+        return data
+    parts = [data]
+    off = len(data)
+    while chunk := os.pread(fd, 1 << 20, off):
+        parts.append(chunk)
+        off += len(chunk)
+    return b"".join(parts)
+
+
+def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
+    """(generation, state, JSON body) of one slot's bytes; None if not whole."""
     if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
         try:
-            return 0, json.loads(data)
+            return 0, json.loads(data), b""
         except ValueError:
             return None
     nl = data.find(b"\n")
@@ -323,29 +365,43 @@ def _read_slot(path: str) -> tuple[int, dict[str, Any]] | None:
         body = data[nl + 1:nl + 1 + length]
         if len(body) != length or zlib.crc32(body) != crc:
             return None
-        return gen, json.loads(body)
+        return gen, json.loads(body), body
     except ValueError:
         return None
 
 
-def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
-    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
-    best: tuple[int, int, dict[str, Any]] | None = None
+def _read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
+    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none."""
+    best: tuple[int, int, dict[str, Any], bytes] | None = None
     found = False
+    held = store._held
     for slot, name in ((0, QUEUE), (1, QUEUE_B)):
-        path = store._p(name)
-        got = _read_slot(path)
-        if got is None:
-            found = found or os.path.exists(path)
-            continue
+        if held:
+            data = _pread_all(held[1 + slot])
+        else:
+            try:
+                fd = os.open(store._p(name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                data = _pread_all(fd)
+            finally:
+                os.close(fd)
         found = True
-        if best is None or got[0] > best[0]:
-            best = (got[0], slot, got[1])
+        got = _parse_slot(data)
+        if got is not None and (best is None or got[0] > best[0]):
+            best = (got[0], slot, got[1], got[2])
     if best is None:
         if found:
             raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
         raise FileNotFoundError(store._p(QUEUE))
     return best
+
+
+def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
+    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
+    gen, slot, q, _ = _read_newest(store)
+    return gen, slot, q
 
 
 def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:

@@ -222,10 +222,15 @@ class Worker:
         try:
             os.write(cur_fd, CUR.pack(-1, 0.0, 0))
             fcntl.flock(cur_fd, fcntl.LOCK_EX)
+            try:
+                store.hold_queue()  # a claim is then a lock, two reads and a write
+            except FileNotFoundError:
+                pass  # a folder from before queue.b.json: opened per claim
             if tasks is None and not self._join(store, cur_path):
                 return
             _JobRun(self, store, meta, tasks).run(cur_fd)
         finally:
+            store.release_queue()
             os.close(cur_fd)
 
     def _join(self, store: JobStore, lock_path: str) -> bool:
@@ -272,6 +277,7 @@ class _JobRun:
         self.n_done = 0
         self.attempts: dict[int, int] = {}
         self.quiet = 0  # tasks in a row that printed nothing
+        self.left = False  # recorded as left in the queue
 
     # -- set-up and tear-down ---------------------------------------------
     def run(self, cur_fd: int) -> None:
@@ -368,6 +374,9 @@ class _JobRun:
     def _leave(self) -> None:
         if self.fixed is not None:
             return
+        if self.left:
+            self.store.notify()  # the claim that found nothing left recorded it
+            return
         try:
             with self.store.locked_queue() as q:
                 m = q["members"].get(self.wid)
@@ -442,6 +451,8 @@ class _JobRun:
                     break
             if q.get("closed"):
                 m["state"] = "left"
+                m["claim"] = []
+                self.left = True
                 return None
             m["state"] = "waiting"
             return _WAIT
@@ -659,6 +670,7 @@ class _JobRun:
             ctx.seed = seed
             ctx.attempt = attempt
             ok = True
+            tf = t0
             try:
                 if seeder is not None:
                     if seeder.fired:
@@ -667,6 +679,7 @@ class _JobRun:
                 fn, args, kwargs = payload.task(idx)
                 if fn is None:
                     fn = self._common()[0]
+                tf = now()  # the task's own time, for claim sizes: not the loading of the payload
                 value: Any = fn(*args, **kwargs)
             except BaseException as exc:
                 ok = False
@@ -688,7 +701,7 @@ class _JobRun:
             self.quiet = self.quiet + 1 if log_end == log_off else 0
             log_off = log_end
             n = self.n_done = self.n_done + 1
-            self.mean_s += ((t1 - t0) - self.mean_s) / (n if n < 20 else 20)
+            self.mean_s += ((t1 - tf) - self.mean_s) / (n if n < 20 else 20)
             if t1 - last_flush > _FLUSH_S:
                 sync = t1 - last_sync > _SYNC_S
                 self.log_pos = log_off
