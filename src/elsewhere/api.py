@@ -11,7 +11,7 @@ from typing import Any
 from . import paths, serial
 from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
-from .job import Job, create_store, gc_paused, new_job_meta, remove_folder
+from .job import Job, busy, create_store, new_job_meta, remove_folder
 from .registry import Registry
 from .store import META, JobStore
 
@@ -149,6 +149,7 @@ def create_job(
     _fn: Any = None,
     _stream: bool = False,
     _n_tasks: int = 0,
+    _submitting: bool = False,
 ) -> Job:
     """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
 
@@ -183,6 +184,9 @@ def create_job(
     job_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(4).hex()
     meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl, seed=seed, tag=tag,
                         retries=retries, env=env, stream=_stream)
+    if _submitting:  # ew.submit: written once, whole (the payload follows at once)
+        meta["n_tasks"] = _n_tasks
+        meta["submitted"] = time.time()
     if not cl.shares_filesystem():
         # Paths of this machine mean nothing over there (even where they happen
         # to exist): tasks run in the job's files folder, code travels by value.
@@ -193,6 +197,7 @@ def create_job(
         _copy_files(store, files)
     job = Job(store, cl, meta)
     job._job_data = job_data
+    job._queue_n = _n_tasks
     return job
 
 
@@ -249,13 +254,16 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
         raise
     n = len(entries)
     job._staged = []
-    changes = {"submitted": time.time()} if job._meta.get("stream") else {"n_tasks": n, "submitted": time.time()}
-    meta = store.update_meta(fsync=False, **changes)
+    meta = job._meta
+    if meta.get("stream"):
+        meta = store.update_meta(fsync=False, submitted=time.time())
+    elif meta.get("n_tasks") != n or not meta.get("submitted"):
+        meta = store.update_meta(fsync=False, n_tasks=n, submitted=time.time())
     from . import housekeeping
 
     housekeeping.sync_later(store.path, (META, "payload.log"))  # durable in the background, at exit at the latest
     job._meta = meta
-    if not meta.get("stream") and store.queue().get("n") != n:  # usually written when the folder was made
+    if not meta.get("stream") and job._queue_n != n and store.queue().get("n") != n:  # usually written at creation
         with store.locked_queue() as q:
             q["n"] = n
     reg = Registry()
@@ -269,7 +277,7 @@ def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, 
             job.cluster.submit_communicating(job)
         else:
             job.cluster.submit_independent(job)
-        if not store.queue().get("submitted"):  # only ever set, never unset: no lock to look
+        if not store.seen_submitted and not store.queue().get("submitted"):  # only ever set: no lock to look
             with store.locked_queue() as q:
                 q["submitted"] = True  # whatever the plugin did: the job is now in its hands
     except BaseException:
@@ -308,9 +316,9 @@ def submit(
     """
     if not callable(fn):
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
-    with gc_paused():  # thousands of argument tuples, no cycles: the collector would only rescan them
+    with busy():  # thousands of argument tuples: no collector; housekeeping waits
         tasks, form = tasks_from_inputs(iterables)
-        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), **options)
+        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, **options)
         _write_and_submit(job, fn, tasks, form)
     return job
 

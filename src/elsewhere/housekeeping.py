@@ -41,6 +41,26 @@ _wake = threading.Condition(_lock)
 _thread: threading.Thread | None = None
 _thread_pid = 0
 _swept: set[Path] = set()
+_busy = 0  # hot sections running now (see hot())
+_DEFER_MAX_S = 1.0  # ... which hold the housekeeping back at most this long
+
+
+class hot:
+    """``with housekeeping.hot():`` the client is submitting or reading results: the
+    background work waits (its syscalls and the GIL would slow each step of it) until
+    the client waits on its workers, or for at most _DEFER_MAX_S."""
+
+    def __enter__(self) -> None:
+        global _busy
+        with _lock:
+            _busy += 1
+
+    def __exit__(self, *exc: object) -> None:
+        global _busy
+        with _lock:
+            _busy -= 1
+            if not _busy:
+                _wake.notify()
 
 
 def make_job_folder(path: Path) -> None:
@@ -151,6 +171,9 @@ def _run() -> None:
         with _lock:
             while not _todo:
                 _wake.wait()
+            until = time.monotonic() + _DEFER_MAX_S
+            while _busy and (left := until - time.monotonic()) > 0:
+                _wake.wait(left)
             kind, path = _todo[0]
         _do(kind, path)
         with _lock:

@@ -24,6 +24,8 @@ from .records import Kind
 from .states import JobState, TaskState, derive_job_state
 from .store import CONTROL, JobStore, JournalReader, Outcomes, new_queue, read_body, read_log
 
+_LOOK_S = 0.1  # Job.wait reads the whole state at least this often
+
 _KIND_STATE = {
     Kind.OK: TaskState.FINISHED,
     Kind.ERROR: TaskState.FAILED,
@@ -61,6 +63,11 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
                 f"final={len(self.final)}, running={len(self.running)}, note={self.note!r})")
+
+    @property
+    def done(self) -> bool:
+        """Nothing runs or waits any more (a done job stays done)."""
+        return derive_job_state(self.counts()).done
 
     def task_state(self, i: int) -> TaskState:
         f = self.final.get(i)
@@ -214,6 +221,7 @@ class Job:
         self._staged: list[tuple[Any, tuple, dict]] = []
         self._common_fn: Any = None
         self._job_data: Any = None
+        self._queue_n: int | None = None  # the task count the queue was written with, if known
 
     # -- properties -----------------------------------------------------------
     @property
@@ -384,15 +392,26 @@ class Job:
         bar = Progress(self.name, enabled=progress)
         last_poll = time.monotonic()
         interval = poll_interval_s
+        # Waiting for the end of a job of known size, a wake-up that leaves tasks
+        # without an outcome cannot end the wait: only the journals are read then,
+        # the whole state (queue, running tasks, the bar) at most every _LOOK_S.
+        n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
+        looked = 0.0
         try:
             while True:
-                snap = self._snapshot(fresh=True)
-                counts = snap.counts()
-                st = derive_job_state(counts)
-                bar.update(counts, snap.n)
-                if st.rank >= target.rank:
-                    return self
                 now = time.monotonic()
+                look = True
+                if n_known and now - looked < _LOOK_S:
+                    self._reader.refresh()
+                    look = len(self._reader.final) >= n_known
+                if look:
+                    snap = self._snapshot(fresh=True)
+                    counts = snap.counts()
+                    st = derive_job_state(counts)
+                    bar.update(counts, snap.n)
+                    if st.rank >= target.rank:
+                        return self
+                    looked = now = time.monotonic()
                 if deadline is not None and now >= deadline:
                     raise TimeoutError(
                         f"job {self.name!r} did not reach {target.value} within {timeout} s "
@@ -404,6 +423,8 @@ class Job:
                     # Results from other machines arrive by polling: poll often there.
                     interval = min(interval * 1.5, 5.0 if self.cluster.shares_filesystem() else 1.0)
                 left = interval - (now - last_poll)
+                if n_known:
+                    left = min(left, looked + _LOOK_S - now)
                 if deadline is not None:
                     left = min(left, deadline - now)
                 if fd >= 0:
@@ -475,11 +496,13 @@ class Job:
         Raises JobError while tasks are unfinished, unless ``partial=True``
         (then unfinished tasks give None).
         """
-        with gc_paused():
+        with busy():
             return self._results(partial)
 
     def _results(self, partial: bool) -> list[Any]:
-        snap = self._snapshot(fresh=True)
+        snap = self._snapshot()
+        if len(snap.final) < snap.n or not snap.done:  # a done job's outcomes are all in: no second look
+            snap = self._snapshot(fresh=True)
         out: list[Any] = []
         missing = 0
         final = snap.final
@@ -726,7 +749,7 @@ def new_job_meta(
         "format": 1,
         "id": job_id,
         "name": name,
-        "user": getpass.getuser(),
+        "user": _user(),
         "tag": tag,
         "created": time.time(),
         "submitted": None,
@@ -744,6 +767,20 @@ def new_job_meta(
     }
 
 
+def _user() -> str:
+    """The user's login name (looked up once: without $USER it reads the password file)."""
+    global _user_name
+    if _user_name is None:
+        try:
+            _user_name = getpass.getuser()
+        except (KeyError, OSError):  # a uid with no entry (containers)
+            _user_name = str(os.getuid())
+    return _user_name
+
+
+_user_name: str | None = None
+
+
 def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool, n_tasks: int = 0) -> JobStore:
     """Make the job folder with metadata and a queue of ``n_tasks`` (known up front, or 0).
 
@@ -757,17 +794,23 @@ def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool
     return store
 
 
-class gc_paused:
-    """``with gc_paused():`` the cyclic garbage collector is off (building or reading
-    many small objects without cycles, which it would only rescan)."""
+class busy:
+    """``with busy():`` submitting or reading results: the cyclic garbage collector
+    is off (many small objects without cycles, which it would only rescan) and the
+    background housekeeping waits (``housekeeping.hot``)."""
 
     def __enter__(self) -> None:
         import gc
 
+        from . import housekeeping
+
         self.was = gc.isenabled()
         gc.disable()
+        self.hot = housekeeping.hot()
+        self.hot.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self.hot.__exit__()
         if self.was:
             import gc
 

@@ -118,6 +118,7 @@ class JobStore:
     """Access to one job folder."""
 
     _held: tuple[int, int, int] | None = None
+    seen_submitted = False  # a queue state read or written here said "submitted" (never unset)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.dir = os.fspath(path)
@@ -201,9 +202,12 @@ class JobStore:
     def queue(self) -> dict[str, Any]:
         """A snapshot of the queue state (no lock: the file is replaced atomically)."""
         try:
-            return read_queue(self)[2]
+            q = read_queue(self)[2]
         except FileNotFoundError:
             return new_queue(0)
+        if q.get("submitted"):
+            self.seen_submitted = True
+        return q
 
     def notify(self) -> None:
         """Wake a client waiting on this job, if any (never blocks)."""
@@ -294,6 +298,8 @@ class _LockedQueue:
                 if body != self.body:
                     # over the older slot: the one just read stays whole if this write is torn
                     _write_slot(self.store, body, self.gen + 1, 1 - self.slot)
+                if self.q.get("submitted"):
+                    self.store.seen_submitted = True
         finally:
             self._release()
 
@@ -566,15 +572,17 @@ class JournalReader:
         new = 0
         for wid in self.store.workers():
             off = self._offsets.get(wid, 0)
-            path = self.store.journal_path(wid)
             try:
-                with open(path, "rb") as f:
-                    f.seek(off)
-                    data = f.read()
+                fd = os.open(self.store.journal_path(wid), os.O_RDONLY)
             except FileNotFoundError:
                 continue
-            if not data:
-                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size <= off:
+                    continue
+                data = os.pread(fd, size - off, off)
+            finally:
+                os.close(fd)
             recs, used = records.parse_frames(data)
             self._offsets[wid] = off + used
             final = self.final
@@ -673,10 +681,14 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
     key = (wid, rec.res_off)
     values = cache.get(key)
     if values is None:
-        with open(store.results_path(wid), "rb") as f:
-            f.seek(rec.res_off)
+        fd = os.open(store.results_path(wid), os.O_RDONLY)
+        try:
             buf = bytearray(rec.res_len)
-            f.readinto(buf)
+            got = os.preadv(fd, [buf], rec.res_off)
+        finally:
+            os.close(fd)
+        if got != rec.res_len:
+            raise ValueError(f"the results of worker {wid} end before task {rec.task}'s ({got} of {rec.res_len} bytes)")
         pickled, bufs = records.unpack_body(buf)
         from . import serial
 

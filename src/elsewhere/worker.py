@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 _FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
 _SYNC_S = 0.05  # ... and fsync at least this often (and before waiting for work or leaving)
-_QUIET_BEFORE_FAST = 32  # tasks in a row without output before the fast path is used
+_QUIET_BEFORE_FAST = 8  # tasks in a row without output before the fast path is used
 _FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
 _MIN_BATCH_S = 0.002  # ... and no less than this, even at the end of a job
@@ -92,6 +92,9 @@ class Worker:
         self.seeder: Any = None  # a seeding.TaskSeeder once a seeded job ran
         self._started_at = time.time()
         self._jobs_done = 0
+        self._watched: list[str] = []  # files of loaded modules that may change under us
+        self._watched_n = -1  # len(sys.modules) when _watched was made
+        self._context_key: Any = None  # (cwd, sys.path, files) of the last job, and what they gave
         self._saved_fds = (os.dup(1), os.dup(2))
         self.fifo_fd = -1
         if pool:
@@ -171,15 +174,19 @@ class Worker:
     def _user_code_changed(self) -> bool:
         """Whether a user module this worker has loaded, or elsewhere itself, changed on disk
         since it started."""
-        from .serial import installed_prefixes
+        if len(sys.modules) != self._watched_n:  # modules were loaded (or dropped) since
+            from .serial import installed_prefixes
 
-        system = installed_prefixes()
-        for name, mod in list(sys.modules.items()):
-            f = getattr(mod, "__file__", None)
-            # installed modules never change under a worker, except elsewhere itself
-            # (reinstalled in place, same version: a warm worker must not run old code)
-            if not f or (f.startswith(system) and not name.startswith("elsewhere")):
-                continue
+            system = installed_prefixes()
+            self._watched_n = len(sys.modules)
+            self._watched = []
+            for name, mod in list(sys.modules.items()):
+                f = getattr(mod, "__file__", None)
+                # installed modules never change under a worker, except elsewhere itself
+                # (reinstalled in place, same version: a warm worker must not run old code)
+                if f and (not f.startswith(system) or name.startswith("elsewhere")):
+                    self._watched.append(f)
+        for f in self._watched:
             try:
                 if os.stat(f).st_mtime > self._started_at:
                     return True
@@ -436,6 +443,7 @@ class _JobRun:
                     share = -(-remaining // active)
                     if remaining * self.mean_s > _TARGET_BATCH_S * active / 2 or self.n_done == 0:
                         share = -(-share // 2)
+                    # (``least`` gives way to an even split: the last ms go to every worker)
                     k = min(remaining, max(least, min(want, share)))
                     a = q["next"]
                     q["next"] = a + k

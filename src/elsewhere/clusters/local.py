@@ -60,7 +60,14 @@ def free_cores() -> int:
 
 
 def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    global _root
+    if _root is None:
+        _root = str(Path(__file__).resolve().parents[2])
+    return _root
+
+
+_root: str | None = None
+_pools: dict[tuple[str, str], Path] = {}  # (home, python) -> pool folder, once made
 
 
 class LocalCluster(Cluster):
@@ -137,12 +144,17 @@ class LocalCluster(Cluster):
 
         from .. import __version__
 
+        home = paths.home()
+        d = _pools.get((str(home), self.python))
+        if d is not None and os.path.isdir(d / "fifo"):
+            return d
         ident = f"{self.python}\0{__version__}\0{_package_root()}".encode()
         key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
-        d = paths.home() / "local" / key
+        d = home / "local" / key
         if not (d / "fifo").is_dir():
             for sub in ("idle", "fifo"):
                 (d / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        _pools[(str(home), self.python)] = d
         return d
 
     def _take_idle(self, pool: Path) -> list[tuple[str, int]]:
@@ -262,8 +274,16 @@ class LocalCluster(Cluster):
         return max(1, self.usable_cores() // self.cores_per_task)
 
     def prepare(self, job: Job, n_tasks: int) -> None:
+        """New workers start while the inputs are written (they take tens of ms to start);
+        warm ones are told once the job is submitted (woken twice, they would take the
+        CPU from the client writing the inputs, and claim once for nothing)."""
         if not n_tasks:
             return
+        try:
+            if os.listdir(self.pool_dir() / "idle"):
+                return
+        except FileNotFoundError:
+            pass
         most = self._max_for(not job._meta.get("stream"), n_tasks)
         self.dispatch(job, min(most, n_tasks), max_workers=most)
 
@@ -395,7 +415,7 @@ class LocalCluster(Cluster):
     def delete_job(self, job: Job) -> None:
         # Workers of a finished job are about to leave it for the pool: let them
         # (they notice the folder is gone). Only a job with work left is stopped.
-        if not job.state.done:
+        if not (job._snapshot().done or job.state.done):  # the last look, if recent, is enough when done
             self.cancel_job(job)
 
 
