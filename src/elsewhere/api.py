@@ -345,7 +345,6 @@ def map(
     row-bound).
     """
     from .job import combine as combine_values
-    from .job import raise_first_error
 
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
@@ -366,7 +365,7 @@ def map(
         else:
             Registry().set_state(job.id, job.state.value)
     if errors == "raise":
-        raise_first_error(values)
+        job._raise_first_failure(values)
     return combine_values(values) if combine else values
 
 

@@ -154,14 +154,10 @@ class Executor(cf.Executor):
 
         entry = (fn, args, kwargs)
         by_value = self._by_value(fn)
-        # Pickled here only to fail at once on what cannot be sent (out-of-band buffers
-        # are not copied); the controller and the payload writer use the objects.
+        # Pickled here, once, for the controller to send (the function once per function):
+        # what cannot be sent fails at once. The payload writer pickles the objects later.
         try:
-            if by_value.modules:  # cloudpickle's registry is global: one thread at a time
-                with self._pickle_lock, by_value:
-                    serial.dumps(entry)
-            else:
-                serial.dumps(entry)
+            prepared = self._link.prepare(entry)
         except Exception:
             serial.check_serialisable(None, [entry])
             raise
@@ -174,7 +170,7 @@ class Executor(cf.Executor):
             self._futures[index] = fut
             self._to_write.put((index, entry, by_value, fut))
         # outside the lock: the controller calls _on_outcome holding its own
-        self._link.put(index, entry)
+        self._link.put(index, entry, prepared)
         return fut
 
     def _by_value(self, fn: Any) -> Any:

@@ -174,11 +174,12 @@ def _run() -> None:
             until = time.monotonic() + _DEFER_MAX_S
             while _busy and (left := until - time.monotonic()) > 0:
                 _wake.wait(left)
-            kind, path = _todo[0]
+            # a spare first: the next submission waits for it, syncs and removals wait for no one
+            kind, path = next((t for t in _todo if t[0] == "spare"), _todo[0])
         _do(kind, path)
         with _lock:
-            if _todo and _todo[0] == (kind, path):
-                _todo.pop(0)
+            if (kind, path) in _todo:
+                _todo.remove((kind, path))
 
 
 def _do(kind: str, path: Path) -> None:

@@ -13,7 +13,7 @@ import select
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +222,7 @@ class Job:
         self._common_fn: Any = None
         self._job_data: Any = None
         self._queue_n: int | None = None  # the task count the queue was written with, if known
+        self._failed: list[int] = []  # tasks whose entry in the last results() is a TaskError
 
     # -- properties -----------------------------------------------------------
     @property
@@ -505,6 +506,7 @@ class Job:
             snap = self._snapshot(fresh=True)
         out: list[Any] = []
         missing = 0
+        failed = self._failed = []  # where the TaskErrors are (errors, lost, cancelled tasks)
         final = snap.final
         ok = int(Kind.OK)
         cache = self._cache
@@ -533,7 +535,10 @@ class Job:
                     continue
                 append(values[rec.item + i - rec.task])
             elif f is not None or snap.task_state(i) is TaskState.CANCELLED:  # errors, single bodies
-                out.append(self._value(i))
+                v = self._value(i)
+                if isinstance(v, TaskError):
+                    failed.append(i)
+                out.append(v)
             else:
                 missing += 1
                 out.append(None)
@@ -562,8 +567,16 @@ class Job:
                 fetch(self)
         values = self.results(partial=partial)
         if errors == "raise":
-            raise_first_error(values)
+            self._raise_first_failure(values)
         return combine(values)
+
+    def _raise_first_failure(self, values: list[Any]) -> None:
+        """Raise the first failed task's TaskError among ``values`` (just read by ``results``),
+        as its original type where possible; a TaskError a task returned as its value is
+        a value."""
+        if self._failed:
+            err = values[self._failed[0]]
+            raise err.as_original_type() from err.__cause__
 
     def log(self, index: int) -> str:
         """The captured stdout and stderr of task ``index``."""
@@ -709,16 +722,6 @@ def _task_error(value: dict[str, Any], job: str, rec: records.Record) -> TaskErr
         reason="error",
         exception=exc,
     )
-
-
-def raise_first_error(values: Iterable[Any]) -> None:
-    """Raise the first TaskError among ``values``, as its original type where possible."""
-    if isinstance(values, list) and not any(issubclass(t, TaskError) for t in set(map(type, values))):
-        return
-    for v in values:
-        if isinstance(v, TaskError):
-            err = v.as_original_type()
-            raise err from v.__cause__
 
 
 def combine(values: list[Any]) -> Any:

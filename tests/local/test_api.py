@@ -56,6 +56,33 @@ def test_map_errors_return(ew_home):
     assert "bad input 3" in out[3].message
 
 
+def _returns_an_error_value(x):
+    return ew.TaskError(f"a value, not a failure ({x})", type_name="Note") if x == 1 else x
+
+
+def test_a_task_error_returned_as_a_value_is_a_value(ew_home):
+    # only failed tasks raise: a task may return a TaskError (say, from an inner map)
+    out = ew.map(_returns_an_error_value, range(3))
+    assert out[0] == 0 and out[2] == 2
+    assert isinstance(out[1], ew.TaskError) and "a value, not a failure (1)" in out[1].message
+    assert ew.submit(_returns_an_error_value, range(3)).wait(timeout=60).get()[1].type_name == "Note"
+
+
+def test_wait_ends_when_another_process_cancels(ew_home):
+    # Job.wait reads only the journals while tasks are unfinished; a cancel written to
+    # the queue by someone else must still end the wait.
+    job = ew.submit(time.sleep, [30] * 4, name="cancelled-elsewhere", on=ew.local(cores=2))
+    timer = threading.Timer(0.5, lambda: ew.recover("cancelled-elsewhere").cancel())
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        job.wait(timeout=20)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t0 < 20
+    assert job.state is ew.JobState.CANCELLED
+
+
 def test_submit_check_wait_results_get_log(ew_home):
     def fit(x):
         print(f"fitting {x}")

@@ -157,14 +157,16 @@ class LocalCluster(Cluster):
         _pools[(str(home), self.python)] = d
         return d
 
-    def _take_idle(self, pool: Path) -> list[tuple[str, int]]:
-        """Take idle workers: [(wid, fifo fd)]; each is ours alone."""
-        taken = []
+    def _take_idle(self, pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
+        """Take idle workers (at most ``limit``): [(wid, fifo fd)]; each is ours alone."""
+        taken: list[tuple[str, int]] = []
         try:
             names = os.listdir(pool / "idle")
         except FileNotFoundError:
             return []
         for wid in names:
+            if limit is not None and len(taken) >= limit:
+                break
             try:
                 os.unlink(pool / "idle" / wid)
             except FileNotFoundError:
@@ -189,20 +191,22 @@ class LocalCluster(Cluster):
         if count <= 0:
             return []
         pool = self.pool_dir()
+        idle = self._take_idle(pool, count)
+        try:
+            with job.store.locked_queue() as q:
+                if max_workers is not None:
+                    q["max_workers"] = max_workers
+                new = _note_dispatched(q, idle[:count], count)
+        except BaseException:
+            self._hand_over(pool, job, [], idle, [])
+            raise
+        return self._hand_over(pool, job, idle[:count], idle[count:], new)
+
+    def _hand_over(self, pool: Path, job: Job, use: list[tuple[str, int]], spare: list[tuple[str, int]],
+                   new: list[str]) -> list[str]:
+        """Send ``job`` to the idle workers ``use``, put ``spare`` back, start ``new`` ones."""
         started: list[str] = []
         msg = (str(job.store.path) + "\n").encode()
-        idle = self._take_idle(pool)
-        use, spare = idle[:count], idle[count:]
-        with job.store.locked_queue() as q:
-            if max_workers is not None:
-                q["max_workers"] = max_workers
-            d = q.setdefault("dispatched", {})
-            now = time.time()
-            for wid, _ in use:
-                d[wid] = now
-            new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
-            for wid in new:
-                d[wid] = now
         for wid, fd in use:
             try:
                 os.write(fd, msg)
@@ -289,19 +293,30 @@ class LocalCluster(Cluster):
 
     def submit_independent(self, job: Job) -> None:
         n = job.n_tasks
-        with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["max_workers"] = self._max_for(q.get("closed", True), n)
-            have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
-            have += len(q.get("dispatched", {}))
-            want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
-            if not n and not q.get("closed", True):
-                want = 1 - have  # an open stream (an Executor): one worker ready for its first task
-            waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+        pool = self.pool_dir()
+        # taken before the lock: one queue update says "submitted" and who comes
+        idle = self._take_idle(pool, self._max_for(not job._meta.get("stream"), n))
+        use: list[tuple[str, int]] = []
+        new: list[str] = []
+        try:
+            with job.store.locked_queue() as q:
+                q["submitted"] = True
+                q["max_workers"] = self._max_for(q.get("closed", True), n)
+                have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
+                have += len(q.get("dispatched", {}))
+                want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
+                if not n and not q.get("closed", True):
+                    want = 1 - have  # an open stream (an Executor): one worker ready for its first task
+                waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+                if want > 0:
+                    use = idle[:want]
+                    new = _note_dispatched(q, use, want)
+        except BaseException:
+            self._hand_over(pool, job, [], idle, [])
+            raise
         for fifo in waiting:
             _wake(fifo)
-        if want > 0:
-            self.dispatch(job, want)
+        self._hand_over(pool, job, use, idle[len(use):], new)
 
     def submit_communicating(self, job: Job) -> None:
         from .. import mpi
@@ -420,6 +435,17 @@ class LocalCluster(Cluster):
 
 
 _spawned: list[int] = []  # workers this process started and has not reaped yet
+
+
+def _note_dispatched(q: dict[str, Any], use: list[tuple[str, int]], count: int) -> list[str]:
+    """Record in queue ``q`` that the idle workers ``use`` and ``count - len(use)`` new ones
+    are on their way; returns the new ones' ids."""
+    d = q.setdefault("dispatched", {})
+    now = time.time()
+    new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
+    for wid in [w for w, _ in use] + new:
+        d[wid] = now
+    return new
 
 
 def _reap() -> None:

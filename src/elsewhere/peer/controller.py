@@ -203,14 +203,19 @@ class Controller:
         self.mean_s = 0.0
         self.n_measured = 0
         self.entries: dict[int, Any] = {}  # tasks handed in memory (put), until final
+        self.prepared: dict[int, Any] = {}  # their pickles (prepare), until final
+        self._pickling = threading.Lock()  # the function parts and cloudpickle's registry
         self.on_outcome: Any = None  # (index, ok, value or error description) -> None
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
-        self.acked: set[_Worker] = set()  # workers with ACKs queued, not yet flushed
+        self.unflushed: set[_Worker] = set()  # workers with frames queued, not yet flushed
+        self._corked = False  # a put or a turn of the loop is on: its frames leave at its end
         self.to_record: list[Any] = []  # results for the recorder, handed over together
         self.first_to_record = 0.0
         self._state = threading.RLock()  # the loop's, while it works; a put's, while it places
         self._loop_ended = False
+        self._last_refresh = 0.0
+        self._last_queue = 0.0
         self.stats: collections.Counter[str] = collections.Counter()
         self.common: tuple[str, list[Any]] | None = None
         self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
@@ -259,33 +264,58 @@ class Controller:
         """New tasks were appended to a stream job (``q["n"]`` grew)."""
         self._command("tasks")
 
-    def put(self, index: int, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> None:
+    def put(self, index: int, entry: tuple[Any, tuple[Any, ...], dict[str, Any]],
+            prepared: Any = None) -> None:  # fmt: skip
         """Task ``index`` of a stream job, ``(fn, args, kwargs)``, handed in memory: it is
         placed at once (the caller appends it to the job's payload on its own time).
-        Each index comes once.
+        Each index comes once. ``prepared``: what :meth:`prepare` made of ``entry``.
 
         The calling thread places it itself, under the loop's lock, while the loop waits
         for the network: a task admitted ahead then goes out without waking the loop's
         thread (on two shared cores, a thread's wake-up costs as much as a frame).
         """
         if self._thread is None or threading.current_thread() is self._thread:
-            self._command("put", index, entry)
+            self._command("put", index, entry, prepared)
             return
         if not self._state.acquire(timeout=_PUT_WAIT_S):  # the loop is busy (a large frame?):
-            self._command("put", index, entry)  # it places the task when done
+            self._command("put", index, entry, prepared)  # it places the task when done
             return
         try:
             if self._loop_ended:
-                self._command("put", index, entry)  # nobody will place it: a new controller will
+                self._command("put", index, entry, prepared)  # a new controller will place it
                 return
-            self._on_put(index, entry)
-            self._place(time.monotonic())
-            self._flush_acked()
+            self._corked = True  # the TASK and the next standing ASK leave in one send
+            try:
+                self._on_put(index, entry, prepared)
+                self._place(time.monotonic())
+            finally:
+                self._corked = False
+            self._flush_unflushed()
         finally:
             self._state.release()
 
-    def _on_put(self, index: int, entry: Any) -> None:
+    def prepare(self, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+        """Pickle a task for :meth:`put`, in the calling thread: its function part once per
+        function (cached), its inputs now. A task placed alone is then sent without pickling
+        anything in the loop, and the caller learns at once what cannot be pickled (this
+        raises what pickling raises)."""
+        from .. import serial
+
+        fn, args, kwargs = entry
+        with self._pickling:
+            digest, fn_parts = self._fn_part(fn)
+            items = [(None, args, kwargs)]
+            data, oob = serial.dumps(items)
+            if len(oob) > _MAX_OOB:
+                import cloudpickle
+
+                data, oob = cloudpickle.dumps(items, protocol=5), []
+        return digest, fn_parts, data, oob
+
+    def _on_put(self, index: int, entry: Any, prepared: Any = None) -> None:
         self.entries[index] = entry
+        if prepared is not None:
+            self.prepared[index] = prepared
         if index >= self.n:
             self.n = index + 1  # those before it (callers on other threads) come on their own
         elif index in self.pending or index in self.inflight or index in self.final:
@@ -402,38 +432,21 @@ class Controller:
             self.finished.set()
 
     def _loop(self) -> None:
-        last_refresh = 0.0
-        last_queue = time.monotonic()
+        self._last_refresh = 0.0
+        self._last_queue = time.monotonic()
         while True:
             busy = bool(self.pending or self.batches)
             recording = self.to_record or (self.recorder is not None and self.recorder.outstanding)
             timeout = _ACK_S if recording or not self.durable.empty() else (0.05 if busy else 0.25)
             events = self.sel.select(timeout)
             with self._state:
-                for key, mask in events:
-                    kind, worker = key.data
-                    if kind == "wake":
-                        self._on_wake()
-                    elif kind == "connect":
-                        self._on_connected(worker)
-                    else:
-                        self._on_readable(worker, mask)
-                now = time.monotonic()
-                if self._stop.is_set() or self._cancelled_job:
-                    self._loop_ended = True
-                    break
-                if now - last_refresh > 0.05:
-                    self._refresh_workers(now)
-                    self._timers(now)
-                    last_refresh = now
-                if self.stream and now - last_queue > 0.5:
-                    self._read_queue()
-                    last_queue = now
-                self._send_acks()  # queued: they leave with the next frame, or just below
-                self._place(now)
-                self._flush_acked()
-                if self._done():
-                    self._loop_ended = True
+                self._corked = True  # what this turn sends leaves together, at its end
+                try:
+                    self._turn(events)
+                finally:
+                    self._corked = False
+                self._flush_unflushed()
+                if self._loop_ended:
                     break
         with self._state:
             if self._cancelled_job:
@@ -441,11 +454,37 @@ class Controller:
                     self._send(b.worker, Cancel(b.bid))
             self._send_acks(wait=True)
 
-    def _flush_acked(self) -> None:
-        for w in self.acked:
+    def _turn(self, events: list[Any]) -> None:
+        """One turn of the loop, on what the selector returned (sets ``_loop_ended``)."""
+        for key, mask in events:
+            kind, worker = key.data
+            if kind == "wake":
+                self._on_wake()
+            elif kind == "connect":
+                self._on_connected(worker)
+            else:
+                self._on_readable(worker, mask)
+        now = time.monotonic()
+        if self._stop.is_set() or self._cancelled_job:
+            self._loop_ended = True
+            return
+        if now - self._last_refresh > 0.05:
+            self._refresh_workers(now)
+            self._timers(now)
+            self._last_refresh = now
+        if self.stream and now - self._last_queue > 0.5:
+            self._read_queue()
+            self._last_queue = now
+        self._send_acks()
+        self._place(now)
+        if self._done():
+            self._loop_ended = True
+
+    def _flush_unflushed(self) -> None:
+        for w in self.unflushed:
             if w.pump is not None and w.pump.want_write:
                 self._flush(w)
-        self.acked.clear()
+        self.unflushed.clear()
 
     def _done(self) -> bool:
         if self.closed:
@@ -465,7 +504,7 @@ class Controller:
             except queue.Empty:
                 return
             if cmd[0] == "put":
-                self._on_put(int(cmd[1]), cmd[2])
+                self._on_put(int(cmd[1]), cmd[2], cmd[3] if len(cmd) > 3 else None)
             elif cmd[0] == "tasks" or cmd[0] == "queue":
                 self._read_queue()
             elif cmd[0] == "cancel_task":
@@ -631,8 +670,10 @@ class Controller:
         except PeerError as exc:
             log.debug("cannot send %s to %s: %s", type(message).__name__, w.host, exc)
             return False
-        if flush:
+        if flush and not self._corked:
             self._flush(w)
+        else:
+            self.unflushed.add(w)
         return True
 
     def _drop_connection(self, w: _Worker) -> None:
@@ -903,6 +944,7 @@ class Controller:
     def _finalise(self, index: int) -> None:
         self.final.add(index)
         self.entries.pop(index, None)
+        self.prepared.pop(index, None)
         self.reasons.pop(index, None)
         with self.lock:
             self.running_view.pop(index, None)
@@ -1037,9 +1079,29 @@ class Controller:
         """The TASK of a batch: pickled entries, plus, once per connection, the function
         part they use (the job's function and job data; or the function of tasks added one
         by one, when a batch shares it: an Executor's tasks then pickle only their inputs)."""
+        prepared = self.prepared.get(b.indices[0]) if len(b.indices) == 1 else None
+        if prepared is not None:  # pickled by the caller of put
+            digest, fn_parts, data, oob = prepared
+        else:
+            with self._pickling:
+                digest, fn_parts, data, oob = self._pickle_batch(b.indices)
+        buffers: list[Any] = [data, *oob]
+        info: dict[str, Any] = {
+            "job": self.job_info, "diary": self.settings.diary, "items": [[i, a] for i, a in zip(b.indices, b.attempts)],
+            "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.settings.time_s,
+        }  # fmt: skip
+        if digest not in w.sent_fns:
+            buffers += fn_parts
+            info["nfn"] = len(fn_parts)
+            w.sent_fns.add(digest)
+        self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
+        return info, buffers
+
+    def _pickle_batch(self, indices: list[int]) -> tuple[str, list[Any], bytes, list[Any]]:
+        """The function part and the pickled entries of a batch's tasks."""
         from .. import serial
 
-        entries = [self._entry(i) for i in b.indices]
+        entries = [self._entry(i) for i in indices]
         own = {id(e[0]) for e in entries}
         if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
             digest, fn_parts = self._fn_part(entries[0][0])
@@ -1054,17 +1116,7 @@ class Controller:
             import cloudpickle
 
             data, oob = cloudpickle.dumps(entries, protocol=5), []
-        buffers: list[Any] = [data, *oob]
-        info: dict[str, Any] = {
-            "job": self.job_info, "diary": self.settings.diary, "items": [[i, a] for i, a in zip(b.indices, b.attempts)],
-            "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.settings.time_s,
-        }  # fmt: skip
-        if digest not in w.sent_fns:
-            buffers += fn_parts
-            info["nfn"] = len(fn_parts)
-            w.sent_fns.add(digest)
-        self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
-        return info, buffers
+        return digest, fn_parts, data, oob
 
     def _entry(self, index: int) -> Any:
         entry = self.entries.get(index)
@@ -1237,8 +1289,7 @@ class Controller:
             except queue.Empty:
                 return
             for w, bid in acks:
-                if self._send(w, Ack(bid), flush=False):
-                    self.acked.add(w)
+                self._send(w, Ack(bid), flush=False)  # with the next frame, or at the turn's end
             for buf in buffers:
                 self.buffers.free(buf)
 
