@@ -10,7 +10,7 @@ Layout (``docs/job-folder.md`` explains each file)::
     <job>/journal/<w>.rec     per-worker append-only journal of task outcomes
     <job>/results/<w>.bin     per-worker result bodies the journal points into
     <job>/logs/<w>.log        per-worker captured stdout+stderr
-    <job>/workers/<w>.json    who a worker is (host, pid, python), written at join
+    <job>/workers/<w>.json    who a worker given its tasks is (host, pid, python); others: queue.json
     <job>/workers/<w>.cur     the task a worker runs now (shared memory, see worker.py)
     <job>/notify.fifo         a worker writes a byte here after new results
     <job>/files/              files attached with ``files=``
@@ -262,10 +262,17 @@ class JobStore:
         return int(idx), float(since), int(log_off)
 
     def worker_info(self, wid: str) -> dict[str, Any]:
+        """Who worker ``wid`` is (host, pid, python): its queue member entry, or, for a
+        worker given its tasks (no membership), ``workers/<wid>.json``."""
         try:
             return read_json(self._p("workers", f"{wid}.json"))
         except (FileNotFoundError, ValueError):
+            pass
+        try:
+            member = self.queue().get("members", {}).get(wid)
+        except (OSError, ValueError):
             return {}
+        return dict(member) if member else {}
 
 
 class _LockedQueue:

@@ -54,6 +54,8 @@ _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
 _MIN_BATCH_S = 0.002  # ... and no less than this, even at the end of a job
 _MAX_BATCH = 32768
 _WAIT = object()
+_NO_CLAIM = object()  # no claim made yet (claim at the top of the loop); given tasks: no queue at all
+_PY_VERSION = sys.version.split()[0]
 
 
 class _Exit(Exception):
@@ -233,32 +235,13 @@ class Worker:
                 store.hold_queue()  # a claim is then a lock, two reads and a write
             except FileNotFoundError:
                 pass  # a folder from before queue.b.json: opened per claim
-            if tasks is None and not self._join(store, cur_path):
-                return
-            _JobRun(self, store, meta, tasks).run(cur_fd)
+            run = _JobRun(self, store, meta, tasks)
+            first = run.join(cur_path) if tasks is None else _NO_CLAIM
+            if first is not None:
+                run.run(cur_fd, first)
         finally:
             store.release_queue()
             os.close(cur_fd)
-
-    def _join(self, store: JobStore, lock_path: str) -> bool:
-        with store.locked_queue() as q:
-            q.setdefault("dispatched", {}).pop(self.wid, None)  # arrived, whatever happens next
-            if q.get("cancelled"):
-                return False
-            members = q["members"]
-            active = sum(1 for m in members.values() if m.get("state") in ("active", "waiting"))
-            if active >= q.get("max_workers", 1):
-                return False
-            members[self.wid] = {
-                "pid": self.pid,
-                "host": self.host,
-                "lock": lock_path,
-                "fifo": getattr(self, "fifo_path", ""),
-                "claim": [],
-                "state": "active",
-                "joined": time.time(),
-            }
-        return True
 
 
 class _JobRun:
@@ -287,13 +270,45 @@ class _JobRun:
         self.left = False  # recorded as left in the queue
 
     # -- set-up and tear-down ---------------------------------------------
-    def run(self, cur_fd: int) -> None:
+    def join(self, lock_path: str) -> Any:
+        """Become a member of the job and claim its first tasks, in one queue update.
+
+        Returns the claim (as ``_claim``), or None when the job needs no more workers.
+        Who this worker is (host, pid, python) is in its member entry.
+        """
+        w = self.w
+        with self.store.locked_queue() as q:
+            q.setdefault("dispatched", {}).pop(self.wid, None)  # arrived, whatever happens next
+            if q.get("cancelled"):
+                return None
+            members = q["members"]
+            active = sum(1 for m in members.values() if m.get("state") in ("active", "waiting"))
+            if active >= q.get("max_workers", 1):
+                return None
+            m = members[self.wid] = {
+                "pid": w.pid,
+                "host": w.host,
+                "python": sys.executable,
+                "version": _PY_VERSION,
+                "lock": lock_path,
+                "fifo": getattr(w, "fifo_path", ""),
+                "claim": [],
+                "state": "active",
+                "joined": time.time(),
+            }
+            return self._claim_in(q, m, *self._batch_size())
+
+    def run(self, cur_fd: int, first: Any = None) -> None:
+        """Run the job's tasks: ``first`` (a claim made at ``join``), then claims until none are
+        left; ``_NO_CLAIM`` for a worker given its tasks (no queue membership)."""
         store, wid = self.store, self.wid
-        info = {"host": self.w.host, "pid": self.w.pid, "python": sys.executable,
-                "version": sys.version.split()[0], "started": time.time()}
-        # Written once, by this worker alone: no temporary file (a reader that
-        # finds it half written takes it as unknown: JobStore.worker_info).
-        write_new(store._p("workers", f"{wid}.json"), info)
+        if first is _NO_CLAIM:
+            info = {"host": self.w.host, "pid": self.w.pid, "python": sys.executable,
+                    "version": _PY_VERSION, "started": time.time()}
+            # Written once, by this worker alone: no temporary file (a reader that
+            # finds it half written takes it as unknown: JobStore.worker_info).
+            write_new(store._p("workers", f"{wid}.json"), info)
+        self.first = first
         self.cur = mmap.mmap(cur_fd, CUR.size)
         self.cur_index = memoryview(self.cur).cast("q")  # [0]: the task running now
         w = self.w
@@ -409,61 +424,64 @@ class _JobRun:
             return None  # the job was withdrawn (its submission failed) or purged
 
     def _claim_locked(self, want: int, least: int = 1) -> Any:
-        store = self.store
-        with store.locked_queue() as q:
+        with self.store.locked_queue() as q:
             m = q["members"].get(self.wid)
             if m is None or m.get("state") == "dead" or q.get("cancelled"):
                 return None
-            if not q.get("submitted"):
-                # Started early, while the client still writes the inputs.
-                if time.time() - m.get("joined", 0) > 60:
-                    m["state"] = "left"
-                    return None
-                m["state"] = "waiting"
-                return _WAIT
-            skip = set(q.get("cancelled_tasks", ()))
-            for _ in range(2):
-                if q["retry"]:
-                    take = [i for i in q["retry"][:want] if i not in skip]
-                    del q["retry"][:want]
-                    if not take:
-                        continue
-                    self.attempts = {i: q["attempts"].get(str(i), 0) for i in take}
-                    m["claim"] = [-1, *take]
-                    m["state"] = "active"
-                    return take
-                remaining = q["n"] - q["next"]
-                if remaining > 0:
-                    active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
-                    # Guided: a share of what is left, shrinking towards the end, but
-                    # never less than ~2 ms of work (a claim costs a lock and a
-                    # rewrite of queue.json). When what is left is a few ms of work
-                    # per worker, it is split evenly at once.
-                    active = max(1, active)
-                    share = -(-remaining // active)
-                    if remaining * self.mean_s > _TARGET_BATCH_S * active / 2 or self.n_done == 0:
-                        share = -(-share // 2)
-                    # (``least`` gives way to an even split: the last ms go to every worker)
-                    k = min(remaining, max(least, min(want, share)))
-                    a = q["next"]
-                    q["next"] = a + k
-                    m["state"] = "active"
-                    if skip and any(i in skip for i in range(a, a + k)):
-                        kept = [i for i in range(a, a + k) if i not in skip]
-                        m["claim"] = [-1, *kept]
-                        return kept
-                    m["claim"] = [a, a + k]
-                    return range(a, a + k)
-                m["claim"] = []
-                if not reap(store, q):
-                    break
-            if q.get("closed"):
+            return self._claim_in(q, m, want, least)
+
+    def _claim_in(self, q: dict[str, Any], m: dict[str, Any], want: int, least: int) -> Any:
+        """Claim tasks in queue state ``q`` (locked) for member ``m``."""
+        store = self.store
+        if not q.get("submitted"):
+            # Started early, while the client still writes the inputs.
+            if time.time() - m.get("joined", 0) > 60:
                 m["state"] = "left"
-                m["claim"] = []
-                self.left = True
                 return None
             m["state"] = "waiting"
             return _WAIT
+        skip = set(q.get("cancelled_tasks", ()))
+        for _ in range(2):
+            if q["retry"]:
+                take = [i for i in q["retry"][:want] if i not in skip]
+                del q["retry"][:want]
+                if not take:
+                    continue
+                self.attempts = {i: q["attempts"].get(str(i), 0) for i in take}
+                m["claim"] = [-1, *take]
+                m["state"] = "active"
+                return take
+            remaining = q["n"] - q["next"]
+            if remaining > 0:
+                active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
+                # Guided: a share of what is left, shrinking towards the end, but
+                # never less than ~2 ms of work (a claim costs a lock and a
+                # rewrite of queue.json). When what is left is a few ms of work
+                # per worker, it is split evenly at once.
+                active = max(1, active)
+                share = -(-remaining // active)
+                if remaining * self.mean_s > _TARGET_BATCH_S * active / 2 or self.n_done == 0:
+                    share = -(-share // 2)
+                k = min(remaining, max(least, min(want, share)))
+                a = q["next"]
+                q["next"] = a + k
+                m["state"] = "active"
+                if skip and any(i in skip for i in range(a, a + k)):
+                    kept = [i for i in range(a, a + k) if i not in skip]
+                    m["claim"] = [-1, *kept]
+                    return kept
+                m["claim"] = [a, a + k]
+                return range(a, a + k)
+            m["claim"] = []
+            if not reap(store, q):
+                break
+        if q.get("closed"):
+            m["state"] = "left"
+            m["claim"] = []
+            self.left = True
+            return None
+        m["state"] = "waiting"
+        return _WAIT
 
     def _loop(self) -> None:
         if self.fixed is not None:
@@ -472,17 +490,21 @@ class _JobRun:
             skip = set(q.get("cancelled_tasks", ()))
             self._run_batch([i for i in self.fixed if i not in skip])
             return
+        claim = self.first
         while True:
-            claim = self._claim(self._batch_size())
+            if claim is _NO_CLAIM:
+                claim = self._claim(self._batch_size())
             if claim is None:
                 return
             if claim is _WAIT:
                 self._flush()
                 self._wait_for_work()
+                claim = _NO_CLAIM
                 continue
             self._run_batch(claim)
             # Durable at least every _SYNC_S, and before the worker waits or leaves.
             self._flush(sync=time.time() - self.last_sync > _SYNC_S)
+            claim = _NO_CLAIM
 
     def _wait_for_work(self) -> None:
         fd = self.w.fifo_fd
