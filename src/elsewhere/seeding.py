@@ -25,6 +25,10 @@ possible for floods of tasks that take microseconds:
     if seeder.fired:                  # after it
         seeder.rearm()
 
+While ``nothing_loaded`` (neither ``random`` nor NumPy is loaded), a loop over
+tiny tasks may instead set ``job_seed`` once and only ``_index`` per task (a
+store instead of a call): a module a task imports is then seeded from there.
+
 ``random`` is not stubbed: tasks bind ``random.random`` to a local name for
 speed in hot loops, and a stub there would slow every draw. Kept free of heavy
 imports: the worker imports it at start-up.
@@ -60,6 +64,7 @@ class TaskSeeder:
         self._np_module: Any = None
         self._np_stubs: dict[str, Any] = {}
         self._np_real: dict[str, Any] = {}
+        self.nothing_loaded = True  # neither random nor numpy.random is loaded: nothing to seed yet
         # A module loaded already is taken care of now; one a task imports later,
         # right after it has loaded (no import here: ``random`` costs a worker
         # that never uses it a few milliseconds, NumPy far more).
@@ -122,6 +127,7 @@ class TaskSeeder:
         if inst is None:
             return
         self._rinst = inst
+        self.nothing_loaded = False
         if self.armed and self._index != _NO_SEED:
             # imported by the running task: seeded for it, as if it had been loaded before
             _c_seed(inst, self.job_seed + self._index)
@@ -145,8 +151,11 @@ class TaskSeeder:
         if "seed" not in self._np_real:
             return
         self._np_module = np_random
+        self.nothing_loaded = False
         if self.armed:  # NumPy fires its stubs itself, so it cannot have fired before they exist
             np_random.__dict__.update(self._np_stubs)
+            if self._index != _NO_SEED:
+                self._pending = self._index  # loaded by the running task: its seed is due
 
     def _hook(self, names: list[str]) -> None:
         # If a task imports one of ``names``, put the stubs in right after it has

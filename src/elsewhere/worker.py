@@ -602,13 +602,17 @@ class _JobRun:
                         append(fn(*args[j - first]))
                 else:
                     begin = seeder.begin
+                    seeder.job_seed = js
                     for j in range(i, end):
-                        if seeder.fired:
-                            seeder.rearm()
                         cur_index[0] = j
                         ctx.index = j
                         ctx.seed = js + j
-                        begin(js, j)
+                        if seeder.nothing_loaded:
+                            seeder._index = j  # seeds a module the task loads (see seeding.py)
+                        else:
+                            if seeder.fired:
+                                seeder.rearm()
+                            begin(js, j)
                         append(fn(args[j - first]) if single else fn(*args[j - first]))
             except BaseException as exc:
                 self._emit_range(start, values, t0, log_off)

@@ -310,6 +310,33 @@ def test_seeds_match_eager_seeding_on_every_path(ew_home):
     assert len(set(unseeded)) == 50
 
 
+def test_a_module_first_loaded_inside_the_fast_loop_is_seeded_for_its_task(ew_home):
+    # A worker that has neither random nor NumPy loaded runs tiny tasks on the fast path
+    # telling the seeder only the task index; task 200 imports both: it must draw what
+    # eager seeding gives task 200, and every task after it its own numbers.
+    np = pytest.importorskip("numpy")
+
+    def late(i):
+        if i < 200:
+            return i
+        import sys
+
+        fresh = i == 200 and "numpy" not in sys.modules and "random" not in sys.modules
+        import random as r
+
+        import numpy
+
+        return fresh, r.random(), float(numpy.random.rand())
+
+    got = ew.map(late, range(400), seed=31, on=ew.local(cores=1))
+    assert got[:200] == list(range(200))
+    assert got[200][0], "the worker had random or NumPy loaded already: the test proves nothing"
+    want = [(random.Random(31 + i).random(),
+             float(np.random.RandomState(np.random.SeedSequence(31, spawn_key=(i,)).generate_state(4)).rand()))
+            for i in range(200, 400)]
+    assert [g[1:] for g in got[200:]] == want
+
+
 @pytest.mark.filterwarnings("ignore:local cluster asked for")
 def test_new_workers_each_lead_their_own_session(ew_home):
     # A cold pool starts one interpreter that forks the other workers: each
