@@ -102,3 +102,23 @@ def test_syncs_left_at_exit_are_done(tmp_path):
     """)
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
     assert log.read_text().splitlines() == [f"{tmp_path}/job.json+payload.log", f"{tmp_path}/gone/job.json"]
+
+
+def test_background_work_waits_while_the_client_is_busy(tmp_path):
+    # Submitting and reading results are hot: removals (and syncs, spares) wait until
+    # the client waits on its workers, or at most a second, then happen.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (gone / "f").write_bytes(b"x")
+    with housekeeping.hot():
+        housekeeping.remove_later(gone)
+        time.sleep(0.3)
+        assert gone.exists(), "removed while the client was busy"
+    wait_for(lambda: not gone.exists(), 10)
+
+    # ... but never longer than _DEFER_MAX_S
+    late = tmp_path / "late"
+    late.mkdir()
+    with housekeeping.hot():
+        housekeeping.remove_later(late)
+        wait_for(lambda: not late.exists(), 10)
