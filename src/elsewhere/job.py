@@ -397,7 +397,7 @@ class Job:
         # without an outcome cannot end the wait: only the journals are read then,
         # the whole state (queue, running tasks, the bar) at most every _LOOK_S.
         n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
-        looked = 0.0
+        looked = time.monotonic() if n_known else 0.0  # just submitted: the journals first
         try:
             while True:
                 now = time.monotonic()
@@ -414,6 +414,10 @@ class Job:
                         return self
                     looked = now = time.monotonic()
                 if deadline is not None and now >= deadline:
+                    counts = self._snapshot(fresh=True).counts()  # the last word, and the message's
+                    st = derive_job_state(counts)
+                    if st.rank >= target.rank:
+                        return self
                     raise TimeoutError(
                         f"job {self.name!r} did not reach {target.value} within {timeout} s "
                         f"(now {st.value}: {_fmt_counts(counts)}); it goes on running"
