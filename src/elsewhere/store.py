@@ -288,6 +288,8 @@ class _LockedQueue:
         self.fd = held[0] if held else os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if held and os.fstat(held[1]).st_nlink == 0:  # the folder was purged: as if opened by path
+                raise FileNotFoundError(self.store._p(QUEUE))
             try:
                 self.gen, self.slot, q, self.body = _read_newest(self.store)
             except FileNotFoundError:

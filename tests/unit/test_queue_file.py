@@ -1,6 +1,7 @@
 """queue.json: two checksummed slots written in place; the newest whole one is the state."""
 
 import json
+import shutil
 import threading
 
 import pytest
@@ -87,3 +88,20 @@ def test_readers_without_the_lock_never_see_a_half_written_state(store):
         for t in readers:
             t.join(30)
     assert seen and all(seen)
+
+
+def test_a_worker_holding_the_queue_open_sees_its_folder_removed(store):
+    # A worker keeps queue.lock and both slots open while it is in a job; once the
+    # folder is removed (purged), its next claim fails as one by path would.
+    open(store._p(QUEUE_B), "wb").close()
+    store.hold_queue()
+    try:
+        with store.locked_queue() as q:
+            q["next"] = 3
+        assert read_queue(store)[2]["next"] == 3
+        shutil.rmtree(store.dir)
+        with pytest.raises(FileNotFoundError):
+            with store.locked_queue():
+                pass
+    finally:
+        store.release_queue()
