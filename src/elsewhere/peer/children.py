@@ -14,6 +14,7 @@ import contextlib
 import mmap
 import os
 import pickle
+import selectors
 import signal
 import socket
 import subprocess
@@ -69,6 +70,7 @@ class ChildProcess:
         self.dead = False
         self.last_mem_check = 0.0
         self.maps: dict[int, mmap.mmap] = {}
+        self.events = selectors.EVENT_READ  # what the daemon's selector watches for now
 
     def send(self, header: dict[str, Any], body: list[Any], fds: list[int]) -> None:
         parts = childproto.pack_message(header, body, len(fds))

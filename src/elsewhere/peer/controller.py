@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 5
 """How often one task is placed again because its worker vanished (not its own fault)."""
-_ACK_S = 0.005
+_ACK_S = 0.02
 """How soon the loop looks for results the recorder made durable, to acknowledge them."""
 _SHORT_S = 0.005
 """Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
@@ -482,8 +482,7 @@ class Controller:
 
     def _flush_unflushed(self) -> None:
         for w in self.unflushed:
-            if w.pump is not None and w.pump.want_write:
-                self._flush(w)
+            self._flush(w)
         self.unflushed.clear()
 
     def _done(self) -> bool:
@@ -670,10 +669,11 @@ class Controller:
         except PeerError as exc:
             log.debug("cannot send %s to %s: %s", type(message).__name__, w.host, exc)
             return False
-        if flush and not self._corked:
-            self._flush(w)
-        else:
-            self.unflushed.add(w)
+        if flush:
+            if self._corked:
+                self.unflushed.add(w)
+            else:
+                self._flush(w)
         return True
 
     def _drop_connection(self, w: _Worker) -> None:
@@ -1289,7 +1289,7 @@ class Controller:
             except queue.Empty:
                 return
             for w, bid in acks:
-                self._send(w, Ack(bid), flush=False)  # with the next frame, or at the turn's end
+                self._send(w, Ack(bid), flush=False)  # they leave with the next frame
             for buf in buffers:
                 self.buffers.free(buf)
 

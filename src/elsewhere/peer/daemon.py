@@ -169,6 +169,7 @@ class _Peer:
         self.refusal: str | None = None
         self.fns: dict[str, tuple[Any, ...]] = {}  # digest -> raw buffers of (fn, job_data)
         self.closed = False
+        self.events = selectors.EVENT_READ  # what the selector watches for now
 
     def connect(self, conn: Connection) -> None:
         """Attach the protocol state (made once the peer exists: it owns what it receives)."""
@@ -461,9 +462,10 @@ class PeerWorker:
             self._close(peer, str(exc))
             return
         events = selectors.EVENT_READ if done else selectors.EVENT_READ | selectors.EVENT_WRITE
-        with contextlib.suppress(KeyError, ValueError):
-            if self.sel.get_key(peer.sock).events != events:
+        if peer.events != events:
+            with contextlib.suppress(KeyError, ValueError):
                 self.sel.modify(peer.sock, events, ("peer", peer))
+            peer.events = events
 
     def _close(self, peer: _Peer, why: str) -> None:
         if peer.closed:
@@ -576,7 +578,10 @@ class PeerWorker:
             fits = [h for h in self.held if h.ask.cores <= free_slots and h.ask.mem_bytes <= free_mem]
             if not fits:
                 return
-            chosen = fits[self.fair.pick([Waiting(h.peer.controller, h.arrival) for h in fits], now)]
+            if len(fits) == 1:
+                chosen = fits[0]
+            else:
+                chosen = fits[self.fair.pick([Waiting(h.peer.controller, h.arrival) for h in fits], now)]
             self.held.remove(chosen)
             for h in self.held:
                 if h.peer.controller != chosen.peer.controller:
@@ -716,9 +721,10 @@ class PeerWorker:
         except OSError:
             done = True  # it died: its socket will say so
         events = selectors.EVENT_READ if done else selectors.EVENT_READ | selectors.EVENT_WRITE
-        with contextlib.suppress(KeyError, ValueError):
-            if self.sel.get_key(child.sock).events != events:
+        if child.events != events:
+            with contextlib.suppress(KeyError, ValueError):
                 self.sel.modify(child.sock, events, ("child", child))
+            child.events = events
 
     def _on_child(self, child: ChildProcess) -> None:
         self._flush_child(child)
@@ -992,12 +998,15 @@ class PeerWorker:
     def _free(self, now: float) -> tuple[int, int]:
         # An admission not used at once (a controller asked ahead) stops holding its slot:
         # if its TASK comes later it waits for a free slot like any other.
-        fresh = [r for r in self.reserved.values() if now - r.accepted < _STALE_RESERVATION_S]
-        used_slots = sum(r.ask.cores for r in fresh)
-        used_slots += sum(r.ask.cores for r in self.running.values())
-        used_slots += sum(r.ask.cores for r in self.queued)
-        committed = sum(r.ask.mem_bytes for r in fresh)
-        committed += sum(r.ask.mem_bytes for r in [*self.running.values(), *self.queued])
+        used_slots = committed = 0
+        for r in self.reserved.values():
+            if now - r.accepted < _STALE_RESERVATION_S:
+                used_slots += r.ask.cores
+                committed += r.ask.mem_bytes
+        for runs in (self.running.values(), self.queued):
+            for r in runs:
+                used_slots += r.ask.cores
+                committed += r.ask.mem_bytes
         return self.options.slots - used_slots, self._mem_total() - committed
 
     def _mem_total(self) -> int:
