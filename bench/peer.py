@@ -15,7 +15,8 @@ child and warmed up before their clock starts.
    durable in the job folder before the worker is acknowledged), and the peer
    wire alone (ASK, ACCEPT, TASK, RESULT between a bare controller and the
    daemon, the child running the task); dask ``client.submit(...).result()``;
-   ipyparallel ``view.apply_sync``. Target: the peer round trip <= 0.5 ms.
+   ipyparallel ``view.apply_sync``. Target: the Executor's round trip (what a
+   user does) <= 0.5 ms; the bare wire is shown as its lower bound.
 2. ``tput``: 10 000 no-op tasks through ``ew.map(on=ew.peers())`` (discovery
    included) against dask ``client.gather(client.map(...))`` and ipyparallel
    ``load_balanced_view().map_sync``. Target: >= 30x dask's throughput.
@@ -569,9 +570,10 @@ def report(got: dict) -> str:
 
     rows = []
     ew_rt, wire_rt, dask_rt, ipp_rt = med("ew_rt"), med("wire_rt"), med("dask_rt"), med("ipp_rt")
-    rows.append(["rt", "ew.Executor submit().result() (durable)", fmt_time(ew_rt), "", "", ""])
-    rows.append(["rt", "peer wire: ASK/ACCEPT/TASK/RESULT", fmt_time(wire_rt), "", "<= 0.5 ms",
-                 "PASS" if wire_rt <= 0.5e-3 else "FAIL"])
+    # The target is judged on what a user does (the Executor); the bare wire is its lower bound.
+    rows.append(["rt", "ew.Executor submit().result() (durable)", fmt_time(ew_rt), "", "<= 0.5 ms",
+                 "n/a" if ew_rt != ew_rt else ("PASS" if ew_rt <= 0.5e-3 else "FAIL")])
+    rows.append(["rt", "peer wire: ASK/ACCEPT/TASK/RESULT (lower bound)", fmt_time(wire_rt), "", "", "info"])
     rows.append(["rt", "dask client.submit().result()", fmt_time(dask_rt),
                  f"{dask_rt / ew_rt:.1f}x", "", "info"])
     rows.append(["rt", "ipyparallel apply_sync", fmt_time(ipp_rt), f"{ipp_rt / ew_rt:.1f}x", "", "info"])
@@ -613,7 +615,16 @@ def report(got: dict) -> str:
         rows.append(["bytes", "no-op tasks: wire bytes per task, both ways",
                      f"{(tiny.get('bytes_sent', 0) + tiny.get('bytes_received', 0)) / b['n_tiny']:.0f} B",
                      "", "", "info"])
+    measured = {g for g, name, *_ in PLAN_GROUPS if any(r is not None for r in got.get(name, []))}
+    rows = [r for r in rows if r[0] in measured]  # groups left out (--only) are not shown as n/a
     return table(["group", "measurement", "elsewhere / figure", "ratio", "target", "verdict"], rows)
+
+
+PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "wire_rt"), ("rt", "dask_rt"), ("rt", "ipp_rt"),
+               ("tput", "ew_tput"), ("tput", "dask_tput"), ("tput", "ipp_tput"),
+               ("big", "wire_big"), ("big", "ew_big"), ("big", "bare"), ("big", "bare_mac"),
+               ("big", "dask_big"), ("big", "ipp_big"), ("bytes", "ew_bytes")]
+"""Which group each measurement belongs to."""
 
 
 def main(argv: list[str]) -> int:

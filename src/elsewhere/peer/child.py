@@ -38,10 +38,13 @@ import contextlib
 import enum
 import mmap
 import os
+import pickle
+import resource
 import socket
 import struct
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -257,15 +260,19 @@ class _Child:
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
+        from .. import context, serial
         from ..seeding import TaskSeeder
+        from ..worker import _describe_error
 
         self.seeder = TaskSeeder()  # the same seeds, and costs, as on every other backend
+        # looked up once: an import statement in the per-task path costs a few microseconds
+        self.context = context
+        self.serial = serial
+        self.describe_error = _describe_error
         self.warned = False
         self.out_pool: dict[int, _Lease] = {}
         self.in_maps: dict[Any, mmap.mmap] = {}  # (device, inode) of the daemon's memfds -> map
         self._lease_id = 0
-        import warnings
-
         self._show = warnings.showwarning
         warnings.showwarning = self._showwarning
 
@@ -327,8 +334,6 @@ class _Child:
 
     # -- one batch -------------------------------------------------------
     def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
-        import pickle
-
         maps: list[tuple[int, Any, mmap.mmap]] = []
         parts = cut_parts(header["parts"], body, fds, maps=maps, cache=self.in_maps)
         ntask = int(header["ntask"])
@@ -401,10 +406,8 @@ class _Child:
     def _run_items(self, header: dict[str, Any], items: list[list[Any]], entries: list[Any],
                    common: tuple[Any, Any], failure: BaseException | None) -> _Results:  # fmt: skip
         """Run the batch; the last group of outcomes is left in the returned ``_Results``."""
-
-        from ..context import TaskContext, set_current
-        from ..worker import _describe_error
-
+        context = self.context
+        _describe_error = self.describe_error
         job = header.get("job") or {}
         diary = header.get("diary", "always")
         seeding = job.get("seed") is not None
@@ -414,13 +417,11 @@ class _Child:
         elif not seeding and seeder.armed:
             seeder.disarm()
         job_seed = int(job.get("seed") or 0)
-        ctx = TaskContext(index=-1, job=str(job.get("name", "")), job_id=str(job.get("id", "")),
+        ctx = context.TaskContext(index=-1, job=str(job.get("name", "")), job_id=str(job.get("id", "")),
                           cores=int(job.get("cores", 1)), seed=0, job_seed=job_seed,
                           host=self.host, _job_data=lambda: common[1])  # fmt: skip
-        token = set_current(ctx)
+        token = context.set_current(ctx)
         out = _Results(self, header["batch"])
-        import warnings
-
         try:
             for pos, (index, attempt) in enumerate(items):
                 seed = job_seed + index
@@ -463,9 +464,7 @@ class _Child:
             CUR.pack_into(self.cur, 0, -1, 0.0, 0)
             return out
         finally:
-            from ..context import _current
-
-            _current.reset(token)
+            context._current.reset(token)
 
     def _log(self, start: int, diary: str, ok: bool) -> bytes:
         end = os.lseek(1, 0, os.SEEK_CUR)
@@ -532,11 +531,8 @@ class _Results:
         self.logs.append(log)
 
     def _pickle(self) -> tuple[bytes, list[memoryview]]:
-        import pickle
-
-        from .. import serial
-        from ..worker import _describe_error
-
+        serial = self.child.serial
+        _describe_error = self.child.describe_error
         try:
             if self.oob >= _MAX_RESULT_OOB:  # a RESULT carries at most 1024 buffers
                 return pickle.dumps(self.values, protocol=5), []
@@ -586,8 +582,6 @@ class _Results:
 
 
 def _peak_rss() -> int:
-    import resource
-
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

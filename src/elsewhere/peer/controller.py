@@ -206,6 +206,7 @@ class Controller:
         self.prepared: dict[int, Any] = {}  # their pickles (prepare), until final
         self._pickling = threading.Lock()  # the function parts and cloudpickle's registry
         self.on_outcome: Any = None  # (index, ok, value or error description) -> None
+        self.outcomes: list[tuple[int, bool, Any, int]] = []  # for on_outcome, after the turn
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
         self.unflushed: set[_Worker] = set()  # workers with frames queued, not yet flushed
@@ -446,8 +447,10 @@ class Controller:
                 finally:
                     self._corked = False
                 self._flush_unflushed()
-                if self._loop_ended:
-                    break
+            if self.outcomes:
+                self._deliver_outcomes()
+            if self._loop_ended:
+                break
         with self._state:
             if self._cancelled_job:
                 for b in list(self.batches.values()):
@@ -593,7 +596,11 @@ class Controller:
         return ""
 
     def _usable(self, w: _Worker) -> bool:
-        return not self._why_not(w)
+        # _why_not without its messages: asked for every worker at every placement
+        a = w.info.announcement
+        s = self.settings
+        return not (w.unsuitable or not w.listed or a.state is PeerState.ZOMBIE or a.slots < s.cores
+                    or (s.time_s and a.time_s < s.time_s) or (s.mem_bytes and a.mem_bytes < s.mem_bytes))
 
     def _connect(self, w: _Worker, now: float) -> None:
         w.state, w.since = "connecting", now
@@ -917,10 +924,17 @@ class Controller:
                 log.debug("a result is read back from the job folder: %s", exc)
                 continue
             for index, ok, item, *_rest, seed in group_rows:
-                try:
-                    self.on_outcome(index, ok, values[item], seed)
-                except Exception:
-                    log.exception("the Executor's result callback failed")
+                self.outcomes.append((index, ok, values[item], seed))
+
+    def _deliver_outcomes(self) -> None:
+        """Hand the values of this turn to the Executor, once the turn's lock is released and
+        its frames are sent: the thread a value wakes may then place its next task at once."""
+        outcomes, self.outcomes = self.outcomes, []
+        for index, ok, value, seed in outcomes:
+            try:
+                self.on_outcome(index, ok, value, seed)
+            except Exception:
+                log.exception("the Executor's result callback failed")
 
     def _write_lost(self, w: _Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
                     t0: float, t1: float) -> None:  # fmt: skip

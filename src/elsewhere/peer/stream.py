@@ -61,8 +61,16 @@ class ConnectionPump:
 
     def take_frames(self) -> None:
         """Queue what the connection wants sent (call after every ``send``)."""
+        frames, parts = self._frames, self._parts
         for frame in self.conn.data_to_send():
-            self._frames.append(frame.iter_parts())
+            if frame.small and not frames and len(parts) < _MAX_PARTS:
+                # a small frame (its tag in one call): its parts at once, not slice by slice
+                for view in frame.parts():
+                    if len(view):
+                        parts.append(view)
+                        self._queued += len(view)
+            else:
+                frames.append(frame.iter_parts())
 
     def queue(self, frame: OutgoingFrame) -> None:
         """Queue one frame (already taken from the connection)."""
@@ -94,7 +102,7 @@ class ConnectionPump:
                     self._queued += len(view)
             if not parts:
                 return True
-            batch = [parts[i] for i in range(min(len(parts), _MAX_PARTS))]
+            batch = list(parts) if len(parts) <= _MAX_PARTS else [parts[i] for i in range(_MAX_PARTS)]
             try:
                 sent = sock.sendmsg(batch)
             except (BlockingIOError, InterruptedError):

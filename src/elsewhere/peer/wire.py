@@ -608,11 +608,20 @@ class OutgoingFrame:
             len(head) + sum(len(b) for b in buffers) + (TAG_SIZE if self._key is not None else 0)
         )
 
+    @property
+    def small(self) -> bool:
+        """Whether the body tag is computed in one call (see :meth:`iter_parts`)."""
+        return self.nbytes <= _SMALL_BODY
+
     def parts(self) -> list[memoryview]:
         """Every part of the frame: head, each buffer, body tag (if any)."""
         if self._tag is None:
-            for _ in self.iter_parts():
-                pass
+            if self.nbytes <= _SMALL_BODY:
+                assert self._key is not None  # set whenever the tag is still to compute
+                self._tag = self._key.body_tag(self.seq, b"".join([self._head, *self._buffers]))
+            else:
+                for _ in self.iter_parts():
+                    pass
         out = [memoryview(self._head), *self._buffers]
         if self._tag:
             out.append(memoryview(self._tag))
