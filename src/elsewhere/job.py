@@ -452,8 +452,12 @@ class Job:
         return value
 
     def _value_of(self, index: int) -> Any:
-        snap = self._snapshot()
-        f = snap.final.get(index)
+        # An outcome already read stands (a rerun makes the reader forget it first): no
+        # new look at the job for it (an Executor reads each value as it arrives).
+        f = self._reader.final.get(index)
+        if f is None:
+            snap = self._snapshot()
+            f = snap.final.get(index)
         if f is None:
             st = snap.task_state(index)
             if st is TaskState.CANCELLED:
