@@ -251,6 +251,27 @@ def test_results_are_kept_until_acknowledged(tmp_path: Path, key_file: Path) -> 
         w.stop()
 
 
+def test_one_ack_acknowledges_several_results(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file)
+    key = load_key(key_file)
+    try:
+        c = Client(port, key)
+        assert "ack-many" in c.conn.peer.caps
+        for tid, base in (("r1", 2), ("r2", 3), ("r3", 4)):
+            assert isinstance(c.ask(tid), Accept)
+            c.task(tid, pow, [(base, 2)])
+            assert c.result(tid, ack=False) == [(0, Outcome.OK, base * base)]
+        c.send(Ack("r1", ("r3",)))  # r2 stays unacknowledged
+        c.send(Ping(1))
+        c.next(Pong)  # the ACK was read before the PING was answered
+        c.close()
+        again = Client(port, key, peer_id=c.peer_id)  # only what was not acknowledged comes again
+        assert again.result("r2") == [(0, Outcome.OK, 9)]
+        assert [type(getattr(e, "message", e)) for e in again.quiet(0.5)] == []
+    finally:
+        w.stop()
+
+
 def test_cancel_stops_a_running_task_and_the_worker_goes_on(tmp_path: Path, key_file: Path) -> None:
     w, port = start_worker(tmp_path, key_file, "--slots", "1")
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peer_procs import Workers, free_port
+from peer_procs import Workers, free_port, wait_until
 
 import elsewhere as ew
 from elsewhere.clusters.peer import PeerCluster
@@ -24,18 +24,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int, Workers]]:
     tmp = tmp_path_factory.mktemp("lab")
     key = write_key("lab", tmp / "lab.key")
     port = free_port()
-    with Workers(tmp, 2, port=port, key=key):
-        yield key, port
+    with Workers(tmp, 2, port=port, key=key) as workers:
+        yield key, port, workers
+
+
+@pytest.fixture(scope="module")
+def lab_workers(lab: tuple[Path, int, Workers]) -> Workers:
+    return lab[2]
 
 
 @pytest.fixture
-def on(lab: tuple[Path, int], ew_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PeerCluster:
+def on(lab: tuple[Path, int, Workers], ew_home: Path, tmp_path: Path,
+       monkeypatch: pytest.MonkeyPatch) -> PeerCluster:  # fmt: skip
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "config"))
-    key, port = lab
+    key, port, _ = lab
     cluster = ew.peers("lab", key=key, port=port, interface="127.0.0.1")
     assert isinstance(cluster, PeerCluster)
     return cluster
@@ -66,6 +72,19 @@ def test_results_come_back_and_are_durable_in_the_job_folder(on: PeerCluster) ->
     job = ew.recover(name)  # what the folder holds, read by a fresh Job
     assert job.results() == [i * i for i in range(40)] + [49]
     job.purge()
+
+
+def test_the_workers_forget_every_result_once_acknowledged(on: PeerCluster, lab_workers: Workers) -> None:
+    # many results made durable together: their ACKs go as one frame (ack-many) per worker
+    with ew.Executor(on=on) as ex:
+        futs = [ex.submit(square, i) for i in range(200)]
+        assert [f.result(timeout=30) for f in futs] == [i * i for i in range(200)]
+
+    def forgotten() -> bool:  # the workers write their counters every second
+        stats = [w.stats() for w in lab_workers]
+        return sum(st.get("tasks", 0) for st in stats) >= 200 and all(st.get("unacked") == 0 for st in stats)
+
+    wait_until(forgotten, 10, "the workers to count the tasks and forget their results")
 
 
 def test_large_results_do_not_share_memory_with_later_ones(on: PeerCluster) -> None:

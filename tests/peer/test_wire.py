@@ -107,6 +107,7 @@ def test_fixed_header_validation(offset: int, value: bytes, match: str) -> None:
     "message",
     [
         Hello("p", "g", "u", "h", True, b"n" * 32),
+        Hello("p", "g", "u", "h", True, b"n" * 32, ("ack-many", "later-one")),
         Challenge("p", "g", "u", "h", False, b"n" * 32),
         Auth(),
         Ask("t", 5, 1.5, 2),
@@ -115,6 +116,7 @@ def test_fixed_header_validation(offset: int, value: bytes, match: str) -> None:
         Task("t", {"job": "j", "attempt": 2}),
         Result("t", {"ok": True}),
         Ack("t"),
+        Ack("t", ("u", "v")),
         Cancel("t"),
         Ping(3),
         Pong(3),
@@ -130,6 +132,17 @@ def test_every_message_round_trips_through_its_header(message: wire.Message) -> 
 def test_unknown_header_keys_are_ignored_for_newer_peers() -> None:
     packed = msgpack.packb({"task_id": "t", "from_the_future": [1, 2]})
     assert wire.parse_header(packed, MessageType.ACK) == Ack("t")
+
+
+def test_an_ack_of_one_task_has_the_header_of_the_first_protocol() -> None:
+    # a peer that did not say "ack-many" gets ACKs it has always read
+    assert Ack("t").to_header() == {"task_id": "t"}
+    assert Ack("t", ("u",)).to_header() == {"task_id": "t", "more": ["u"]}
+
+
+def test_a_greeting_without_capabilities_has_none() -> None:
+    old = {"peer_id": "p", "group": "g", "user": "u", "host": "h", "keyed": True, "nonce": b"n" * 32}
+    assert wire.parse_header(msgpack.packb(old, use_bin_type=True), MessageType.HELLO).caps == ()
 
 
 @pytest.mark.parametrize(
@@ -156,6 +169,14 @@ def test_unknown_header_keys_are_ignored_for_newer_peers() -> None:
         ),
         (MessageType.PING, {"token": True}),
         (MessageType.BYE, {"reason": "x" * 5000}),
+        (MessageType.ACK, {"task_id": "t", "more": "uv"}),
+        (MessageType.ACK, {"task_id": "t", "more": [""]}),
+        (MessageType.ACK, {"task_id": "t", "more": [7]}),
+        (MessageType.ACK, {"task_id": "t", "more": ["u"] * wire.MAX_ACKS}),
+        (MessageType.CHALLENGE, {"peer_id": "p", "group": "g", "user": "", "host": "", "keyed": True,
+                                 "nonce": b"n" * 32, "caps": ["x" * 65]}),
+        (MessageType.CHALLENGE, {"peer_id": "p", "group": "g", "user": "", "host": "", "keyed": True,
+                                 "nonce": b"n" * 32, "caps": "ack-many"}),
     ],
 )
 def test_invalid_message_fields_raise_protocol_error(mtype: MessageType, header: dict) -> None:
@@ -196,6 +217,7 @@ def test_handshake_completes_and_names_the_peer(keyed: bool, key: GroupKey) -> N
     assert (a.peer.peer_id, a.peer.user, a.peer.host) == ("work", "bob", "hostb")
     assert (b.peer.peer_id, b.peer.user, b.peer.host) == ("ctrl", "alice", "hosta")
     assert a.keyed is b.keyed is keyed
+    assert a.peer.caps == b.peer.caps == wire.CAPABILITIES  # each end learns what the other reads
 
 
 def test_handshake_frames_carry_tags_only_with_a_key(key: GroupKey) -> None:

@@ -53,6 +53,7 @@ from .keys import GroupKey
 from .recorder import GroupWriter, Recorder
 from .stream import Closed, ConnectionPump, ReusableBuffers
 from .wire import (
+    MAX_ACKS,
     Accept,
     Ack,
     Ask,
@@ -1302,8 +1303,17 @@ class Controller:
                 acks, buffers = self.durable.get_nowait()
             except queue.Empty:
                 return
+            by_worker: dict[_Worker, list[str]] = {}
             for w, bid in acks:
-                self._send(w, Ack(bid), flush=False)  # they leave with the next frame
+                by_worker.setdefault(w, []).append(bid)
+            for w, bids in by_worker.items():
+                peer = w.conn.peer if w.conn is not None else None
+                if peer is not None and "ack-many" in peer.caps:  # one frame for them all
+                    for i in range(0, len(bids), MAX_ACKS):
+                        self._send(w, Ack(bids[i], tuple(bids[i + 1 : i + MAX_ACKS])), flush=False)
+                else:
+                    for bid in bids:
+                        self._send(w, Ack(bid), flush=False)  # they leave with the next frame
             for buf in buffers:
                 self.buffers.free(buf)
 

@@ -518,11 +518,12 @@ class PeerWorker:
             self._on_task(peer, msg, event.buffers)
         elif isinstance(msg, Ack):
             done = self.unacked.get(peer.controller, {})
-            entry = done.pop(msg.task_id, None)
-            if entry is not None:
-                self._forget_done(entry)
-                if not done:
-                    self.unacked.pop(peer.controller, None)
+            for task_id in (msg.task_id, *msg.more):
+                entry = done.pop(task_id, None)
+                if entry is not None:
+                    self._forget_done(entry)
+            if not done:
+                self.unacked.pop(peer.controller, None)
         elif isinstance(msg, Cancel):
             self._on_cancel(peer, msg.task_id)
         elif isinstance(msg, Ping):
@@ -1049,6 +1050,7 @@ class PeerWorker:
         if self.listener is not None:
             data["datagrams_dropped"] = self.listener.dropped
             data["datagrams_received"] = self.listener.received
+        data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
         data["pid"] = os.getpid()
         data["peer_id"] = self.peer_id
         data["port"] = self.address[1]

@@ -82,9 +82,11 @@ from ..errors import PeerError, ProtocolError
 from .keys import GroupKey
 
 __all__ = [
+    "CAPABILITIES",
     "FIXED_SIZE",
     "HANDSHAKE_HEADER_CAP",
     "MAGIC",
+    "MAX_ACKS",
     "MESSAGE_CLASSES",
     "NONCE_BYTES",
     "PROTOCOL_VERSION",
@@ -130,6 +132,12 @@ TAG_SIZE = 16
 NONCE_BYTES = 32
 HANDSHAKE_HEADER_CAP = 2048
 """Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
+CAPABILITIES = ("ack-many",)
+"""What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
+(``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
+lists further task ids it acknowledges."""
+MAX_ACKS = 1000
+"""Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
 
 _FIXED = struct.Struct(">4sBBHQIQHH")
 _NONCE = struct.Struct(">QI")
@@ -298,6 +306,7 @@ class Greeting(Message):
     host: str
     keyed: bool
     nonce: bytes = field(repr=False)
+    caps: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _text(self.peer_id, "peer_id", empty=False)
@@ -308,6 +317,12 @@ class Greeting(Message):
             raise ValueError(f"keyed must be a bool, got {self.keyed!r:.80}")
         if not isinstance(self.nonce, bytes) or len(self.nonce) != NONCE_BYTES:
             raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        if not isinstance(self.caps, (list, tuple)) or len(self.caps) > 32:
+            raise ValueError(f"caps must be a list of at most 32 names, got {self.caps!r:.80}")
+        for cap in self.caps:
+            if not isinstance(cap, str) or not 0 < len(cap) <= 64:
+                raise ValueError(f"a capability must be a str of 1..64 characters, got {cap!r:.80}")
+        object.__setattr__(self, "caps", tuple(self.caps))
 
 
 @dataclass(frozen=True)
@@ -413,9 +428,23 @@ class Result(_TaskMessage):
 
 @dataclass(frozen=True)
 class Ack(_TaskMessage):
-    """The controller has stored the result; the worker may forget it."""
+    """The controller has stored the result; the worker may forget it. ``more``: further
+    task ids acknowledged at once (only to a peer that said ``ack-many``)."""
 
     TYPE = MessageType.ACK
+    more: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.more, (list, tuple)) or len(self.more) >= MAX_ACKS:
+            raise ValueError(f"more must be a list of fewer than {MAX_ACKS} task ids")
+        for task_id in self.more:
+            _text(task_id, "task_id", empty=False)
+        object.__setattr__(self, "more", tuple(self.more))
+
+    def to_header(self) -> dict[str, Any]:
+        # without ``more`` when there is none: the ACK of protocol 1's first form
+        return {"task_id": self.task_id, "more": list(self.more)} if self.more else {"task_id": self.task_id}
 
 
 @dataclass(frozen=True)
@@ -774,7 +803,7 @@ class Connection:
         if role is Role.INITIATOR:
             self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
             hello = Hello(identity.peer_id, self.group, identity.user, identity.host,
-                          self.keyed, self._nonce)  # fmt: skip
+                          self.keyed, self._nonce, CAPABILITIES)  # fmt: skip
             self._transcript.append(self._queue_handshake(hello, b""))
         else:
             self._expect = frozenset({MessageType.HELLO})
@@ -1190,7 +1219,7 @@ class Connection:
             self._transcript.append(frame)
             self._check_greeting(message)
             challenge = Challenge(self.identity.peer_id, self.group, self.identity.user,
-                                  self.identity.host, self.keyed, self._nonce)  # fmt: skip
+                                  self.identity.host, self.keyed, self._nonce, CAPABILITIES)  # fmt: skip
             self._transcript.append(self._queue_handshake(challenge, b"CHALLENGE"))
             self.peer = message
             self._expect = frozenset({MessageType.AUTH, MessageType.ERROR})
