@@ -1342,11 +1342,12 @@ class Controller:
             self._watch.join(2.0)
         import cloudpickle
 
-        for module in self._by_value:
-            with contextlib.suppress(ValueError):
-                cloudpickle.unregister_pickle_by_value(module)
-        self._by_value.clear()
-        self.payload.close()
+        with self._pickling:  # a put's prepare may pickle in another thread meanwhile
+            for module in self._by_value:
+                with contextlib.suppress(ValueError):
+                    cloudpickle.unregister_pickle_by_value(module)
+            self._by_value.clear()
+            self.payload.close()
         with self.lock:
             self.running_view.clear()
         for s in (self._wake_r, self._wake_w):
