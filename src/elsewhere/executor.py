@@ -217,14 +217,18 @@ class Executor(cf.Executor):
                 return
 
     def _append(self, tasks: list[tuple[int, Any, Any]]) -> None:
-        by_value = [t for t in tasks if t[2].modules]
-        if by_value:
-            for index, entry, bv in tasks:
-                lock = self._pickle_lock if bv.modules else contextlib.nullcontext()
-                with lock, bv:
-                    self._writer.write_tasks(index, [entry])
-        else:
-            self._writer.write_tasks(tasks[0][0], [t[1] for t in tasks])
+        # Runs of consecutive tasks that send the same modules by value are written in one
+        # call: a function shared by the run is then pickled once per chunk, not per task.
+        start = 0
+        while start < len(tasks):
+            bv = tasks[start][2]
+            end = start + 1
+            while end < len(tasks) and tasks[end][2] is bv and tasks[end][0] == tasks[end - 1][0] + 1:
+                end += 1
+            lock = self._pickle_lock if bv.modules else contextlib.nullcontext()
+            with lock, bv:
+                self._writer.write_tasks(tasks[start][0], [t[1] for t in tasks[start:end]])
+            start = end
         with self._job.store.locked_queue() as q:
             q["n"] = max(int(q.get("n", 0)), tasks[-1][0] + 1)
         if self._link is not None and not self._link.alive():

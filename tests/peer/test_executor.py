@@ -107,6 +107,35 @@ def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:
     assert b.shape == a.shape and np.array_equal(b, a * 2)
 
 
+def test_tasks_of_a_module_sent_by_value_are_written_to_the_payload(
+        on: PeerCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import importlib.util
+    import sys
+
+    from elsewhere.payload import PayloadReader
+
+    src = tmp_path / "hidden_mod_for_payload.py"
+    src.write_text("def triple(x):\n    return 3 * x\n")
+    spec = importlib.util.spec_from_file_location("hidden_mod_for_payload", src)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setitem(sys.modules, "hidden_mod_for_payload", mod)  # not findable on sys.path
+    with ew.Executor(on=on, keep=True) as ex:
+        name = ex.job.name
+        futs = [ex.submit(mod.triple, i) for i in range(30)]  # written together, by value
+        assert [f.result(timeout=30) for f in futs] == [3 * i for i in range(30)]
+    job = ew.recover(name)
+    monkeypatch.delitem(sys.modules, "hidden_mod_for_payload")  # read back without the module
+    reader = PayloadReader(job.store.path / "payload.log")
+    try:
+        entries = [reader.task(i) for i in range(30)]
+    finally:
+        reader.close()
+    assert [fn(*args, **kwargs) for fn, args, kwargs in entries] == [3 * i for i in range(30)]
+    job.purge()
+
+
 def test_errors_raise_as_their_own_type(on: PeerCluster) -> None:
     with ew.Executor(on=on) as ex:
         fut = ex.submit(fails, 3)
