@@ -227,7 +227,7 @@ def test_wait_timeout(ew_home):
         job.wait(timeout=0.3)
     with pytest.raises(TimeoutError):  # also the builtin
         job.wait(timeout=0.1)
-    with pytest.raises(ew.TimeoutError, match="did not reach finished .*1 (running|queued)"):
+    with pytest.raises(ew.TimeoutError, match=r"did not reach finished .*1 (running|queued)"):
         job.wait(timeout=0.01)  # before the first full look at the job: the message still has its state
     job.cancel()
 

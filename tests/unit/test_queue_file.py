@@ -100,8 +100,7 @@ def test_a_worker_holding_the_queue_open_sees_its_folder_removed(store):
             q["next"] = 3
         assert read_queue(store)[2]["next"] == 3
         shutil.rmtree(store.dir)
-        with pytest.raises(FileNotFoundError):
-            with store.locked_queue():
-                pass
+        with pytest.raises(FileNotFoundError), store.locked_queue():
+            pass
     finally:
         store.release_queue()
