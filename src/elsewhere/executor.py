@@ -4,9 +4,16 @@ Behind it is one open-ended *stream* job: each ``submit`` appends a task to
 the job's payload and wakes a waiting worker; a collector thread reads the
 workers' journals and completes the futures::
 
-    submit() ──append──> payload.log, queue.json ──wake──> worker FIFOs
+    submit() ──append──> payload.log
+    counter thread ──n──> queue.json ──wake──> worker FIFOs
     collector thread <──notify.fifo── workers <──claim── queue.json
          └── Future.set_result / set_exception
+
+``submit`` writes the task (so what cannot be pickled fails there); a task
+submitted while none is pending is counted in the queue at once, one submitted
+while others are pending is left to the counter thread, which counts all that
+came meanwhile and wakes waiting workers: one queue update for a burst of
+submits, not one each.
 
 A cluster that runs a controller in this process (the peers) takes the tasks
 in memory instead, and hands each value back as it arrives; the job folder is
@@ -102,6 +109,13 @@ class Executor(cf.Executor):
             self._payload_thread = threading.Thread(target=self._write_payload, daemon=True,
                                                     name="elsewhere-executor-payload")  # fmt: skip
             self._payload_thread.start()
+        else:
+            self._queued = 0  # the tasks the queue counts
+            self._count_lock = threading.Lock()  # one count at a time, so the queue's n only grows
+            self._news = threading.Event()
+            self._count_thread = threading.Thread(target=self._count_tasks, daemon=True,
+                                                  name="elsewhere-executor-queue")  # fmt: skip
+            self._count_thread.start()
         self._thread = threading.Thread(target=self._collect, name="elsewhere-executor", daemon=True)
         self._thread.start()
 
@@ -133,21 +147,43 @@ class Executor(cf.Executor):
             fut = _Future(self, index)
             self._futures[index] = fut
             self._n += 1
-            store = self._job.store
-            with store.locked_queue() as q:
-                q["n"] = self._n
+            lone = len(self._futures) == 1
+        if lone:
+            self._count_now()  # nothing else pending: into the queue now, no hand-over
+        else:
+            self._news.set()  # a burst: the counter thread counts what has come meanwhile at once
+        return fut
+
+    def _count_tasks(self) -> None:
+        """The counter thread: count the tasks written in the queue, wake workers."""
+        while not self._stop.is_set():
+            self._news.wait()
+            self._news.clear()
+            try:
+                self._count_now()
+            except Exception:
+                log.exception("cannot count the executor's tasks in job %r", self._job.name)
+
+    def _count_now(self) -> None:
+        with self._count_lock:
+            with self._lock:
+                n = self._n  # every one of them is in the payload
+            if n <= self._queued:
+                return
+            with self._job.store.locked_queue() as q:
+                q["n"] = max(int(q.get("n", 0)), n)
                 waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
                 live = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
                 pending = len(q.get("dispatched", {}))
                 need = live + pending < q.get("max_workers", 1) and q["n"] - q["next"] > len(waiting)
-            for fifo in waiting:
-                _wake(fifo)
-            added = getattr(self._job.cluster, "tasks_added", None)
-            if added is not None:
-                added(self._job)  # backends that push tasks (peers) hear of them at once
-            elif need:
-                self._job.cluster.poll(self._job)
-        return fut
+            self._queued = n
+        for fifo in waiting:
+            _wake(fifo)
+        added = getattr(self._job.cluster, "tasks_added", None)
+        if added is not None:
+            added(self._job)  # backends that push tasks hear of them at once
+        elif need:
+            self._job.cluster.poll(self._job)
 
     def _submit_direct(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> cf.Future:
         from . import serial
@@ -333,6 +369,8 @@ class Executor(cf.Executor):
         if self._link is not None:
             self._to_write.put(None)
             self._payload_thread.join()
+        else:
+            self._count_now()  # every task counted before the job is closed
         with self._job.store.locked_queue() as q:
             q["closed"] = True
             waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
@@ -342,6 +380,8 @@ class Executor(cf.Executor):
         if self._link is not None:
             self._link.refresh_queue()  # it sees the job closed now, not at its next look
         self._stop.set()
+        if self._link is None:
+            self._news.set()  # the counter thread ends
         if wait:
             self._thread.join()
             if self._link is not None:  # the futures came from memory: wait for the folder

@@ -276,6 +276,28 @@ def test_executor_as_completed_and_wait(ew_home):
         assert list(ex.map(abs, [-1, -2, -3])) == [1, 2, 3]
 
 
+def test_executor_burst_is_counted_in_the_queue_before_the_job_closes(ew_home, monkeypatch):
+    # submits while others are pending are left to the executor's counter thread (one queue
+    # update for many); shutting down right after a burst must still run every task
+    ex = ew.Executor(on=ew.local(cores=2))
+    futs = [ex.submit(pow, i, 2) for i in range(500)]
+    ex.shutdown(wait=True)
+    assert [f.result(timeout=0) for f in futs] == [i * i for i in range(500)]
+    # even when the counter thread has not come round to it (here: never does)
+    from elsewhere.executor import Executor
+
+    monkeypatch.setattr(Executor, "_count_tasks", lambda self: None)
+    ex = ew.Executor(on=ew.local(cores=2))
+    futs = [ex.submit(pow, i, 3) for i in range(200)]
+    assert ex.job.store.queue()["n"] < 200  # only the first (a lone task) is counted yet
+    ex.shutdown(wait=True)
+    assert [f.result(timeout=0) for f in futs] == [i**3 for i in range(200)]
+    monkeypatch.undo()
+    lone = ew.Executor(on=ew.local(cores=1))
+    assert lone.submit(pow, 3, 2).result(timeout=60) == 9  # a lone task, counted at once
+    lone.shutdown()
+
+
 def test_get_combines_lists(ew_home):
     job = ew.submit(lambda x: [x, -x], [1, 2])
     job.wait(timeout=60)
