@@ -437,11 +437,7 @@ class JobRun:
         n = len(values)
         if not n:
             return
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except Exception:
-            pass
+        flush_output()
         t1 = time.time()
         log_end = os.lseek(1, 0, 2)
         if log_end != log_off:
@@ -604,6 +600,15 @@ def _reset(token: Any) -> None:
     from .context import _current
 
     _current.reset(token)
+
+
+def flush_output() -> None:
+    """Push what a task printed to the log (before its log offsets are read)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass  # a task may have closed or replaced them
 
 
 def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dict[str, Any]:

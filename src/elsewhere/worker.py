@@ -38,7 +38,6 @@ import time
 
 from . import records
 from .jobrun import _NO_CLAIM, JobRun
-from .jobrun import _describe_error as _describe_error  # the peer task child takes it from here
 from .store import CUR, JobStore
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it

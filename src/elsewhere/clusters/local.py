@@ -20,6 +20,7 @@ so they survive the client), by the absolute path of this interpreter.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -59,14 +60,11 @@ def free_cores() -> int:
     return max(1, min(total, round(total - load)))
 
 
+@functools.cache
 def _package_root() -> str:
-    global _root
-    if _root is None:
-        _root = str(Path(__file__).resolve().parents[2])
-    return _root
+    return str(Path(__file__).resolve().parents[2])
 
 
-_root: str | None = None
 _pools: dict[tuple[str, str], Path] = {}  # (home, python) -> pool folder, once made
 
 

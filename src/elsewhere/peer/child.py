@@ -83,7 +83,7 @@ class Outcome(enum.IntEnum):
 
     OK = 0
     ERROR = 1
-    """It raised: the value is the error description (``worker._describe_error``)."""
+    """It raised: the value is the error description (``jobrun._describe_error``)."""
     LOST = 2
     """Its process died under it (crash, out of memory): retried while the budget lasts."""
     REQUEUE = 3
@@ -265,14 +265,15 @@ class _Child:
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
         from .. import context, serial
+        from ..jobrun import _describe_error, flush_output
         from ..seeding import TaskSeeder
-        from ..worker import _describe_error
 
         self.seeder = TaskSeeder()  # the same seeds, and costs, as on every other backend
         # looked up once: an import statement in the per-task path costs a few microseconds
         self.context = context
         self.serial = serial
         self.describe_error = _describe_error
+        self.flush_output = flush_output
         self.warned = False
         self.out_pool: dict[int, _Lease] = {}
         self.in_maps: dict[Any, mmap.mmap] = {}  # (device, inode) of the daemon's memfds -> map
@@ -412,6 +413,7 @@ class _Child:
         """Run the batch; the last group of outcomes is left in the returned ``_Results``."""
         context = self.context
         _describe_error = self.describe_error
+        flush_output = self.flush_output
         job = header.get("job") or {}
         diary = header.get("diary", "always")
         seeding = job.get("seed") is not None
@@ -454,11 +456,7 @@ class _Child:
                         value = _describe_error(cause, self.host, index, seed)
                         if isinstance(exc, KeyboardInterrupt):
                             value["message"] = value["message"] or "interrupted"
-                try:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                except Exception:
-                    pass
+                flush_output()
                 t1 = time.time()
                 log = self._log(log_start, diary, ok)
                 out.add(index, attempt, ok, value, t0, t1, log)

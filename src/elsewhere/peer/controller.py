@@ -974,8 +974,8 @@ class Controller:
 
     def _fail_tasks(self, indices: list[int], exc: BaseException) -> None:
         """Tasks that cannot even be sent (their inputs cannot be pickled here)."""
+        from ..jobrun import _describe_error
         from ..store import OutcomeWriter
-        from ..worker import _describe_error
 
         writer = OutcomeWriter(self.store, f"peer-controller-{self.short}")
         try:
