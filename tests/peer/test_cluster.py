@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,6 +193,25 @@ def test_cancel_stops_the_running_tasks(on: PeerCluster, tmp_path: Path) -> None
     # the workers are free again at once: a new job runs
     assert ew.map(square, [3], on=on) == [9]
     assert time.monotonic() - t0 < 10
+
+
+def test_cancel_reaches_the_workers_when_the_stop_is_seen_first(on: PeerCluster) -> None:
+    # job.cancel() asks the controller to cancel, then to stop; a loop turn that began
+    # before both (its select had returned) must still tell the workers to drop the tasks
+    job = ew.submit(time.sleep, [30, 30], on=on)
+    wait_until(lambda: job.check().running == 2, 15, "both tasks to run")
+    controller = on.controller(job)
+    assert controller is not None
+    canceller = threading.Thread(target=job.cancel)
+    with controller._state:  # the loop waits here with what its select returned
+        time.sleep(0.4)  # longer than the loop's select timeout: it waits on this lock
+        canceller.start()
+        wait_until(controller._stop.is_set, 10, "cancel() to reach stop()")
+    canceller.join(15)
+    assert not canceller.is_alive()
+    t0 = time.monotonic()
+    assert ew.map(square, [3, 4], on=on) == [9, 16]  # both workers are free again
+    assert time.monotonic() - t0 < 10  # a worker left running a sleep needs 30 s
 
 
 def test_memory_nobody_offers_is_explained_not_run(lab: tuple[Path, int, Workers],

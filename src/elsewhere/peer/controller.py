@@ -331,6 +331,9 @@ class Controller:
 
     def cancel(self) -> None:
         """Cancel every task and stop."""
+        # Set here too: a ``stop()`` that follows can end the loop in a turn that has not
+        # read this command yet, and the workers must still be told to drop their tasks.
+        self._cancelled_job = True
         self._command("cancel")
 
     def refresh_queue(self) -> None:
