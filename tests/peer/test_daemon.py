@@ -26,6 +26,7 @@ from peer_procs import WorkerProc, free_port
 
 from elsewhere import serial
 from elsewhere.errors import ConfigError, ProtocolError
+from elsewhere.peer import wire
 from elsewhere.peer.announce import new_peer_id
 from elsewhere.peer.child import Outcome
 from elsewhere.peer.keys import GroupKey, load_key, write_key
@@ -119,7 +120,8 @@ class Client:
         return self.next((Accept, Refuse)).message
 
     def task(self, tid: str, fn: Any, args: list[tuple[Any, ...]], *, first: int = 0,
-             job: dict[str, Any] | None = None, time_s: float = 0.0) -> None:  # fmt: skip
+             job: dict[str, Any] | None = None, time_s: float = 0.0,
+             ask: Ask | None = None) -> None:  # fmt: skip
         module = sys.modules[__name__]
         cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
         try:  # large arrays out of band, as the controller sends them
@@ -130,7 +132,7 @@ class Client:
         info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
                 "items": [[first + i, 0] for i in range(len(args))], "ntask": 1 + len(oob), "nfn": 1,
                 "fn": "f-" + tid, "time_s": time_s}  # fmt: skip
-        self.send(Task(tid, info), [entries, *oob, common])
+        self.send(Task(tid, info, Task.folding(ask) if ask is not None else ()), [entries, *oob, common])
 
     def result(self, tid: str, timeout: float = 20.0, *, ack: bool = True) -> list[tuple[int, Outcome, Any]]:
         ev = self.next(Result, timeout)
@@ -203,15 +205,19 @@ def test_a_full_worker_holds_requests_and_admits_them_in_turn(tmp_path: Path, ke
         c.send(Ask("b"))
         assert not c.quiet(0.3)  # held: the slot is taken
         c.task("a", time.sleep, [(0.3,)])
-        assert c.next((Accept, Refuse), timeout=10).message == Accept("b")  # admitted once free
-        assert c.result("a")[0][1] is Outcome.OK
+        ev = c.next(Result, timeout=10)  # admitted once free: the ACCEPT inside the RESULT
+        assert ev.message.task_id == "a" and ev.message.accepted == ("b",)
+        assert decode(ev.message.info, ev.buffers)[0][1] is Outcome.OK
+        c.send(Ack("a"))
         c.task("b", pow, [(2, 5)])
         assert c.result("b") == [(0, Outcome.OK, 32)]
     finally:
         w.stop()
 
 
-def test_the_accept_a_freed_slot_brings_leaves_with_the_result(tmp_path: Path, key_file: Path) -> None:
+def test_the_accept_a_freed_slot_brings_leaves_with_the_result(tmp_path: Path, key_file: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(wire, "CAPABILITIES", ("ack-many",))  # a controller without "fold"
     w, port = start_worker(tmp_path, key_file, "--slots", "1")
     try:
         c = Client(port, load_key(key_file))
@@ -222,10 +228,32 @@ def test_the_accept_a_freed_slot_brings_leaves_with_the_result(tmp_path: Path, k
         data = c.sock.recv(1 << 20)  # one send of the worker: both frames in one read
         events = c.conn.feed(data)
         assert [type(e.message) for e in events] == [Result, Accept], events
-        assert events[1].message == Accept("b")
+        assert events[1].message == Accept("b") and events[0].message.accepted == ()
         assert decode(events[0].message.info, events[0].buffers) == [(0, Outcome.OK, 8)]
         c.send(Ack("a"))
         c.send(Cancel("b"))
+    finally:
+        w.stop()
+
+
+def test_to_a_folding_controller_the_accept_rides_inside_the_result(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        assert "fold" in c.conn.peer.caps
+        assert isinstance(c.ask("a"), Accept)
+        c.task("a", pow, [(2, 3)], ask=Ask("b"))  # the next ASK inside the TASK: held meanwhile
+        ev = c.next(Result)
+        assert ev.message.accepted == ("b",)  # one frame: the RESULT, admitting "b"
+        assert decode(ev.message.info, ev.buffers) == [(0, Outcome.OK, 8)]
+        assert c.quiet(0.3) == []  # no ACCEPT frame of its own
+        c.send(Ack("a"))
+        c.task("b", pow, [(3, 3)], ask=Ask("c"))  # admitted by the folded ACCEPT
+        ev = c.next(Result)
+        assert ev.message.accepted == ("c",)
+        assert decode(ev.message.info, ev.buffers) == [(0, Outcome.OK, 27)]
+        c.send(Ack("b"))
+        c.send(Cancel("c"))
     finally:
         w.stop()
 

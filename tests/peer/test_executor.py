@@ -74,6 +74,15 @@ def test_results_come_back_and_are_durable_in_the_job_folder(on: PeerCluster) ->
     job.purge()
 
 
+def test_one_task_at_a_time_takes_two_frames(on: PeerCluster) -> None:
+    # the next task's ASK rides inside each TASK and its ACCEPT inside the RESULT ("fold")
+    with ew.Executor(on=on) as ex:
+        assert [ex.submit(square, i).result(timeout=30) for i in range(30)] == [i * i for i in range(30)]
+        counters = ex._link.counters()
+    assert counters["asks_folded"] >= 20, counters
+    assert counters["accepts_folded"] >= 20, counters
+
+
 def test_the_workers_forget_every_result_once_acknowledged(on: PeerCluster, lab_workers: Workers) -> None:
     # many results made durable together: their ACKs go as one frame (ack-many) per worker
     with ew.Executor(on=on) as ex:

@@ -614,6 +614,55 @@ def test_ask_accept_task_result_ack(keyed: bool, key: GroupKey) -> None:
         ctrl.send(Task("t1"), [b"again"])  # one TASK per ACCEPT
 
 
+@KEY_MODES
+def test_a_task_carries_the_next_ask_and_a_result_its_accept(keyed: bool, key: GroupKey) -> None:
+    ctrl, work = make_pair(_key(keyed, key))
+    assert "fold" in ctrl.peer.caps and "fold" in work.peer.caps  # type: ignore[union-attr]
+    _admit(ctrl, work, "t1")
+    ctrl.send(Task("t1", {"n": 1}, Task.folding(Ask("t2", 100, 5.0, 1))), [b"payload"])
+    _, got = pump(ctrl, work)
+    assert got[0].message.next_ask() == Ask("t2", 100, 5.0, 1)  # type: ignore[union-attr]
+    with pytest.raises(PeerError, match="not accepted"):
+        ctrl.send(Task("t2"), [b"x"])  # asked, not yet admitted
+    with pytest.raises(PeerError, match="did not ask"):
+        work.send(Result("t1", {}, ("t9",)), [b"r"])
+    work.send(Result("t1", {"ok": True}, ("t2",)), [b"result"])
+    got, _ = pump(ctrl, work)
+    assert got[0].message == Result("t1", {"ok": True}, ("t2",))  # type: ignore[union-attr]
+    ctrl.send(Task("t2"), [b"next"])  # the folded ACCEPT admits it
+    _, got = pump(ctrl, work)
+    assert got[0].message == Task("t2")  # type: ignore[union-attr]
+    with pytest.raises(PeerError, match="not accepted"):
+        ctrl.send(Task("t2"), [b"again"])  # one TASK per ACCEPT, folded or not
+
+
+def test_folded_asks_and_accepts_keep_the_admission_rules(key: GroupKey) -> None:
+    ctrl, work = make_pair(key)
+    _admit(ctrl, work, "t1")
+    ctrl.send(Ask("t3"))
+    with pytest.raises(PeerError, match="already asked"):
+        ctrl.send(Task("t1", {}, Task.folding(Ask("t3"))), [b"p"])
+    ctrl.send(Task("t1", {}, Task.folding(Ask("t2"))), [b"p"])  # the failed send changed nothing
+    pump(ctrl, work)
+    # a forged RESULT accepting what was never asked for, and a folded ASK repeated
+    work._queue(MessageType.RESULT, msgpack.packb(Result("t1", {}, ("t9",)).to_header()), [memoryview(b"r")], 0)
+    with pytest.raises(ProtocolError, match="not asked for"):
+        ctrl.feed(_frame_bytes(work)[0])
+    a, b = make_pair(key)
+    _admit(a, b, "t1")
+    a.send(Ask("t2"))
+    header = msgpack.packb(Task("t1", {}, Task.folding(Ask("t2"))).to_header())
+    a._queue(MessageType.TASK, header, [memoryview(b"p")], 0)
+    frames = _frame_bytes(a)
+    b.feed(frames[0])
+    with pytest.raises(ProtocolError, match="repeated"):
+        b.feed(frames[1])
+    with pytest.raises(ValueError, match="ask must be"):
+        Task("t1", {}, ("t2", 0, 0.0))
+    with pytest.raises(ValueError, match="itself"):
+        Task("t1", {}, Task.folding(Ask("t1")))
+
+
 def test_task_without_accept_is_refused_before_its_body(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
     a, b = make_pair(None, allocate=lambda n: calls.append(n) or bytearray(n))

@@ -125,6 +125,12 @@ class _Batch:
     accepted: float = 0.0
 
 
+@dataclass
+class _Standing:
+    batch: _Batch  # standing, empty
+    ask: Ask  # its ASK, sent alone or inside a TASK
+
+
 class _Worker:
     """A worker as this controller knows it: its announcement and our connection."""
 
@@ -348,7 +354,9 @@ class Controller:
             self._thread.join(timeout)
 
     def counters(self) -> dict[str, int]:
-        """What this controller did so far: asks, refusals by reason, batches, duplicates,
+        """What this controller did so far: asks (``asks_folded``: standing ASKs sent inside
+        a TASK; ``accepts_folded``: ACCEPTs that came inside a RESULT), refusals by reason,
+        batches, duplicates,
         bytes on the wire both ways (``bytes_sent``, ``bytes_received``) and the payload
         bytes they carried (``payload_bytes`` of tasks, ``result_bytes`` of results)."""
         out = dict(self.stats)
@@ -735,6 +743,9 @@ class Controller:
         elif isinstance(msg, Refuse):
             self._on_refuse(w, msg)
         elif isinstance(msg, Result):
+            for bid in msg.accepted:  # folded ACCEPTs (the wire checked they were asked for)
+                self.stats["accepts_folded"] += 1
+                self._on_accept(w, bid)
             self._on_result(w, msg, event.buffers)
         elif isinstance(msg, Ping):
             pass
@@ -814,7 +825,14 @@ class Controller:
             self._withdraw(b)
             self._fail_tasks(b.indices, exc)
             return
-        if not self._send(w, Task(bid, info), buffers):
+        nxt = self._fold_standing(w)
+        ask = ()
+        if nxt is not None:
+            ask = Task.folding(nxt.ask)
+            self.stats["asks_folded"] += 1
+        if not self._send(w, Task(bid, info, ask), buffers):
+            if nxt is not None:
+                self._forget(nxt.batch)
             self._unplace(b, requeue_front=True)
             return
         b.sent, b.sent_wall = time.monotonic(), time.time()
@@ -1026,6 +1044,34 @@ class Controller:
                 return
             self._ask(best, self._batch_size(best, total_slots), now)
 
+    def _fold_standing(self, w: _Worker) -> _Standing | None:
+        """For a TASK about to go to ``w``: the standing ASK :meth:`_stand` would send next,
+        made now to ride inside the TASK, if ``w`` takes folded frames and would be chosen
+        anyway (short tasks, nothing else pending or standing). Its ACCEPT then comes back
+        inside the RESULT: two frames a task instead of four."""
+        peer = w.conn.peer if w.conn is not None else None
+        if peer is None or "fold" not in peer.caps or self.pending:
+            return None
+        if not (self.n_measured > 0 and self.mean_s < _SHORT_S):
+            return None
+        now = time.monotonic()
+        if not self.stream or self.closed or now < self.standing_after or w.busy_until > now:
+            return None
+        if any(b.standing for b in self.batches.values()):
+            return None
+        slots = max(1, w.info.announcement.slots // self.settings.cores)
+        if len(w.batches) >= 2 * slots:
+            return None
+        return self._new_standing(w, now)
+
+    def _new_standing(self, w: _Worker, now: float) -> _Standing:
+        s = self.settings
+        self._seq += 1
+        b = _Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
+        self.batches[b.bid] = b
+        w.batches[b.bid] = b
+        return _Standing(b, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores))
+
     def _stand(self, now: float) -> None:
         """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
         the next task skips a round trip. The worker lets another controller have the slot
@@ -1037,7 +1083,8 @@ class Controller:
         s = self.settings
         # Tasks shorter than a round trip: ask where the last one runs. The worker holds the
         # ASK and admits it as the task ends, its ACCEPT leaving with the RESULT, and no
-        # other worker is woken for it. Longer tasks: ask an idle worker.
+        # other worker is woken for it (with ``fold`` that ASK rode inside the TASK, see
+        # _fold_standing). Longer tasks: ask an idle worker.
         short = self.n_measured > 0 and self.mean_s < _SHORT_S
         best = None
         for w in self.workers.values():
@@ -1052,13 +1099,9 @@ class Controller:
                 best = (key, w)
         if best is None:
             return
-        w = best[1]
-        self._seq += 1
-        b = _Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
-        self.batches[b.bid] = b
-        w.batches[b.bid] = b
-        if not self._send(w, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores)):
-            self._forget(b)
+        nxt = self._new_standing(best[1], now)
+        if not self._send(best[1], nxt.ask):
+            self._forget(nxt.batch)
 
     def _batch_size(self, w: _Worker, total_slots: int) -> int:
         if self.n_measured == 0:

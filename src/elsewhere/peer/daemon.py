@@ -55,6 +55,7 @@ from .fairshare import FairShare, Waiting
 from .keys import LOOPBACK_HOST, GroupKey
 from .stream import Closed, ConnectionPump, SharedBuffers
 from .wire import (
+    MAX_ACKS,
     Accept,
     Ack,
     Ask,
@@ -233,6 +234,7 @@ class PeerWorker:
         self.by_controller: dict[str, _Peer] = {}
         self.held: list[_Held] = []
         self._corked: set[_Peer] | None = None  # peers whose frames wait to leave together
+        self._folding: tuple[_Peer, list[str]] | None = None  # ACCEPTs for the RESULT being made
         self.reserved: dict[tuple[int, str], _Run] = {}  # (id(peer), task_id) -> accepted run
         self.queued: collections.deque[_Run] = collections.deque()  # TASK received, no child free
         self.running: dict[int, _Run] = {}  # seq -> run on a child
@@ -516,6 +518,9 @@ class PeerWorker:
             self._on_ask(peer, msg)
         elif isinstance(msg, Task):
             self._on_task(peer, msg, event.buffers)
+            nxt = msg.next_ask()  # a folded ASK: after the TASK, which takes its slot first
+            if nxt is not None and not peer.closed:
+                self._on_ask(peer, nxt)
         elif isinstance(msg, Ack):
             done = self.unacked.get(peer.controller, {})
             for task_id in (msg.task_id, *msg.more):
@@ -593,7 +598,11 @@ class PeerWorker:
             self.reserved[(id(chosen.peer), chosen.ask.task_id)] = run
             self.stats["accepted"] += 1
             self._announce_due = True
-            self._send(chosen.peer, Accept(chosen.ask.task_id))
+            folding = self._folding
+            if folding is not None and folding[0] is chosen.peer and len(folding[1]) < MAX_ACKS - 1:
+                folding[1].append(chosen.ask.task_id)  # it leaves inside the RESULT being made
+            else:
+                self._send(chosen.peer, Accept(chosen.ask.task_id))
 
     def _on_task(self, peer: _Peer, msg: Task, buffers: tuple[Any, ...]) -> None:
         run = self.reserved.pop((id(peer), msg.task_id), None)
@@ -886,13 +895,24 @@ class PeerWorker:
         self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now, run.leases)
         peer = self.by_controller.get(run.controller)
         # The RESULT and what the freed slot brings (an ACCEPT of a held ASK, often of the
-        # same controller) leave together: one send, one wake-up of the controller.
+        # same controller) leave together: one send, one wake-up of the controller. To a
+        # controller that said ``fold`` its ACCEPTs ride inside the RESULT: the slot is
+        # given out first.
+        fold = peer is not None and peer.conn.peer is not None and "fold" in peer.conn.peer.caps
         corked = self._corked = set()
         try:
-            if peer is not None:
-                self._send(peer, Result(run.task_id, info), buffers)
-            self._after_batch()
+            if fold:
+                assert peer is not None
+                self._folding = (peer, [])
+                self._after_batch()
+                accepted, self._folding = self._folding[1], None
+                self._send(peer, Result(run.task_id, info, tuple(accepted)), buffers)
+            else:
+                if peer is not None:
+                    self._send(peer, Result(run.task_id, info), buffers)
+                self._after_batch()
         finally:
+            self._folding = None
             self._corked = None
             for p in corked:
                 self._flush(p)

@@ -132,10 +132,12 @@ TAG_SIZE = 16
 NONCE_BYTES = 32
 HANDSHAKE_HEADER_CAP = 2048
 """Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
-CAPABILITIES = ("ack-many",)
+CAPABILITIES = ("ack-many", "fold")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
-lists further task ids it acknowledges."""
+lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
+task (``ask``) and a RESULT that carries ACCEPTs (``accepted``), two frames a task
+instead of four."""
 MAX_ACKS = 1000
 """Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
 
@@ -404,26 +406,70 @@ def _check_info(info: object) -> None:
 @dataclass(frozen=True)
 class Task(_TaskMessage):
     """A task's payload: by convention buffer 0 is the pickle stream, the rest
-    its out-of-band buffers. ``info`` holds small plain values (msgpack)."""
+    its out-of-band buffers. ``info`` holds small plain values (msgpack).
+
+    ``ask``: the ASK of a next task, folded in (only to a peer that said ``fold``), as
+    ``[task_id, mem_bytes, time_s, cores]``; it is admitted as if sent on its own.
+    """
 
     TYPE = MessageType.TASK
     info: dict[str, Any] = field(default_factory=dict)
+    ask: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_info(self.info)
+        if not isinstance(self.ask, (list, tuple)) or len(self.ask) not in (0, 4):
+            raise ValueError(f"ask must be empty or [task_id, mem_bytes, time_s, cores], got {self.ask!r:.80}")
+        object.__setattr__(self, "ask", tuple(self.ask))
+        if self.ask:
+            nxt = self.next_ask()
+            assert nxt is not None
+            if nxt.task_id == self.task_id:
+                raise ValueError("a TASK cannot ask for itself")
+
+    def next_ask(self) -> Ask | None:
+        """The folded ASK, validated, or None."""
+        if not self.ask:
+            return None
+        task_id, mem_bytes, time_s, cores = self.ask
+        return Ask(task_id, mem_bytes=mem_bytes, time_s=time_s, cores=cores)
+
+    @staticmethod
+    def folding(ask: Ask) -> tuple[Any, ...]:
+        """``ask`` in the form :attr:`ask` carries."""
+        return (ask.task_id, ask.mem_bytes, ask.time_s, ask.cores)
+
+    def to_header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
+        if self.ask:
+            out["ask"] = list(self.ask)
+        return out
 
 
 @dataclass(frozen=True)
 class Result(_TaskMessage):
-    """A task's result (or error), laid out like :class:`Task`."""
+    """A task's result (or error), laid out like :class:`Task`. ``accepted``: task ids
+    whose ASKs the sender admits, ACCEPTs folded in (only to a peer that said ``fold``)."""
 
     TYPE = MessageType.RESULT
     info: dict[str, Any] = field(default_factory=dict)
+    accepted: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_info(self.info)
+        if not isinstance(self.accepted, (list, tuple)) or len(self.accepted) >= MAX_ACKS:
+            raise ValueError(f"accepted must be a list of fewer than {MAX_ACKS} task ids")
+        for task_id in self.accepted:
+            _text(task_id, "task_id", empty=False)
+        object.__setattr__(self, "accepted", tuple(self.accepted))
+
+    def to_header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
+        if self.accepted:
+            out["accepted"] = list(self.accepted)
+        return out
 
 
 @dataclass(frozen=True)
@@ -848,13 +894,30 @@ class Connection:
         if sum(len(v) for v in views) > limits.max_body_bytes:
             raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
         if isinstance(message, _TaskMessage):
-            self._admit_outgoing(mtype, message.task_id)
+            self._admit_outgoing(message)
         frame = self._queue(mtype, header, views, flags)
         if mtype in (MessageType.BYE, MessageType.ERROR):
             self._sent_bye = True
         return frame
 
-    def _admit_outgoing(self, mtype: MessageType, task_id: str) -> None:
+    def _admit_outgoing(self, message: _TaskMessage) -> None:
+        mtype, task_id = message.TYPE, message.task_id
+        if isinstance(message, Task) and message.ask:  # checked first: nothing changes if it fails
+            nxt = message.ask[0]
+            if nxt in self._asks_to_peer or nxt in self._accepted_by_peer:
+                raise PeerError(f"task {nxt!r} was already asked for")
+        elif isinstance(message, Result):
+            for accepted in message.accepted:
+                if accepted not in self._asks_from_peer:
+                    raise PeerError(f"ACCEPT for task {accepted!r}, which the peer did not ask for")
+            for accepted in message.accepted:
+                self._asks_from_peer.discard(accepted)
+                self._accepted_for_peer.add(accepted)
+        self._admit_task_message(mtype, task_id)
+        if isinstance(message, Task) and message.ask:
+            self._asks_to_peer.add(message.ask[0])
+
+    def _admit_task_message(self, mtype: MessageType, task_id: str) -> None:
         if mtype is MessageType.ASK:
             if task_id in self._asks_to_peer or task_id in self._accepted_by_peer:
                 raise PeerError(f"task {task_id!r} was already asked for")
@@ -1187,15 +1250,16 @@ class Connection:
     def _admit(self, message: Message) -> None:
         mtype = message.TYPE
         if isinstance(message, Ask):
-            task_id = message.task_id
-            if task_id in self._asks_from_peer or task_id in self._accepted_for_peer:
-                raise ProtocolError(f"ASK for task {task_id!r} repeated")
-            if (
-                len(self._asks_from_peer) + len(self._accepted_for_peer)
-                >= self.limits.max_pending_asks
-            ):
-                raise ProtocolError(f"more than {self.limits.max_pending_asks} open ASKs")
-            self._asks_from_peer.add(task_id)
+            self._admit_ask(message.task_id)
+        elif isinstance(message, Task):  # its own admission was checked with its head
+            if message.ask:
+                self._admit_ask(message.ask[0])
+        elif isinstance(message, Result):
+            for task_id in message.accepted:
+                if task_id not in self._asks_to_peer:
+                    raise ProtocolError(f"ACCEPT for task {task_id!r}, which was not asked for")
+                self._asks_to_peer.discard(task_id)
+                self._accepted_by_peer.add(task_id)
         elif isinstance(message, (Accept, Refuse)):
             task_id = message.task_id
             if task_id not in self._asks_to_peer:
@@ -1208,6 +1272,13 @@ class Connection:
             self._accepted_for_peer.discard(message.task_id)
         elif mtype in (MessageType.BYE, MessageType.ERROR):
             self.state = ConnectionState.CLOSED
+
+    def _admit_ask(self, task_id: str) -> None:
+        if task_id in self._asks_from_peer or task_id in self._accepted_for_peer:
+            raise ProtocolError(f"ASK for task {task_id!r} repeated")
+        if len(self._asks_from_peer) + len(self._accepted_for_peer) >= self.limits.max_pending_asks:
+            raise ProtocolError(f"more than {self.limits.max_pending_asks} open ASKs")
+        self._asks_from_peer.add(task_id)
 
     def _handshake_step(self, message: Message, events: list[Event]) -> None:
         frame = bytes(self._head)
