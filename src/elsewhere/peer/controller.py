@@ -800,9 +800,12 @@ class Controller:
     def _fill_standing(self, b: _Batch, *, send: bool = True) -> None:
         """Give a standing batch the pending tasks (as many as one batch takes); send them
         if it was admitted already."""
-        total = sum(max(1, x.info.announcement.slots // self.settings.cores)
-                    for x in self.workers.values() if x.state == "ready")  # fmt: skip
-        k = self._batch_size(b.worker, max(1, total))
+        if len(self.pending) == 1:  # an Executor's task, one at a time: no batch to size
+            k = 1
+        else:
+            total = sum(max(1, x.info.announcement.slots // self.settings.cores)
+                        for x in self.workers.values() if x.state == "ready")  # fmt: skip
+            k = self._batch_size(b.worker, max(1, total))
         while self.pending and len(b.indices) < k:
             i = self.pending.popleft()
             if i in self.final or i in self.cancelled:

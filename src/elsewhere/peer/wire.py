@@ -356,6 +356,15 @@ class _TaskMessage(Message):
         _text(self.task_id, "task_id", empty=False)
 
 
+def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
+    """Check an ASK's figures; returns ``time_s`` as a float."""
+    _count(mem_bytes, "mem_bytes")
+    _count(cores, "cores", 1)
+    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or math.isnan(time_s) or time_s < 0:
+        raise ValueError(f"time_s must be a number >= 0, got {time_s!r:.80}")
+    return float(time_s)
+
+
 @dataclass(frozen=True)
 class Ask(_TaskMessage):
     """Admission request: may I send this task? Sent before any payload."""
@@ -367,12 +376,7 @@ class Ask(_TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _count(self.mem_bytes, "mem_bytes")
-        _count(self.cores, "cores", 1)
-        t = self.time_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or t < 0:
-            raise ValueError(f"time_s must be a number >= 0, got {t!r:.80}")
-        object.__setattr__(self, "time_s", float(t))
+        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
 
 
 @dataclass(frozen=True)
@@ -399,7 +403,8 @@ class Refuse(_TaskMessage):
 
 
 def _check_info(info: object) -> None:
-    if not isinstance(info, dict) or not all(isinstance(k, str) for k in info):
+    # set(map(type, ...)): the keys' types in one C loop (msgpack gives exact str)
+    if not isinstance(info, dict) or (info and set(map(type, info)) != {str}):
         raise ValueError(f"info must be a dict with str keys, got {type(info).__name__}")
 
 
@@ -421,12 +426,14 @@ class Task(_TaskMessage):
         _check_info(self.info)
         if not isinstance(self.ask, (list, tuple)) or len(self.ask) not in (0, 4):
             raise ValueError(f"ask must be empty or [task_id, mem_bytes, time_s, cores], got {self.ask!r:.80}")
-        object.__setattr__(self, "ask", tuple(self.ask))
         if self.ask:
-            nxt = self.next_ask()
-            assert nxt is not None
-            if nxt.task_id == self.task_id:
+            task_id, mem_bytes, time_s, cores = self.ask
+            _text(task_id, "task_id", empty=False)
+            if task_id == self.task_id:
                 raise ValueError("a TASK cannot ask for itself")
+            object.__setattr__(self, "ask", (task_id, mem_bytes, _check_ask(mem_bytes, time_s, cores), cores))
+        elif type(self.ask) is not tuple:
+            object.__setattr__(self, "ask", ())
 
     def next_ask(self) -> Ask | None:
         """The folded ASK, validated, or None."""
@@ -891,7 +898,7 @@ class Connection:
             raise PeerError(f"{mtype.name} header is {len(header)} bytes, over the cap of {cap}")
         if len(views) > limits.max_buffers:
             raise PeerError(f"{len(views)} buffers, over the cap of {limits.max_buffers}")
-        if sum(len(v) for v in views) > limits.max_body_bytes:
+        if views and sum(map(len, views)) > limits.max_body_bytes:
             raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
         if isinstance(message, _TaskMessage):
             self._admit_outgoing(message)
