@@ -20,9 +20,10 @@ from typing import Any
 from . import records
 from .clusters.base import Cluster
 from .errors import ConfigError, JobError, TaskError, TimeoutError
+from .journal import JournalReader, Outcomes, read_body, read_log
 from .records import Kind
 from .states import JobState, TaskState, derive_job_state
-from .store import CONTROL, JobStore, JournalReader, Outcomes, new_queue, read_body, read_log
+from .store import CONTROL, JobStore, new_queue
 
 _LOOK_S = 0.1  # Job.wait reads the whole state at least this often
 
