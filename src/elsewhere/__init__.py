@@ -37,8 +37,8 @@ _EXPORTS = {
     "Executor": "executor",
     "submit_communicating": "mpi",
     "Job": "job",
-    "Task": "job",
-    "Status": "job",
+    "Task": "tasks",
+    "Status": "tasks",
     "task": "context",
     "TaskContext": "context",
     "Cluster": "clusters.base",
@@ -103,6 +103,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TransportError,
     )
     from .executor import Executor
-    from .job import Job, Status, Task
+    from .job import Job
     from .mpi import submit_communicating
     from .states import JobState, TaskState
+    from .tasks import Status, Task

@@ -53,7 +53,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .store import JobStore, lock_is_free, reap
+from .journal import lock_is_free, reap
+from .store import JobStore
 
 MARKER = "ELSEWHERE-AGENT "
 

@@ -11,7 +11,8 @@ from typing import Any
 from . import paths, serial
 from .clusters.base import Cluster
 from .errors import ConfigError, JobNotFound
-from .job import Job, busy, create_store, new_job_meta, remove_folder
+from .job import Job
+from .jobfolder import busy, create_store, new_job_meta, remove_folder
 from .registry import Registry
 from .store import META, JobStore
 
@@ -344,7 +345,7 @@ def map(
     combines results like ``job.get()`` (lists concatenated, DataFrames
     row-bound).
     """
-    from .job import combine as combine_values
+    from .tasks import combine as combine_values
 
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')

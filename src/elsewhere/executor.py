@@ -282,7 +282,7 @@ class Executor(cf.Executor):
             if ok:
                 fut.set_result(value)
             else:
-                from .job import _task_error
+                from .tasks import _task_error
 
                 rec = Record(int(Kind.ERROR), 0, 0, index, seed=seed)
                 fut.set_exception(_task_error(value, self._job.name, rec).as_original_type())

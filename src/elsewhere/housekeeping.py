@@ -10,7 +10,7 @@ costs as much again. So a client process
   atomic rename; any process of the user may take a spare, only one
   succeeds), and makes the next spare in a background thread;
 - removes a purged job folder in the background once it has been renamed
-  away (the rename is what makes the job gone; see ``job.remove_folder``);
+  away (the rename is what makes the job gone; see ``jobfolder.remove_folder``);
 - makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
   in the background: a job must survive a crash of the machine, but its
   workers do not wait for the disk to start.

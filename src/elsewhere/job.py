@@ -1,17 +1,16 @@
-"""Jobs and tasks as the user sees them.
+"""A job as the user sees it.
 
 A :class:`Job` is a view of a job folder plus the cluster that runs it.
 Nothing important lives only in this object: a job recovered by name in a
-new process (``ew.recover``) is the same job.
+new process (``ew.recover``) is the same job. Its tasks, the snapshots it
+reads and the answer of ``check()`` are in ``tasks.py``; making and removing
+its folder in ``jobfolder.py``.
 """
 
 from __future__ import annotations
 
-import getpass
 import os
 import select
-import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,187 +19,14 @@ from typing import Any
 from . import records
 from .clusters.base import Cluster
 from .errors import ConfigError, JobError, TaskError, TimeoutError
+from .jobfolder import busy, remove_folder
+from .journal import JournalReader, read_body, read_log
 from .records import Kind
 from .states import JobState, TaskState, derive_job_state
-from .store import CONTROL, JobStore, JournalReader, Outcomes, new_queue, read_body, read_log
+from .store import CONTROL, JobStore
+from .tasks import Snapshot, Status, Task, _task_error, combine
 
 _LOOK_S = 0.1  # Job.wait reads the whole state at least this often
-
-_KIND_STATE = {
-    Kind.OK: TaskState.FINISHED,
-    Kind.ERROR: TaskState.FAILED,
-    Kind.LOST: TaskState.FAILED,
-    Kind.CANCELLED: TaskState.CANCELLED,
-}
-
-
-class Snapshot:
-    """What is known about a job's tasks at one moment.
-
-    ``reasons`` maps a task index to a short text from the backend (e.g. a
-    scheduler's "pending: Resources"); ``running`` maps a running task to
-    (worker id, since). (A plain class: importing dataclasses costs a client
-    a few milliseconds on its first submission.)
-    """
-
-    __slots__ = ("cancelled", "cancelled_tasks", "final", "kind_counts", "n", "note", "reasons", "running",
-                 "submitted")
-
-    def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
-                 running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
-                 kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
-                 note: str = "") -> None:
-        self.n = n
-        self.submitted = submitted
-        self.cancelled = cancelled
-        self.final = final
-        self.running = running
-        self.cancelled_tasks = cancelled_tasks
-        self.kind_counts = kind_counts if kind_counts is not None else {}
-        self.reasons = reasons if reasons is not None else {}
-        self.note = note
-
-    def __repr__(self) -> str:
-        return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
-                f"final={len(self.final)}, running={len(self.running)}, note={self.note!r})")
-
-    @property
-    def done(self) -> bool:
-        """Nothing runs or waits any more (a done job stays done)."""
-        return derive_job_state(self.counts()).done
-
-    def task_state(self, i: int) -> TaskState:
-        f = self.final.get(i)
-        if f is not None:
-            return _KIND_STATE[Kind(f[1].kind)]
-        if self.cancelled or i in self.cancelled_tasks:
-            return TaskState.CANCELLED
-        if i in self.running:
-            return TaskState.RUNNING
-        return TaskState.QUEUED if self.submitted else TaskState.PENDING
-
-    def counts(self) -> dict[TaskState, int]:
-        c = dict.fromkeys(TaskState, 0)
-        for k, v in self.kind_counts.items():
-            c[_KIND_STATE[Kind(k)]] += v
-        rest = self.n - len(self.final)
-        if self.cancelled:
-            c[TaskState.CANCELLED] += rest
-            return c
-        final = self.final
-        cancelled = sum(1 for i in self.cancelled_tasks if i not in final)
-        running = sum(1 for i in self.running if i not in final)
-        c[TaskState.CANCELLED] += cancelled
-        c[TaskState.RUNNING] += running
-        c[TaskState.QUEUED if self.submitted else TaskState.PENDING] += max(0, rest - cancelled - running)
-        return c
-
-
-class Status:
-    """The answer of ``job.check()``: counts per state; true once nothing runs.
-
-    ``status.counts`` maps each state name to a count; ``status.state`` is the
-    job's state; ``status.reasons`` holds backend notes (e.g. why tasks pend).
-    """
-
-    def __init__(self, job: Job, counts: dict[TaskState, int], state: JobState, note: str = "",
-                 reasons: dict[int, str] | None = None) -> None:
-        self.job = job.name
-        self.counts = {s.value: n for s, n in counts.items()}
-        self.state = state
-        self.note = note
-        self.reasons = reasons or {}
-
-    def __bool__(self) -> bool:
-        return self.state.done
-
-    def __getitem__(self, key: str) -> int:
-        return self.counts[key]
-
-    def __getattr__(self, name: str) -> int:
-        counts = self.__dict__.get("counts", {})
-        if name in counts:
-            return counts[name]
-        raise AttributeError(name)
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
-        text = f"<job {self.job!r}: {self.state.value}; {parts or 'no tasks'}>"
-        if self.note:
-            text += f"  ({self.note})"
-        return text
-
-    __str__ = __repr__
-
-
-class Task:
-    """One task of a job: its state, where it ran, its result and log."""
-
-    def __init__(self, job: Job, index: int) -> None:
-        self.job = job
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"<Task {self.index} of {self.job.name!r}: {self.state.value}>"
-
-    def _final(self) -> tuple[str, records.Record] | None:
-        return self.job._snapshot().final.get(self.index)
-
-    @property
-    def state(self) -> TaskState:
-        """The task's state now."""
-        return self.job._snapshot().task_state(self.index)
-
-    @property
-    def host(self) -> str:
-        """The host the task ran (or runs) on; "" if not started."""
-        wid = self._wid()
-        return self.job.store.worker_info(wid).get("host", "") if wid else ""
-
-    def _wid(self) -> str | None:
-        snap = self.job._snapshot()
-        f = snap.final.get(self.index)
-        if f is not None:
-            if f[0] == CONTROL:
-                return self.job.store.queue().get("lost_by", {}).get(str(self.index))
-            return f[0]
-        r = snap.running.get(self.index)
-        return r[0] if r else None
-
-    @property
-    def started(self) -> float | None:
-        """Unix time the task started; None if it has not."""
-        f = self._final()
-        if f is not None:
-            return f[1].t_start or None
-        r = self.job._snapshot().running.get(self.index)
-        return r[1] if r else None
-
-    @property
-    def finished(self) -> float | None:
-        """Unix time the task ended; None if it has not."""
-        f = self._final()
-        return f[1].t_end if f is not None else None
-
-    @property
-    def seconds(self) -> float | None:
-        """How long the task ran."""
-        f = self._final()
-        return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
-
-    @property
-    def result(self) -> Any:
-        """The task's value, or its TaskError; raises JobError while unfinished."""
-        return self.job._value(self.index)
-
-    def log(self) -> str:
-        """The task's captured stdout and stderr."""
-        return self.job.log(self.index)
-
-    def cancel(self) -> None:
-        """Cancel this task only."""
-        self.job.cluster.cancel_task(self.job, self.index)
-        self.job._dirty()
 
 
 class Job:
@@ -668,29 +494,6 @@ class Job:
                 Registry().remove(self.id)
 
 
-def remove_folder(path: Path) -> None:
-    """Remove a job folder for good, even while a worker is still leaving it.
-
-    The folder is first renamed away, atomically: a worker that opens a file
-    by the job's path from then on gets FileNotFoundError (and returns to its
-    pool) instead of recreating files that would keep the folder alive.
-    """
-    grave = path.with_name(f".{path.name}.purged-{os.getpid()}-{time.monotonic_ns()}")
-    try:
-        os.rename(path, grave)
-    except FileNotFoundError:
-        return
-    except OSError:
-        # another file system's rules: remove in place, now
-        shutil.rmtree(path, ignore_errors=True)
-        if path.exists():
-            shutil.rmtree(path, ignore_errors=True)
-        return
-    from . import housekeeping
-
-    housekeeping.remove_later(grave)  # gone for everyone already; the bytes go in the background
-
-
 def _open_notify(store: JobStore) -> int:
     try:
         return os.open(store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
@@ -708,121 +511,3 @@ def _drain(fd: int) -> None:
 
 def _fmt_counts(counts: dict[TaskState, int]) -> str:
     return ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no tasks"
-
-
-def _task_error(value: dict[str, Any], job: str, rec: records.Record) -> TaskError:
-    exc = None
-    if value.get("exception"):
-        try:
-            import pickle
-
-            exc = pickle.loads(value["exception"])
-        except Exception:
-            exc = None
-    return TaskError(
-        value.get("message", ""),
-        type_name=value.get("type", "Exception"),
-        traceback=value.get("traceback", ""),
-        host=value.get("host", ""),
-        index=rec.task,
-        seed=rec.seed,
-        job=job,
-        reason="error",
-        exception=exc,
-    )
-
-
-def combine(values: list[Any]) -> Any:
-    """Concatenate lists, row-bind DataFrames, else return the list."""
-    if values and all(isinstance(v, list) for v in values):
-        return [x for v in values for x in v]
-    pd = sys.modules.get("pandas")
-    if values and pd is not None and all(isinstance(v, pd.DataFrame) for v in values):
-        return pd.concat(values, ignore_index=True)
-    return list(values)
-
-
-def new_job_meta(
-    *,
-    name: str,
-    job_id: str,
-    cluster: Cluster,
-    seed: int | None,
-    tag: str,
-    retries: int,
-    env: dict[str, str] | None,
-    stream: bool = False,
-    communicating: bool = False,
-) -> dict[str, Any]:
-    """The metadata of a new job, as written to job.json."""
-    cwd = os.getcwd()
-    return {
-        "format": 1,
-        "id": job_id,
-        "name": name,
-        "user": _user(),
-        "tag": tag,
-        "created": time.time(),
-        "submitted": None,
-        "cluster": cluster.describe(),
-        "seed": seed,
-        "retries": retries,
-        "cores_per_task": cluster.cores_per_task,
-        "n_tasks": 0,
-        "stream": stream,
-        "communicating": communicating,
-        "cwd": cwd,
-        "sys_path": [os.path.abspath(p) if p else cwd for p in sys.path],
-        "env": dict(env or {}),
-        "client": {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable},
-    }
-
-
-def _user() -> str:
-    """The user's login name (looked up once: without $USER it reads the password file)."""
-    global _user_name
-    if _user_name is None:
-        try:
-            _user_name = getpass.getuser()
-        except (KeyError, OSError):  # a uid with no entry (containers)
-            _user_name = str(os.getuid())
-    return _user_name
-
-
-_user_name: str | None = None
-
-
-def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool, n_tasks: int = 0) -> JobStore:
-    """Make the job folder with metadata and a queue of ``n_tasks`` (known up front, or 0).
-
-    Nothing is claimed before the queue says "submitted", so the count may be
-    written before the inputs are.
-    """
-    from .store import write_queue
-
-    store = JobStore.create(root / meta["id"], meta)
-    write_queue(store, new_queue(n_tasks, closed=not stream, retries=retries), 1, 0)
-    return store
-
-
-class busy:
-    """``with busy():`` submitting or reading results: the cyclic garbage collector
-    is off (many small objects without cycles, which it would only rescan) and the
-    background housekeeping waits (``housekeeping.hot``)."""
-
-    def __enter__(self) -> None:
-        import gc
-
-        from . import housekeeping
-
-        self.was = gc.isenabled()
-        gc.disable()
-        self.hot = housekeeping.hot()
-        self.hot.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self.hot.__exit__()
-        if self.was:
-            import gc
-
-            gc.enable()

@@ -19,8 +19,9 @@ import time
 
 from . import records
 from .context import TaskContext, set_current
+from .journal import reap
 from .records import Kind, Record
-from .store import CUR, JobStore, reap, write_new, writev_all
+from .store import CUR, JobStore, write_new, writev_all
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
 if TYPE_CHECKING:

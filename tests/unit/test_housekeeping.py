@@ -8,7 +8,7 @@ import textwrap
 import time
 
 from elsewhere import housekeeping
-from elsewhere.job import remove_folder
+from elsewhere.jobfolder import remove_folder
 
 
 def wait_for(cond, timeout_s=30.0):
@@ -58,7 +58,7 @@ def test_removals_left_at_exit_are_done_before_the_process_ends(tmp_path):
         import threading
         from pathlib import Path
         from elsewhere import housekeeping
-        from elsewhere.job import remove_folder
+        from elsewhere.jobfolder import remove_folder
         import os
         root = Path({str(tmp_path)!r})
         # as if the background thread were busy elsewhere: the removals must happen at exit

@@ -1,9 +1,9 @@
-"""store.Outcomes: a task -> outcome mapping that keeps range records whole."""
+"""journal.Outcomes: a task -> outcome mapping that keeps range records whole."""
 
 import pytest
 
+from elsewhere.journal import Outcomes
 from elsewhere.records import Kind, Record
-from elsewhere.store import Outcomes
 
 
 def rec(task, count=1, attempt=0):

@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..job import Job, Snapshot
+    from ..job import Job
+    from ..tasks import Snapshot
 
 
 class Cluster(abc.ABC):

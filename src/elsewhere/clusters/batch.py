@@ -44,9 +44,10 @@ from ..store import JobStore, write_json
 from .base import Cluster
 
 if TYPE_CHECKING:
-    from ..job import Job, Snapshot
+    from ..job import Job
     from ..remote.transport import Transport
     from ..schedulers.syntax import NativeStatus, SchedulerSyntax
+    from ..tasks import Snapshot
 
 #: Variables of a submitting shell that must not leak into a new job
 #: (submitting from inside an allocation is a common trap).

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import paths
 from ..errors import ConfigError
-from ..store import lock_is_free, reap
+from ..journal import lock_is_free, reap
 from .base import Cluster
 
 if TYPE_CHECKING:

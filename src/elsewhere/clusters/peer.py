@@ -26,10 +26,11 @@ from ..errors import ConfigError
 from .base import Cluster
 
 if TYPE_CHECKING:
-    from ..job import Job, Snapshot
+    from ..job import Job
     from ..peer.controller import Controller, ControllerSettings
     from ..peer.discovery import DiscoveryConfig
     from ..peer.keys import GroupKey
+    from ..tasks import Snapshot
 
 __all__ = ["PeerCluster", "key_path", "peers"]
 

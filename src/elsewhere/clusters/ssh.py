@@ -41,9 +41,10 @@ from ..errors import ConfigError, RemoteSetupError, TransportError
 from .base import Cluster
 
 if TYPE_CHECKING:
-    from ..job import Job, Snapshot
+    from ..job import Job
     from ..remote.session import AgentSession
     from ..remote.ssh import SSHTransport
+    from ..tasks import Snapshot
 
 DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
 _MIRROR = ["journal/**", "results/**", "logs/**", "workers/**"]

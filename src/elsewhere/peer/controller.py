@@ -384,7 +384,7 @@ class Controller:
 
     # -- state from the job folder ---------------------------------------------------------
     def _load_state(self) -> None:
-        from ..store import JournalReader
+        from ..journal import JournalReader
 
         reader = JournalReader(self.store)
         reader.refresh()
@@ -999,7 +999,7 @@ class Controller:
     def _fail_tasks(self, indices: list[int], exc: BaseException) -> None:
         """Tasks that cannot even be sent (their inputs cannot be pickled here)."""
         from ..jobrun import _describe_error
-        from ..store import OutcomeWriter
+        from ..journal import OutcomeWriter
 
         writer = OutcomeWriter(self.store, f"peer-controller-{self.short}")
         try:

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import records
-from ..store import JobStore, OutcomeWriter, writev_all
+from ..journal import OutcomeWriter
+from ..store import JobStore, writev_all
 
 __all__ = ["GroupWriter", "Recorder"]
 
