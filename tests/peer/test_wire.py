@@ -789,3 +789,17 @@ def test_cancel_from_the_worker_does_not_break_a_task_in_flight(key: GroupKey) -
     got_c, got_w = pump(ctrl, work)
     assert [type(e.message) for e in got_w] == [Task]  # type: ignore[union-attr]
     assert [type(e.message) for e in got_c] == [Cancel]  # type: ignore[union-attr]
+
+
+def test_info_must_be_a_map_with_text_keys(key: GroupKey) -> None:
+    with pytest.raises(ValueError, match="str keys"):
+        Task("t1", {1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="str keys"):
+        Result("t1", {"a": 1, b"b": 2})  # type: ignore[dict-item]
+    assert Task("t1", {}).info == {} and Result("t1", {"a": 1}).info == {"a": 1}
+    a, b = make_pair(key)
+    _admit(a, b, "t1")
+    # bytes keys pass msgpack's strict_map_key; the message check refuses them
+    a._queue(MessageType.TASK, msgpack.packb({"task_id": "t1", "info": {b"k": 1}}), [memoryview(b"x")], 0)
+    with pytest.raises(ProtocolError, match="str keys"):
+        b.feed(_frame_bytes(a)[0])
