@@ -50,27 +50,24 @@ from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
 from .discovery import Announcer, DiscoveryConfig, Listener
 from .keys import GroupKey
-from .recorder import GroupWriter, Recorder
-from .stream import Closed, ConnectionPump, ReusableBuffers
-from .wire import (
+from .messages import (
     MAX_ACKS,
     Accept,
     Ack,
     Ask,
     Bye,
     Cancel,
-    Connection,
     Error,
-    HandshakeComplete,
     Identity,
     Ping,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
 )
+from .recorder import GroupWriter, Recorder
+from .stream import Closed, ConnectionPump, ReusableBuffers
+from .wire import Connection, HandshakeComplete, Received, Role
 
 if TYPE_CHECKING:
     from ..job import Job

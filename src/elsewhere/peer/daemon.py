@@ -53,27 +53,24 @@ from .children import ChildProcess, describe_exit, error_value, read_capture, tr
 from .discovery import Announcer, DiscoveryConfig, Listener
 from .fairshare import FairShare, Waiting
 from .keys import LOOPBACK_HOST, GroupKey
-from .stream import Closed, ConnectionPump, SharedBuffers
-from .wire import (
+from .messages import (
     MAX_ACKS,
     Accept,
     Ack,
     Ask,
     Bye,
     Cancel,
-    Connection,
     Error,
-    HandshakeComplete,
     Identity,
     Ping,
     Pong,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
 )
+from .stream import Closed, ConnectionPump, SharedBuffers
+from .wire import Connection, HandshakeComplete, Received, Role
 
 __all__ = ["PeerWorker", "WorkerOptions", "machine_memory"]
 
