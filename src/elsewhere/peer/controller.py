@@ -1075,7 +1075,7 @@ class Controller:
     def _stand(self, now: float) -> None:
         """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
         the next task skips a round trip. The worker lets another controller have the slot
-        if this admission is not used within moments (``daemon._STALE_RESERVATION_S``)."""
+        if this admission is not used within moments (``admission._STALE_RESERVATION_S``)."""
         if not self.stream or self.closed or now < self.standing_after:
             return
         if any(b.standing for b in self.batches.values()):
