@@ -107,8 +107,9 @@ class WireClient:
 
         from elsewhere.peer.announce import new_peer_id
         from elsewhere.peer.keys import load_key
+        from elsewhere.peer.messages import Identity
         from elsewhere.peer.stream import ReusableBuffers
-        from elsewhere.peer.wire import Connection, HandshakeComplete, Identity, Limits, Role
+        from elsewhere.peer.wire import Connection, HandshakeComplete, Limits, Role
 
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -155,7 +156,7 @@ class WireClient:
         import cloudpickle
 
         from elsewhere import serial
-        from elsewhere.peer.wire import Accept, Ack, Ask, Result, Task
+        from elsewhere.peer.messages import Accept, Ack, Ask, Result, Task
 
         self.n += 1
         tid = f"t{self.n}"

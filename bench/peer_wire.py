@@ -39,18 +39,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from elsewhere.peer.keys import GroupKey, generate_key
-from elsewhere.peer.wire import (
-    Accept,
-    Ask,
-    Connection,
-    HandshakeComplete,
-    Identity,
-    Limits,
-    Ping,
-    Received,
-    Role,
-    Task,
-)
+from elsewhere.peer.messages import Accept, Ask, Identity, Ping, Task
+from elsewhere.peer.wire import Connection, HandshakeComplete, Limits, Received, Role
 
 SLICE = 1 << 20
 

@@ -6,7 +6,8 @@ import socket
 from typing import Any
 
 from elsewhere.peer.keys import GroupKey
-from elsewhere.peer.wire import Connection, Event, Identity, Limits, Role
+from elsewhere.peer.messages import Identity
+from elsewhere.peer.wire import Connection, Event, Limits, Role
 
 Pair = tuple[Connection, Connection]
 

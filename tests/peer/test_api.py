@@ -9,7 +9,7 @@ import pytest
 
 import elsewhere.peer
 
-MODULES = ["keys", "wire", "announce", "discovery"]
+MODULES = ["keys", "messages", "frames", "wire", "announce", "discovery"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -30,24 +30,21 @@ from elsewhere.peer import wire
 from elsewhere.peer.announce import new_peer_id
 from elsewhere.peer.child import Outcome
 from elsewhere.peer.keys import GroupKey, load_key, write_key
-from elsewhere.peer.units import format_duration, format_size, parse_duration, parse_size
-from elsewhere.peer.wire import (
+from elsewhere.peer.messages import (
     Accept,
     Ack,
     Ask,
     Cancel,
-    Connection,
-    HandshakeComplete,
     Identity,
     Ping,
     Pong,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
 )
+from elsewhere.peer.units import format_duration, format_size, parse_duration, parse_size
+from elsewhere.peer.wire import Connection, HandshakeComplete, Received, Role
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -34,7 +34,7 @@ from elsewhere.peer.announce import (
     new_peer_id,
 )
 from elsewhere.peer.keys import GroupKey
-from elsewhere.peer.wire import (
+from elsewhere.peer.messages import (
     FIXED_SIZE,
     TAG_SIZE,
     Accept,
@@ -42,17 +42,15 @@ from elsewhere.peer.wire import (
     Ask,
     Bye,
     Cancel,
-    Connection,
     Error,
     Identity,
-    Limits,
     MessageType,
     Ping,
     Pong,
     Result,
-    Role,
     Task,
 )
+from elsewhere.peer.wire import Connection, Limits, Role
 
 SEED = 20261202
 LIMITS = Limits(

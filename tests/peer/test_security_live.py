@@ -32,18 +32,8 @@ from elsewhere.peer.announce import Announcement, PeerState, encode_announcement
 from elsewhere.peer.child import Outcome
 from elsewhere.peer.discovery import DEFAULT_MULTICAST_GROUP, DiscoveryConfig, Listener
 from elsewhere.peer.keys import GroupKey, load_key, write_key
-from elsewhere.peer.wire import (
-    Accept,
-    Ack,
-    Ask,
-    Connection,
-    HandshakeComplete,
-    Identity,
-    Ping,
-    Result,
-    Role,
-    Task,
-)
+from elsewhere.peer.messages import Accept, Ack, Ask, Identity, Ping, Result, Task
+from elsewhere.peer.wire import Connection, HandshakeComplete, Role
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

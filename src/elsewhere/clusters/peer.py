@@ -27,9 +27,10 @@ from .base import Cluster
 
 if TYPE_CHECKING:
     from ..job import Job
-    from ..peer.controller import Controller, ControllerSettings
+    from ..peer.controller import Controller
     from ..peer.discovery import DiscoveryConfig
     from ..peer.keys import GroupKey
+    from ..peer.placement import ControllerSettings
     from ..tasks import Snapshot
 
 __all__ = ["PeerCluster", "key_path", "peers"]
@@ -175,7 +176,7 @@ class PeerCluster(Cluster):
     def controller_settings(self, job: Job) -> ControllerSettings:
         """What the controller of ``job`` needs to know."""
         from ..peer.announce import new_peer_id
-        from ..peer.controller import ControllerSettings
+        from ..peer.placement import ControllerSettings
 
         data = self.get_job_cluster_data(job)
         peer_id = data.get("peer_id")

@@ -3,8 +3,12 @@
 Modules, from the bottom up:
 
 - :mod:`.keys`: the group key and its file (no key: loopback-only mode);
+- :mod:`.messages`: the protocol's numbers, the fixed frame header and the
+  messages with their msgpack header codec;
+- :mod:`.frames`: the keys and MACs of a connection's frames, and a frame
+  ready to send (:class:`OutgoingFrame`);
 - :mod:`.wire`: frames, handshake, MACs and admission rules of one TCP
-  connection, sans-IO (:class:`Connection`);
+  connection, sans-IO (:class:`Connection`), and the protocol's description;
 - :mod:`.announce`: the signed UDP announcement and the table of known peers,
   sans-IO (:class:`AnnouncementDecoder`, :class:`PeerTable`);
 - :mod:`.discovery`: the announcer and listener threads on real sockets.
@@ -31,6 +35,7 @@ from .discovery import (
     DiscoveryConfig,
     Listener,
 )
+from .frames import OutgoingFrame
 from .keys import (
     LOOPBACK_HOST,
     LOOPBACK_ONLY,
@@ -42,34 +47,35 @@ from .keys import (
     load_key,
     write_key,
 )
-from .wire import (
+from .messages import (
     Accept,
     Ack,
     Ask,
     Bye,
     Cancel,
     Challenge,
-    Connection,
-    ConnectionState,
     Error,
-    Event,
     Flags,
     Greeting,
-    HandshakeComplete,
     Hello,
     Identity,
-    Limits,
     Message,
     MessageType,
-    OutgoingFrame,
     Ping,
     Pong,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
+)
+from .wire import (
+    Connection,
+    ConnectionState,
+    Event,
+    HandshakeComplete,
+    Limits,
+    Received,
+    Role,
 )
 
 __all__ = [

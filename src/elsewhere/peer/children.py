@@ -26,7 +26,7 @@ from .child import CUR, MessageReader
 from .stream import new_memfd
 
 if TYPE_CHECKING:
-    from .daemon import _Run
+    from .runs import Run
 
 __all__ = ["ChildProcess", "describe_exit", "error_value", "read_capture", "tree_rss"]
 
@@ -63,7 +63,7 @@ class ChildProcess:
         self.pid = self.popen.pid
         self.ready = False
         self.base_rss = 0
-        self.run: _Run | None = None
+        self.run: Run | None = None
         self.fns: set[str] = set()
         self.job_id: str | None = None
         self.dirty = False

@@ -117,9 +117,9 @@ def _discovery(args: argparse.Namespace) -> Any:
 
 
 def worker_options(args: argparse.Namespace) -> Any:
-    """The :class:`~elsewhere.peer.daemon.WorkerOptions` that ``peer worker`` arguments ask for."""
+    """The :class:`~elsewhere.peer.options.WorkerOptions` that ``peer worker`` arguments ask for."""
     from .access import AccessRules
-    from .daemon import WorkerOptions
+    from .options import WorkerOptions
     from .units import parse_duration, parse_size
 
     key = _keys(args, all_groups=False)[0]

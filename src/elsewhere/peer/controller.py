@@ -24,6 +24,11 @@ LOST (its process crashed) is run again while the job's ``retries`` last, then
 written off as lost; REQUEUE (handed back by a stopping worker, or never run)
 is placed again at no cost. Tasks whose worker vanishes are placed again too
 (at most ``MAX_RESUBMITS`` times each).
+
+The settings, the records of workers and batches and the pure choices of placing
+are in :mod:`.placement`; the pickling of a batch into its TASK is a
+:class:`~.encoder.TaskEncoder`; results are made durable by the
+:class:`~.recorder.Recorder`.
 """
 
 from __future__ import annotations
@@ -31,9 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import getpass
-import hashlib
 import logging
-import math
 import os
 import pickle
 import queue
@@ -41,41 +44,47 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PeerError, ProtocolError
 from .access import same_user
 from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
-from .discovery import Announcer, DiscoveryConfig, Listener
-from .keys import GroupKey
-from .recorder import GroupWriter, Recorder
-from .stream import Closed, ConnectionPump, ReusableBuffers
-from .wire import (
+from .discovery import Announcer, Listener
+from .encoder import TaskEncoder
+from .messages import (
     MAX_ACKS,
     Accept,
     Ack,
     Ask,
     Bye,
     Cancel,
-    Connection,
     Error,
-    HandshakeComplete,
     Identity,
     Ping,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
 )
+from .placement import (
+    Batch,
+    ControllerSettings,
+    Standing,
+    Worker,
+    batch_size,
+    choose_standing,
+    choose_worker,
+    local_addresses,
+)
+from .recorder import GroupWriter, Recorder
+from .stream import Closed, ConnectionPump, ReusableBuffers
+from .wire import Connection, HandshakeComplete, Received, Role
 
 if TYPE_CHECKING:
     from ..job import Job
 
-__all__ = ["MAX_RESUBMITS", "Controller", "ControllerSettings", "GroupWriter", "local_addresses"]
+__all__ = ["MAX_RESUBMITS", "Controller"]
 
 log = logging.getLogger(__name__)
 
@@ -87,79 +96,7 @@ _SHORT_S = 0.005
 """Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
 _PUT_WAIT_S = 0.002
 """How long ``put`` waits for the loop to finish its turn before leaving the task to it."""
-_MAX_BATCH = 4096
-_MAX_BATCH_BYTES = 16 << 20
-_MAX_OOB = 1000
 _PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
-
-
-@dataclass(frozen=True)
-class ControllerSettings:
-    """What each task needs, and how the controller finds and uses workers."""
-
-    key: GroupKey | None = None
-    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
-    mem_bytes: int = 0
-    time_s: float = 0.0
-    cores: int = 1
-    diary: str = "always"
-    prefer_local: bool = True
-    batch_target_s: float = 0.02
-    start_timeout_s: float = 5.0
-    connect_timeout_s: float = 3.0
-    peer_id: str = ""
-
-
-@dataclass
-class _Batch:
-    bid: str
-    worker: _Worker
-    indices: list[int]
-    attempts: list[int]
-    asked: float
-    sent: float = 0.0
-    sent_wall: float = 0.0
-    copied: bool = False
-    withdrawn: bool = False  # its tasks went elsewhere; waiting for the worker's answer
-    standing: bool = False  # asked before any task was there (an open Executor's next task)
-    accepted: float = 0.0
-
-
-@dataclass
-class _Standing:
-    batch: _Batch  # standing, empty
-    ask: Ask  # its ASK, sent alone or inside a TASK
-
-
-class _Worker:
-    """A worker as this controller knows it: its announcement and our connection."""
-
-    def __init__(self, peer_id: str, info: PeerInfo) -> None:
-        self.peer_id = peer_id
-        self.info = info
-        self.sock: socket.socket | None = None
-        self.conn: Connection | None = None
-        self.pump: ConnectionPump | None = None
-        self.state = "new"  # new, connecting, handshake, ready, closed
-        self.since = 0.0
-        self.batches: dict[str, _Batch] = {}
-        self.sent_fns: set[str] = set()
-        self.busy_until = 0.0
-        self.unsuitable = ""  # why it cannot take this job's tasks (memory, time, not allowed)
-        self.unsuitable_for: tuple[Any, ...] = ()
-        self.unsuitable_since = 0.0
-        self.wid = ""
-        self.writer: GroupWriter | None = None
-        self.pid = 0
-        self.host = info.announcement.host
-        self.failures = 0
-        self.listed = True
-
-    @property
-    def offer(self) -> tuple[Any, ...]:
-        """What a refusal for memory, time or access depended on (asked again when it changes)."""
-        a = self.info.announcement
-        return (a.slots, a.user, a.host, math.floor(a.time_s / 60) if a.time_s != math.inf else -1)
 
 
 class Controller:
@@ -179,13 +116,14 @@ class Controller:
         self.peer_id = settings.peer_id or new_peer_id()
         self.short = os.urandom(3).hex()
         self.identity = Identity(self.peer_id, getpass.getuser()[:256], socket.gethostname()[:256])
-        self.job_info = {
+        job_info = {
             "id": meta.get("id", ""), "name": meta.get("name", ""), "seed": self.seed,
             "cwd": meta.get("cwd"), "sys_path": list(meta.get("sys_path") or []),
             "env": {str(k): str(v) for k, v in (meta.get("env") or {}).items()},
             "cores": settings.cores,
         }  # fmt: skip
-        self.payload = PayloadReader(job.store.path / "payload.log")
+        self.encoder = TaskEncoder(PayloadReader(job.store.path / "payload.log"), job_info,
+                                   settings.diary, settings.time_s)  # fmt: skip
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -196,8 +134,8 @@ class Controller:
         self.running_view: dict[int, tuple[str, float]] = {}
         self.note = ""
         self.reasons: dict[int, str] = {}
-        self.workers: dict[str, _Worker] = {}
-        self.batches: dict[str, _Batch] = {}
+        self.workers: dict[str, Worker] = {}
+        self.batches: dict[str, Batch] = {}
         self.pending: collections.deque[int] = collections.deque()
         self.inflight: dict[int, set[str]] = {}
         self.final: set[int] = set()
@@ -211,12 +149,11 @@ class Controller:
         self.n_measured = 0
         self.entries: dict[int, Any] = {}  # tasks handed in memory (put), until final
         self.prepared: dict[int, Any] = {}  # their pickles (prepare), until final
-        self._pickling = threading.Lock()  # the function parts and cloudpickle's registry
         self.on_outcome: Any = None  # (index, ok, value or error description) -> None
         self.outcomes: list[tuple[int, bool, Any, int]] = []  # for on_outcome, after the turn
         self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
         self.recorder: Recorder | None = None
-        self.unflushed: set[_Worker] = set()  # workers with frames queued, not yet flushed
+        self.unflushed: set[Worker] = set()  # workers with frames queued, not yet flushed
         self._corked = False  # a put or a turn of the loop is on: its frames leave at its end
         self.to_record: list[Any] = []  # results for the recorder, handed over together
         self.first_to_record = 0.0
@@ -225,11 +162,7 @@ class Controller:
         self._last_refresh = 0.0
         self._last_queue = 0.0
         self.stats: collections.Counter[str] = collections.Counter()
-        self.common: tuple[str, list[Any]] | None = None
-        self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
-        self._job_data: Any = None
         self.standing_after = 0.0
-        self._by_value: list[Any] = []
         self._seq = 0
         self._stop = threading.Event()
         self._cancelled_job = False
@@ -307,18 +240,7 @@ class Controller:
         function (cached), its inputs now. A task placed alone is then sent without pickling
         anything in the loop, and the caller learns at once what cannot be pickled (this
         raises what pickling raises)."""
-        from .. import serial
-
-        fn, args, kwargs = entry
-        with self._pickling:
-            digest, fn_parts = self._fn_part(fn)
-            items = [(None, args, kwargs)]
-            data, oob = serial.dumps(items)
-            if len(oob) > _MAX_OOB:
-                import cloudpickle
-
-                data, oob = cloudpickle.dumps(items, protocol=5), []
-        return digest, fn_parts, data, oob
+        return self.encoder.prepare(entry)
 
     def _on_put(self, index: int, entry: Any, prepared: Any = None) -> None:
         self.entries[index] = entry
@@ -563,13 +485,13 @@ class Controller:
             listed.add(a.peer_id)
             w = self.workers.get(a.peer_id)
             if w is None:
-                w = self.workers[a.peer_id] = _Worker(a.peer_id, info)
+                w = self.workers[a.peer_id] = Worker(a.peer_id, info)
             else:
                 w.info = info
                 w.listed = True
             if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
                 w.unsuitable = ""  # its offer changed, or a while passed: ask again
-            if w.state in ("new", "closed") and self._connectable(w) and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
+            if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
                 self._connect(w, now)
         for w in list(self.workers.values()):
             if w.peer_id not in listed and w.listed:
@@ -578,43 +500,13 @@ class Controller:
         if not self.workers:
             group = self.settings.key.group if self.settings.key else "loopback-only"
             self.note = f"waiting for peers: none seen yet in group {group!r} (port {self.settings.discovery.port})"
-        elif self.pending and not any(self._usable(w) for w in self.workers.values()):
-            why = "; ".join(sorted({f"{w.host}: {self._why_not(w)}" for w in self.workers.values()}))
+        elif self.pending and not any(w.usable(self.settings) for w in self.workers.values()):
+            why = "; ".join(sorted({f"{w.host}: {w.why_not(self.settings)}" for w in self.workers.values()}))
             self.note = f"no peer can take these tasks now: {why}"[:1000]
         else:
             self.note = ""
 
-    def _connectable(self, w: _Worker) -> bool:
-        return not w.unsuitable and w.listed and w.info.announcement.state is not PeerState.ZOMBIE
-
-    def _why_not(self, w: _Worker) -> str:
-        """Why this job's tasks cannot go to ``w`` now ("" if they can)."""
-        from .units import format_duration, format_size
-
-        a = w.info.announcement
-        s = self.settings
-        if w.unsuitable:
-            return w.unsuitable
-        if not w.listed:
-            return "gone"
-        if a.state is PeerState.ZOMBIE:
-            return "stopping"
-        if a.slots < s.cores:
-            return f"{a.slots} core(s), the tasks need {s.cores}"
-        if s.time_s and a.time_s < s.time_s:
-            return f"offers {format_duration(a.time_s)}, the tasks need {format_duration(s.time_s)}"
-        if s.mem_bytes and a.mem_bytes < s.mem_bytes:
-            return f"offers {format_size(a.mem_bytes)} of memory, the tasks need {format_size(s.mem_bytes)}"
-        return ""
-
-    def _usable(self, w: _Worker) -> bool:
-        # _why_not without its messages: asked for every worker at every placement
-        a = w.info.announcement
-        s = self.settings
-        return not (w.unsuitable or not w.listed or a.state is PeerState.ZOMBIE or a.slots < s.cores
-                    or (s.time_s and a.time_s < s.time_s) or (s.mem_bytes and a.mem_bytes < s.mem_bytes))
-
-    def _connect(self, w: _Worker, now: float) -> None:
+    def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -627,7 +519,7 @@ class Controller:
         w.sock = sock
         self.sel.register(sock, selectors.EVENT_WRITE, ("connect", w))
 
-    def _on_connected(self, w: _Worker) -> None:
+    def _on_connected(self, w: Worker) -> None:
         sock = w.sock
         assert sock is not None
         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -643,7 +535,7 @@ class Controller:
         self.sel.modify(sock, selectors.EVENT_READ, ("worker", w))
         self._flush(w)
 
-    def _connect_failed(self, w: _Worker, why: str) -> None:
+    def _connect_failed(self, w: Worker, why: str) -> None:
         w.state = "closed"
         w.failures += 1
         w.since = time.monotonic()
@@ -651,7 +543,7 @@ class Controller:
         if w.failures >= 2 or w.batches:
             self._lose(w, f"its connection was refused ({why})")
 
-    def _on_readable(self, w: _Worker, mask: int) -> None:
+    def _on_readable(self, w: Worker, mask: int) -> None:
         if w.pump is None:
             return
         try:
@@ -667,7 +559,7 @@ class Controller:
         except (Closed, ProtocolError, OSError) as exc:
             self._disconnected(w, str(exc) or type(exc).__name__)
 
-    def _flush(self, w: _Worker) -> None:
+    def _flush(self, w: Worker) -> None:
         if w.pump is None or w.sock is None:
             return
         try:
@@ -680,7 +572,7 @@ class Controller:
             if self.sel.get_key(w.sock).events != events:
                 self.sel.modify(w.sock, events, ("worker", w))
 
-    def _send(self, w: _Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
+    def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
         if w.conn is None or w.state != "ready":
             return False
         try:
@@ -695,7 +587,7 @@ class Controller:
                 self._flush(w)
         return True
 
-    def _drop_connection(self, w: _Worker) -> None:
+    def _drop_connection(self, w: Worker) -> None:
         if w.pump is not None:
             self.stats["bytes_sent"] += w.pump.bytes_sent
             self.stats["bytes_received"] += w.pump.bytes_received
@@ -709,19 +601,19 @@ class Controller:
         w.state = "closed"
         w.since = time.monotonic()
 
-    def _disconnected(self, w: _Worker, why: str) -> None:
+    def _disconnected(self, w: Worker, why: str) -> None:
         """The connection broke: ASKs are void; running batches wait for a reconnect."""
         log.debug("connection to %s lost: %s", w.host, why)
         self._drop_connection(w)
         for b in list(w.batches.values()):
             if not b.sent:
                 self._unplace(b, requeue_front=True)
-        if w.listed and self._connectable(w):
+        if w.listed and w.connectable():
             self._connect(w, time.monotonic())  # results it keeps come again on the new one
         elif w.batches:
             self._lose(w, f"its connection broke ({why})")
 
-    def _lose(self, w: _Worker, why: str) -> None:
+    def _lose(self, w: Worker, why: str) -> None:
         """The worker is gone: its batches go elsewhere."""
         if w.batches:
             log.info("worker %s lost (%s): %d batch(es) placed again", w.host, why, len(w.batches))
@@ -732,7 +624,7 @@ class Controller:
             self.workers.pop(w.peer_id, None)
 
     # -- messages ------------------------------------------------------------------------
-    def _on_event(self, w: _Worker, event: Any) -> None:
+    def _on_event(self, w: Worker, event: Any) -> None:
         if isinstance(event, HandshakeComplete):
             self._on_handshake(w, event)
             return
@@ -752,7 +644,7 @@ class Controller:
         elif isinstance(msg, (Bye, Error)):
             self._disconnected(w, getattr(msg, "reason", "") or getattr(msg, "message", ""))
 
-    def _on_handshake(self, w: _Worker, event: HandshakeComplete) -> None:
+    def _on_handshake(self, w: Worker, event: HandshakeComplete) -> None:
         g = event.peer
         if g.peer_id != w.peer_id:  # another process at that address now: ours is gone
             self._lose(w, "it was restarted")
@@ -770,7 +662,7 @@ class Controller:
             w.wid = f"peer-{safe}-{w.peer_id[:8]}-{self.short}"
             self._write_worker_info(w)
 
-    def _write_worker_info(self, w: _Worker) -> None:
+    def _write_worker_info(self, w: Worker) -> None:
         from ..store import write_json
 
         info = {"host": w.host, "pid": w.pid, "peer_id": w.peer_id, "user": w.info.announcement.user,
@@ -778,7 +670,7 @@ class Controller:
         with contextlib.suppress(OSError):
             write_json(self.store.path / "workers" / f"{w.wid}.json", info, fsync=False)
 
-    def _on_accept(self, w: _Worker, bid: str) -> None:
+    def _on_accept(self, w: Worker, bid: str) -> None:
         b = self.batches.get(bid)
         if b is None or b.worker is not w or b.withdrawn:
             self._send(w, Cancel(bid))
@@ -797,7 +689,7 @@ class Controller:
         b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
         self._send_task(w, b)
 
-    def _fill_standing(self, b: _Batch, *, send: bool = True) -> None:
+    def _fill_standing(self, b: Batch, *, send: bool = True) -> None:
         """Give a standing batch the pending tasks (as many as one batch takes); send them
         if it was admitted already."""
         if len(self.pending) == 1:  # an Executor's task, one at a time: no batch to size
@@ -805,7 +697,8 @@ class Controller:
         else:
             total = sum(max(1, x.info.announcement.slots // self.settings.cores)
                         for x in self.workers.values() if x.state == "ready")  # fmt: skip
-            k = self._batch_size(b.worker, max(1, total))
+            k = batch_size(self.settings, b.worker, max(1, total), len(self.pending), self.mean_s,
+                           self.n_measured)
         while self.pending and len(b.indices) < k:
             i = self.pending.popleft()
             if i in self.final or i in self.cancelled:
@@ -819,7 +712,7 @@ class Controller:
         elif send:
             self._send_task(b.worker, b)
 
-    def _send_task(self, w: _Worker, b: _Batch) -> None:
+    def _send_task(self, w: Worker, b: Batch) -> None:
         """Send the TASK of an admitted batch."""
         bid = b.bid
         try:
@@ -844,7 +737,7 @@ class Controller:
             for i in b.indices:
                 self.running_view[i] = (w.wid, b.sent_wall)
 
-    def _on_refuse(self, w: _Worker, msg: Refuse) -> None:
+    def _on_refuse(self, w: Worker, msg: Refuse) -> None:
         b = self.batches.get(msg.task_id)
         if b is None:
             return
@@ -860,7 +753,7 @@ class Controller:
         else:
             w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
 
-    def _on_result(self, w: _Worker, msg: Result, buffers: tuple[Any, ...]) -> None:
+    def _on_result(self, w: Worker, msg: Result, buffers: tuple[Any, ...]) -> None:
         info = msg.info
         pid = int(info.get("pid") or 0)
         if pid and pid != w.pid:
@@ -882,7 +775,7 @@ class Controller:
                         self.pending.appendleft(i)
                     self.attempts.setdefault(i, a)
 
-    def _store_items(self, w: _Worker, bid: str, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
+    def _store_items(self, w: Worker, bid: str, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
         """Hand a RESULT's outcomes to the Executor (if any) and to the recorder, which
         writes them to the job folder; the worker is acknowledged once they are durable."""
         pickles = memoryview(buffers[0]).cast("B")
@@ -961,7 +854,7 @@ class Controller:
             except Exception:
                 log.exception("the Executor's result callback failed")
 
-    def _write_lost(self, w: _Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
+    def _write_lost(self, w: Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
                     t0: float, t1: float) -> None:  # fmt: skip
         from ..records import Kind, make_record
 
@@ -1021,7 +914,7 @@ class Controller:
         if not self.pending:
             self._stand(now)
             return
-        ready = [w for w in self.workers.values() if w.state == "ready" and self._usable(w)]
+        ready = [w for w in self.workers.values() if w.state == "ready" and w.usable(self.settings)]
         if not ready:
             return
         s = self.settings
@@ -1030,24 +923,13 @@ class Controller:
         # queueing behind a busy slot would be a loss if a free worker appears a moment later.
         depth = 1 if any(w.state in ("connecting", "handshake") for w in self.workers.values()) else 2
         while self.pending:
-            best, best_key = None, None
-            for w in ready:
-                a = w.info.announcement
-                slots = max(1, a.slots // s.cores)
-                if len(w.batches) >= depth * slots or w.busy_until > now:
-                    continue
-                running_here = sum(1 for b in w.batches.values() if b.sent)
-                idle = a.slots_free >= s.cores or (running_here < slots and a.state is PeerState.IDLE)
-                local = s.prefer_local and w.info.connect_address[0] in self.local_addresses
-                fit = (a.mem_bytes - s.mem_bytes) if s.mem_bytes else 0
-                key = (0 if idle else 1, 0 if local else 1, len(w.batches) / slots, fit)
-                if best_key is None or key < best_key:
-                    best, best_key = w, key
+            best = choose_worker(ready, s, self.local_addresses, depth, now)
             if best is None:
                 return
-            self._ask(best, self._batch_size(best, total_slots), now)
+            k = batch_size(s, best, total_slots, len(self.pending), self.mean_s, self.n_measured)
+            self._ask(best, k, now)
 
-    def _fold_standing(self, w: _Worker) -> _Standing | None:
+    def _fold_standing(self, w: Worker) -> Standing | None:
         """For a TASK about to go to ``w``: the standing ASK :meth:`_stand` would send next,
         made now to ride inside the TASK, if ``w`` takes folded frames and would be chosen
         anyway (short tasks, nothing else pending or standing). Its ACCEPT then comes back
@@ -1067,18 +949,18 @@ class Controller:
             return None
         return self._new_standing(w, now)
 
-    def _new_standing(self, w: _Worker, now: float) -> _Standing:
+    def _new_standing(self, w: Worker, now: float) -> Standing:
         s = self.settings
         self._seq += 1
-        b = _Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
+        b = Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
         self.batches[b.bid] = b
         w.batches[b.bid] = b
-        return _Standing(b, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores))
+        return Standing(b, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores))
 
     def _stand(self, now: float) -> None:
         """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
         the next task skips a round trip. The worker lets another controller have the slot
-        if this admission is not used within moments (``daemon._STALE_RESERVATION_S``)."""
+        if this admission is not used within moments (``admission._STALE_RESERVATION_S``)."""
         if not self.stream or self.closed or now < self.standing_after:
             return
         if any(b.standing for b in self.batches.values()):
@@ -1089,35 +971,14 @@ class Controller:
         # other worker is woken for it (with ``fold`` that ASK rode inside the TASK, see
         # _fold_standing). Longer tasks: ask an idle worker.
         short = self.n_measured > 0 and self.mean_s < _SHORT_S
-        best = None
-        for w in self.workers.values():
-            if w.state != "ready" or not self._usable(w) or w.busy_until > now:
-                continue
-            slots = max(1, w.info.announcement.slots // s.cores)
-            if len(w.batches) >= (2 * slots if short else slots):
-                continue
-            local = w.info.connect_address[0] in self.local_addresses
-            key = (0 if local else 1, -len(w.batches) if short else len(w.batches))
-            if best is None or key < best[0]:
-                best = (key, w)
+        best = choose_standing(self.workers.values(), s, self.local_addresses, short, now)
         if best is None:
             return
-        nxt = self._new_standing(best[1], now)
-        if not self._send(best[1], nxt.ask):
+        nxt = self._new_standing(best, now)
+        if not self._send(best, nxt.ask):
             self._forget(nxt.batch)
 
-    def _batch_size(self, w: _Worker, total_slots: int) -> int:
-        if self.n_measured == 0:
-            k = 1
-        else:
-            k = int(self.settings.batch_target_s / max(self.mean_s, 1e-6))
-        k = min(k, max(1, math.ceil(len(self.pending) / (2 * total_slots))), _MAX_BATCH)
-        offer = w.info.announcement.time_s
-        if self.settings.time_s > 0 and offer != math.inf:
-            k = min(k, max(1, int(offer / self.settings.time_s)))
-        return max(1, k)
-
-    def _ask(self, w: _Worker, k: int, now: float) -> None:
+    def _ask(self, w: Worker, k: int, now: float) -> None:
         indices: list[int] = []
         while self.pending and len(indices) < k:
             i = self.pending.popleft()
@@ -1128,7 +989,7 @@ class Controller:
             return
         self._seq += 1
         bid = f"{self.short}-{self._seq}"
-        b = _Batch(bid, w, indices, [self.attempts.get(i, 0) for i in indices], now)
+        b = Batch(bid, w, indices, [self.attempts.get(i, 0) for i in indices], now)
         s = self.settings
         ask = Ask(bid, mem_bytes=s.mem_bytes, time_s=s.time_s * len(indices), cores=s.cores)
         self.batches[bid] = b
@@ -1139,105 +1000,14 @@ class Controller:
             self._unplace(b, requeue_front=True)
         self.stats["asks"] += 1
 
-    def _encode(self, w: _Worker, b: _Batch) -> tuple[dict[str, Any], list[Any]]:
-        """The TASK of a batch: pickled entries, plus, once per connection, the function
-        part they use (the job's function and job data; or the function of tasks added one
-        by one, when a batch shares it: an Executor's tasks then pickle only their inputs)."""
+    def _encode(self, w: Worker, b: Batch) -> tuple[dict[str, Any], list[Any]]:
+        """The TASK of a batch (see :meth:`TaskEncoder.encode`)."""
         prepared = self.prepared.get(b.indices[0]) if len(b.indices) == 1 else None
-        if prepared is not None:  # pickled by the caller of put
-            digest, fn_parts, data, oob = prepared
-        else:
-            with self._pickling:
-                digest, fn_parts, data, oob = self._pickle_batch(b.indices)
-        buffers: list[Any] = [data, *oob]
-        info: dict[str, Any] = {
-            "job": self.job_info, "diary": self.settings.diary, "items": [[i, a] for i, a in zip(b.indices, b.attempts)],
-            "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.settings.time_s,
-        }  # fmt: skip
-        if digest not in w.sent_fns:
-            buffers += fn_parts
-            info["nfn"] = len(fn_parts)
-            w.sent_fns.add(digest)
+        info, buffers = self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns)
         self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
         return info, buffers
 
-    def _pickle_batch(self, indices: list[int]) -> tuple[str, list[Any], bytes, list[Any]]:
-        """The function part and the pickled entries of a batch's tasks."""
-        from .. import serial
-
-        entries = [self._entry(i) for i in indices]
-        own = {id(e[0]) for e in entries}
-        if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
-            digest, fn_parts = self._fn_part(entries[0][0])
-            entries = [(None, args, kwargs) for _, args, kwargs in entries]
-        else:
-            digest, fn_parts = self._common()
-            for fn, _, _ in entries:
-                if fn is not None:
-                    self._register_by_value(fn)
-        data, oob = serial.dumps(entries)
-        if len(oob) > _MAX_OOB:
-            import cloudpickle
-
-            data, oob = cloudpickle.dumps(entries, protocol=5), []
-        return digest, fn_parts, data, oob
-
-    def _entry(self, index: int) -> Any:
-        entry = self.entries.get(index)
-        return entry if entry is not None else self.payload.task(index)
-
-    def _common(self) -> tuple[str, list[Any]]:
-        """The function part of the job's own function and job data."""
-        if self.common is None:
-            fn, job_data = self.payload.common()
-            self._job_data = job_data
-            self.common = self._pickle_part(fn, job_data)
-        return self.common
-
-    def _fn_part(self, fn: Any) -> tuple[str, list[Any]]:
-        """The function part of a task's own function (with the job data), pickled once."""
-        cached = self.fn_parts.get(id(fn))
-        if cached is not None and cached[0] is fn:
-            return cached[1]
-        self._common()
-        part = self._pickle_part(fn, self._job_data)
-        self.fn_parts[id(fn)] = (fn, part)  # keeps fn alive: its id cannot be reused meanwhile
-        if len(self.fn_parts) > 256:
-            self.fn_parts.pop(next(iter(self.fn_parts)))
-        return part
-
-    def _pickle_part(self, fn: Any, job_data: Any) -> tuple[str, list[Any]]:
-        from .. import serial
-
-        if fn is not None:
-            self._register_by_value(fn)
-        data, oob = serial.dumps((fn, job_data))
-        h = hashlib.sha256(data)
-        for v in oob:
-            h.update(v)
-        return h.hexdigest()[:32], [data, *oob]
-
-    def _register_by_value(self, fn: Any) -> None:
-        """Send the user's own modules' code with the task (the worker may not have it)."""
-        import sys
-
-        import cloudpickle
-
-        from .. import serial
-
-        name = getattr(fn, "__module__", None)
-        if not isinstance(name, str) or name not in sys.modules:
-            return
-        module = sys.modules[name]
-        if module in self._by_value or not serial.needs_by_value(name, shared_fs=False):
-            return
-        try:
-            cloudpickle.register_pickle_by_value(module)
-            self._by_value.append(module)
-        except ValueError:
-            pass  # already registered (by the user)
-
-    def _unplace(self, b: _Batch, *, requeue_front: bool, resubmit: bool = False) -> None:
+    def _unplace(self, b: Batch, *, requeue_front: bool, resubmit: bool = False) -> None:
         """Take a batch back from its worker; its unfinished tasks wait to be placed again."""
         self._forget(b)
         back = []
@@ -1257,7 +1027,7 @@ class Controller:
                 else:
                     self.pending.append(i)
 
-    def _write_gone(self, index: int, w: _Worker) -> None:
+    def _write_gone(self, index: int, w: Worker) -> None:
         from ..records import Kind, make_record
 
         with self.store.locked_queue() as q:
@@ -1268,7 +1038,7 @@ class Controller:
         self._finalise(index)
         self.store.notify()
 
-    def _forget(self, b: _Batch) -> None:
+    def _forget(self, b: Batch) -> None:
         self.batches.pop(b.bid, None)
         b.worker.batches.pop(b.bid, None)
         with self.lock:
@@ -1280,7 +1050,7 @@ class Controller:
                         del self.inflight[i]
                         self.running_view.pop(i, None)
 
-    def _withdraw(self, b: _Batch) -> None:
+    def _withdraw(self, b: Batch) -> None:
         """Take a batch's tasks back (they are done elsewhere, cancelled, or go elsewhere).
 
         A batch already sent (or admitted) is cancelled at its worker. An ASK still
@@ -1301,7 +1071,7 @@ class Controller:
     # -- timers -------------------------------------------------------------------------
     def _timers(self, now: float) -> None:
         s = self.settings
-        spare = any(w.state == "ready" and self._usable(w) and not w.batches for w in self.workers.values())
+        spare = any(w.state == "ready" and w.usable(self.settings) and not w.batches for w in self.workers.values())
         for b in list(self.batches.values()):
             w = b.worker
             if b.standing:
@@ -1352,7 +1122,7 @@ class Controller:
                 acks, buffers = self.durable.get_nowait()
             except queue.Empty:
                 return
-            by_worker: dict[_Worker, list[str]] = {}
+            by_worker: dict[Worker, list[str]] = {}
             for w, bid in acks:
                 by_worker.setdefault(w, []).append(bid)
             for w, bids in by_worker.items():
@@ -1389,14 +1159,7 @@ class Controller:
             self.listener.stop()
         if self._watch is not None and self._watch is not threading.current_thread():
             self._watch.join(2.0)
-        import cloudpickle
-
-        with self._pickling:  # a put's prepare may pickle in another thread meanwhile
-            for module in self._by_value:
-                with contextlib.suppress(ValueError):
-                    cloudpickle.unregister_pickle_by_value(module)
-            self._by_value.clear()
-            self.payload.close()
+        self.encoder.close()
         with self.lock:
             self.running_view.clear()
         for s in (self._wake_r, self._wake_w):
@@ -1404,13 +1167,3 @@ class Controller:
                 s.close()
         self.sel.close()
 
-
-def local_addresses() -> frozenset[str]:
-    """This machine's IPv4 addresses (a worker at one of them is local)."""
-    import psutil
-
-    out = {"127.0.0.1"}
-    with contextlib.suppress(Exception):
-        for addrs in psutil.net_if_addrs().values():
-            out.update(a.address for a in addrs if a.family == socket.AF_INET)
-    return frozenset(out)

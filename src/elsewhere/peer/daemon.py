@@ -2,11 +2,11 @@
 
 One process offers this machine's slots to the group. Who talks to whom::
 
-    controllers ==TCP==> [listening socket] --accept--> _Peer (Connection + pump)
+    controllers ==TCP==> [listening socket] --accept--> Peer (Connection + pump)
                                                           |  ASK   -> refuse at once (reason), or hold
                                                           |  held ASKs -> ACCEPT when a slot frees,
                                                           |               fairest controller first
-                                                          |  TASK  -> _Run on a child process
+                                                          |  TASK  -> Run on a child process
                                                           |  ACK   -> forget the result
     announcer thread  <-- state changes (coalesced)       |
     listener thread   --> a new controller appears: announce at once
@@ -23,59 +23,66 @@ controller that reconnects (same peer id) gets every unacknowledged result
 again. Ctrl-C or SIGTERM drains: no new work is admitted, running batches
 finish and are delivered; a second Ctrl-C hands the running batches back
 (their tasks go back to their controllers to run elsewhere) and exits.
+
+What it is told to offer is a :class:`~.options.WorkerOptions`; the connections
+and the ASKs held or admitted are kept in :mod:`.admission`, the batches and
+their RESULTs in :mod:`.runs`, the children in :mod:`.children`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import getpass
 import json
 import logging
 import math
-import mmap
 import os
 import selectors
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import PeerError, ProtocolError
-from .access import AccessRules, same_user
+from .access import same_user
+from .admission import Admission, Peer
 from .announce import Announcement, PeerState, new_peer_id
 from .child import Outcome
-from .children import ChildProcess, describe_exit, error_value, read_capture, tree_rss
-from .discovery import Announcer, DiscoveryConfig, Listener
-from .fairshare import FairShare, Waiting
-from .keys import LOOPBACK_HOST, GroupKey
-from .stream import Closed, ConnectionPump, SharedBuffers
-from .wire import (
+from .children import ChildProcess, describe_exit, read_capture, tree_rss
+from .discovery import Announcer, Listener
+from .fairshare import FairShare
+from .keys import LOOPBACK_HOST
+from .messages import (
     MAX_ACKS,
     Accept,
     Ack,
     Ask,
     Bye,
     Cancel,
-    Connection,
     Error,
-    HandshakeComplete,
     Identity,
     Ping,
     Pong,
-    Received,
     Refuse,
     RefuseReason,
     Result,
-    Role,
     Task,
 )
+from .options import WorkerOptions, machine_memory
+from .runs import (
+    Done,
+    Run,
+    build_result,
+    build_run_message,
+    fill_unfinished,
+    take_results,
+)
+from .stream import Closed, SharedBuffers
+from .wire import Connection, HandshakeComplete, Received, Role
 
-__all__ = ["PeerWorker", "WorkerOptions", "machine_memory"]
+__all__ = ["PeerWorker"]
 
 log = logging.getLogger(__name__)
 
@@ -85,133 +92,6 @@ _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements
 _MEM_CHECK_S = 0.25
 _ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
 _TICK_S = 0.1
-_STALE_RESERVATION_S = 0.05
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-
-
-def machine_memory() -> int:
-    """Total memory of this machine, in bytes."""
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def _machine_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """What a worker offers, to whom, and for how long.
-
-    ``key`` None is loopback-only mode (127.0.0.1, same user only). Times are
-    seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
-    ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
-    time without work before it exits; ``maxnum`` the tasks it runs.
-    """
-
-    key: GroupKey | None = None
-    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
-    bind: str | None = None
-    port: int = 0
-    slots: int = field(default_factory=_machine_cores)
-    memavail: int | None = None
-    timavail: float = math.inf
-    maxtime: float = math.inf
-    maxidle: float = math.inf
-    maxnum: int | None = None
-    access: AccessRules = field(default_factory=AccessRules)
-    fair_share: bool = True
-    half_life_s: float = 60.0
-    hold_s: float = 5.0
-    keep_results_s: float = 600.0
-    listen_for_controllers: bool = True
-    python: str = sys.executable
-    host: str = field(default_factory=socket.gethostname)
-    user: str = field(default_factory=getpass.getuser)
-    stats_file: str | None = None
-
-    def __post_init__(self) -> None:
-        from ..errors import ConfigError
-
-        if not isinstance(self.slots, int) or self.slots < 1:
-            raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")
-        for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if self.maxnum is not None and self.maxnum < 1:
-            raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
-        if self.key is None and self.bind not in (None, LOOPBACK_HOST):
-            raise ConfigError(f"without a group key a worker listens on {LOOPBACK_HOST} only")
-
-    def bind_address(self) -> str:
-        """The TCP address to listen on."""
-        if self.key is None:
-            return LOOPBACK_HOST
-        return self.bind or self.discovery.interface or "0.0.0.0"
-
-
-# ---------------------------------------------------------------- state records
-
-
-class _Peer:
-    """One connection from a controller."""
-
-    def __init__(self, sock: socket.socket, address: str) -> None:
-        self.sock = sock
-        self.address = address
-        self.opened = time.monotonic()
-        self.controller = ""  # its peer id, once the handshake is done
-        self.user = ""
-        self.host = ""
-        self.refusal: str | None = None
-        self.fns: dict[str, tuple[Any, ...]] = {}  # digest -> raw buffers of (fn, job_data)
-        self.closed = False
-        self.events = selectors.EVENT_READ  # what the selector watches for now
-
-    def connect(self, conn: Connection) -> None:
-        """Attach the protocol state (made once the peer exists: it owns what it receives)."""
-        self.conn = conn
-        self.pump = ConnectionPump(self.sock, conn)
-
-
-@dataclass
-class _Held:
-    peer: _Peer
-    ask: Ask
-    arrival: float
-    passed_over: bool = False
-
-
-@dataclass
-class _Run:
-    """A batch of tasks admitted from one controller, queued for or running on a child."""
-
-    seq: int
-    controller: str
-    task_id: str
-    ask: Ask
-    info: dict[str, Any]
-    buffers: tuple[Any, ...] = ()
-    fn_buffers: tuple[Any, ...] = ()
-    started: float = 0.0
-    child: ChildProcess | None = None
-    outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
-    groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
-    kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
-    accepted: float = 0.0
-    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
-
-
-@dataclass
-class _Done:
-    info: dict[str, Any]
-    buffers: list[Any]
-    finished: float
-    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- the daemon
@@ -230,16 +110,15 @@ class PeerWorker:
         total = machine_memory()  # once: reading it costs ~100 us, and it does not change
         self.mem_total = min(total, options.memavail) if options.memavail is not None else total
         self.sel = selectors.DefaultSelector()
-        self.peers: set[_Peer] = set()
-        self.by_controller: dict[str, _Peer] = {}
-        self.held: list[_Held] = []
-        self._corked: set[_Peer] | None = None  # peers whose frames wait to leave together
-        self._folding: tuple[_Peer, list[str]] | None = None  # ACCEPTs for the RESULT being made
-        self.reserved: dict[tuple[int, str], _Run] = {}  # (id(peer), task_id) -> accepted run
-        self.queued: collections.deque[_Run] = collections.deque()  # TASK received, no child free
-        self.running: dict[int, _Run] = {}  # seq -> run on a child
+        self.peers: set[Peer] = set()
+        self.by_controller: dict[str, Peer] = {}
+        self._corked: set[Peer] | None = None  # peers whose frames wait to leave together
+        self._folding: tuple[Peer, list[str]] | None = None  # ACCEPTs for the RESULT being made
+        self.admission = Admission(self.fair)  # held ASKs, and admissions until their TASK
+        self.queued: collections.deque[Run] = collections.deque()  # TASK received, no child free
+        self.running: dict[int, Run] = {}  # seq -> run on a child
         self.children: list[ChildProcess] = []
-        self.unacked: dict[str, dict[str, _Done]] = {}
+        self.unacked: dict[str, dict[str, Done]] = {}
         self.gone_since: dict[str, float] = {}
         self.stats: collections.Counter[str] = collections.Counter()
         self.started = time.monotonic()
@@ -388,7 +267,7 @@ class PeerWorker:
     def _finished(self, now: float) -> bool:
         if self.draining is None:
             return False
-        if self.running or self.queued or self.reserved:
+        if self.running or self.queued or self.admission.reserved:
             return False
         if not self.unacked:
             return True
@@ -400,9 +279,9 @@ class PeerWorker:
         if self.draining is None:
             log.info("draining: %s", why)
         self.draining = why
-        for h in self.held:
+        for h in self.admission.held:
             self._refuse(h.peer, h.ask, RefuseReason.DRAINING, "the worker is stopping")
-        self.held.clear()
+        self.admission.held.clear()
         self._announce_due = True
 
     # -- connections ------------------------------------------------------------------
@@ -426,13 +305,13 @@ class PeerWorker:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = _Peer(sock, addr[0])
+            peer = Peer(sock, addr[0])
             peer.connect(Connection(Role.RESPONDER, self.key, self.identity,
                                     allocate=self.pool.allocator(peer)))  # fmt: skip
             self.peers.add(peer)
             self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))
 
-    def _on_peer(self, peer: _Peer, mask: int) -> None:
+    def _on_peer(self, peer: Peer, mask: int) -> None:
         if peer.closed:
             return
         try:
@@ -455,7 +334,7 @@ class PeerWorker:
         except OSError as exc:
             self._close(peer, str(exc))
 
-    def _flush(self, peer: _Peer) -> None:
+    def _flush(self, peer: Peer) -> None:
         if peer.closed:
             return
         try:
@@ -469,7 +348,7 @@ class PeerWorker:
                 self.sel.modify(peer.sock, events, ("peer", peer))
             peer.events = events
 
-    def _close(self, peer: _Peer, why: str) -> None:
+    def _close(self, peer: Peer, why: str) -> None:
         if peer.closed:
             return
         peer.closed = True
@@ -483,14 +362,12 @@ class PeerWorker:
         if peer.controller and self.by_controller.get(peer.controller) is peer:
             del self.by_controller[peer.controller]
             self.gone_since[peer.controller] = time.monotonic()
-        self.held = [h for h in self.held if h.peer is not peer]
-        for key in [k for k in self.reserved if k[0] == id(peer)]:
-            del self.reserved[key]
+        self.admission.forget(peer)
         self.pool.reclaim(peer)  # buffers of a frame that never became a task
         self._announce_due = True
         self._admit()
 
-    def _send(self, peer: _Peer, message: Any, buffers: Any = ()) -> None:
+    def _send(self, peer: Peer, message: Any, buffers: Any = ()) -> None:
         if peer.closed:
             return
         try:
@@ -503,12 +380,12 @@ class PeerWorker:
         else:
             self._flush(peer)
 
-    def _refuse(self, peer: _Peer, ask: Ask, reason: RefuseReason, detail: str) -> None:
+    def _refuse(self, peer: Peer, ask: Ask, reason: RefuseReason, detail: str) -> None:
         self.stats[f"refused_{reason.name.lower()}"] += 1
         self._send(peer, Refuse(ask.task_id, reason, detail[:1000]))
 
     # -- messages ----------------------------------------------------------------------
-    def _on_event(self, peer: _Peer, event: Any) -> None:
+    def _on_event(self, peer: Peer, event: Any) -> None:
         if isinstance(event, HandshakeComplete):
             self._on_handshake(peer, event)
             return
@@ -536,7 +413,7 @@ class PeerWorker:
         elif isinstance(msg, (Bye, Error)):
             self._close(peer, "")
 
-    def _on_handshake(self, peer: _Peer, event: HandshakeComplete) -> None:
+    def _on_handshake(self, peer: Peer, event: HandshakeComplete) -> None:
         self.stats["handshakes"] += 1
         g = event.peer
         peer.controller, peer.user, peer.host = g.peer_id, g.user, g.host
@@ -551,7 +428,7 @@ class PeerWorker:
         for task_id, done in list(self.unacked.get(g.peer_id, {}).items()):
             self._send(peer, Result(task_id, done.info), done.buffers)
 
-    def _on_ask(self, peer: _Peer, ask: Ask) -> None:
+    def _on_ask(self, peer: Peer, ask: Ask) -> None:
         self.stats["asks"] += 1
         opts = self.options
         if peer.refusal is not None:
@@ -568,10 +445,10 @@ class PeerWorker:
             self._refuse(peer, ask, RefuseReason.TIME,
                          f"the task needs {ask.time_s:.0f} s; this worker offers "
                          f"{self._time_offer(time.monotonic()):.0f} s")  # fmt: skip
-        elif sum(1 for h in self.held if h.peer is peer) >= 2 * opts.slots + 2:
+        elif self.admission.waiting(peer) >= 2 * opts.slots + 2:
             self._refuse(peer, ask, RefuseReason.BUSY, "too many requests waiting here")
         else:
-            self.held.append(_Held(peer, ask, time.monotonic()))
+            self.admission.hold(peer, ask, time.monotonic())
             self._admit()
 
     def _admit(self) -> None:
@@ -579,23 +456,15 @@ class PeerWorker:
         if self.draining is not None:
             return
         now = time.monotonic()
-        while self.held:
+        while self.admission.held:
             free_slots, free_mem = self._free(now)
-            fits = [h for h in self.held if h.ask.cores <= free_slots and h.ask.mem_bytes <= free_mem]
-            if not fits:
+            chosen = self.admission.choose(free_slots, free_mem, now)
+            if chosen is None:
                 return
-            if len(fits) == 1:
-                chosen = fits[0]
-            else:
-                chosen = fits[self.fair.pick([Waiting(h.peer.controller, h.arrival) for h in fits], now)]
-            self.held.remove(chosen)
-            for h in self.held:
-                if h.peer.controller != chosen.peer.controller:
-                    h.passed_over = True
             self._seq += 1
-            run = _Run(self._seq, chosen.peer.controller, chosen.ask.task_id, chosen.ask, {},
+            run = Run(self._seq, chosen.peer.controller, chosen.ask.task_id, chosen.ask, {},
                        accepted=now)  # fmt: skip
-            self.reserved[(id(chosen.peer), chosen.ask.task_id)] = run
+            self.admission.reserve(chosen.peer, chosen.ask.task_id, run)
             self.stats["accepted"] += 1
             self._announce_due = True
             folding = self._folding
@@ -604,11 +473,11 @@ class PeerWorker:
             else:
                 self._send(chosen.peer, Accept(chosen.ask.task_id))
 
-    def _on_task(self, peer: _Peer, msg: Task, buffers: tuple[Any, ...]) -> None:
-        run = self.reserved.pop((id(peer), msg.task_id), None)
+    def _on_task(self, peer: Peer, msg: Task, buffers: tuple[Any, ...]) -> None:
+        run = self.admission.take(peer, msg.task_id)
         if run is None:  # accepted earlier, then withdrawn by us (connection replaced)
             self._seq += 1
-            run = _Run(self._seq, peer.controller, msg.task_id, Ask(msg.task_id), {})
+            run = Run(self._seq, peer.controller, msg.task_id, Ask(msg.task_id), {})
         info = msg.info
         try:
             ntask = int(info["ntask"])
@@ -641,9 +510,8 @@ class PeerWorker:
         self.queued.append(run)
         self._dispatch()
 
-    def _on_cancel(self, peer: _Peer, task_id: str) -> None:
-        self.held = [h for h in self.held if not (h.peer is peer and h.ask.task_id == task_id)]
-        if self.reserved.pop((id(peer), task_id), None) is not None:
+    def _on_cancel(self, peer: Peer, task_id: str) -> None:
+        if self.admission.withdraw(peer, task_id):
             self._announce_due = True
             self._admit()
             return
@@ -695,23 +563,10 @@ class PeerWorker:
         if not spare and len(self.children) < self.options.slots:
             self._spawn_child()  # keep one warm for the next batch
 
-    def _start(self, run: _Run, child: ChildProcess) -> None:
+    def _start(self, run: Run, child: ChildProcess) -> None:
         now = time.monotonic()
-        body: list[Any] = []
-        fds: list[int] = []
-        parts: list[list[int]] = []
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
-        for buf in run.buffers + (run.fn_buffers if send_fn else ()):
-            fd = self.pool.fd_of(buf)
-            if fd >= 0 and len(fds) < 250:
-                fds.append(fd)
-                parts.append([len(buf), 1])
-            else:
-                body.append(buf)
-                parts.append([len(buf), 0])
-        header = {"op": "run", "batch": str(run.seq), "job": run.info["job"],
-                  "diary": run.info["diary"], "items": run.info["items"], "fn": run.info["fn"],
-                  "ntask": len(run.buffers), "parts": parts}  # fmt: skip
+        header, body, fds = build_run_message(run, send_fn, self.pool.fd_of)
         child.send(header, body, fds)
         if send_fn:
             child.fns.add(run.info["fn"])
@@ -763,49 +618,10 @@ class PeerWorker:
 
     def _on_results(self, child: ChildProcess, header: dict[str, Any], body: memoryview,
                     fds: list[int]) -> None:  # fmt: skip
-        """A group of outcomes from a child: one pickled list of values, then the logs."""
+        """A group of outcomes from a child (see :func:`~.runs.take_results`); the last
+        one ends its run."""
         run = child.run
-        pos = 0
-        group_no = -1
-        group = header.get("group")
-        fd_iter = iter(fds)
-        if group is not None:
-            plen, parts = group
-            pickled = body[pos : pos + plen]
-            pos += plen
-            oob: list[Any] = []
-            for part in parts:
-                length, where = int(part[0]), int(part[1])
-                if where == 0:
-                    oob.append(body[pos : pos + length])
-                    pos += length
-                    continue
-                fd = next(fd_iter)
-                try:
-                    if len(part) > 3:  # the child's warm memfd: mapped once, released after ACK
-                        lid, capacity = int(part[2]), int(part[3])
-                        mm = child.lease_map(lid, capacity, fd)
-                        if run is not None:
-                            run.leases.append((child, lid))
-                    else:
-                        mm = mmap.mmap(fd, max(length, 1), flags=mmap.MAP_SHARED | _POPULATE,
-                                       prot=mmap.PROT_READ)  # fmt: skip
-                finally:
-                    os.close(fd)
-                oob.append(memoryview(mm)[:length])
-            if run is not None:
-                run.groups.append((pickled, oob))
-                group_no = len(run.groups) - 1
-        for item in header.get("items", []):
-            index, attempt, status, item_no, t0, t1, rss, log_len = item
-            logged = body[pos : pos + log_len]
-            pos += log_len
-            if run is not None:
-                run.outcomes[int(index)] = (
-                    [index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged,
-                )  # fmt: skip
-        for fd in fd_iter:
-            os.close(fd)
+        take_results(child, header, body, fds)
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
             child.run = None
@@ -829,7 +645,7 @@ class PeerWorker:
             tail = b""
             if culprit is not Outcome.REQUEUE:
                 tail = read_capture(child.capture_fd, log_off)
-            self._fill_unfinished(run, idx, culprit, why, tail, since, child.pid)
+            fill_unfinished(run, idx, culprit, why, tail, since, child.pid, self.options.host)
             self._complete(run)
         with contextlib.suppress(OSError):
             os.close(child.capture_fd)
@@ -837,32 +653,12 @@ class PeerWorker:
             self._spawn_child()
         self._dispatch()
 
-    def _fill_unfinished(self, run: _Run, culprit_index: int, culprit: Outcome | None, why: str,
-                         tail: bytes, since: float, pid: int) -> None:  # fmt: skip
-        """Outcomes for the tasks of ``run`` that did not report one."""
-        job = run.info.get("job", {})
-        seed0 = int(job.get("seed") or 0)
-        host = self.options.host
-        for index, attempt in run.info.get("items", []):
-            if index in run.outcomes:
-                continue
-            t = since or time.time()
-            if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
-                kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
-                msg = f"task {index} {why}" if culprit is Outcome.LOST else why
-                run.groups.append((error_value(kind, msg, host, index, seed0 + index, pid), []))
-                row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
-                run.outcomes[index] = (row, tail)
-            else:
-                row = [index, attempt, int(Outcome.REQUEUE), -1, -1, t, t, 0, 0]
-                run.outcomes[index] = (row, b"")
-
     def _retire(self, child: ChildProcess) -> None:
         child.send({"op": "exit"}, [], [])
         self._flush_child(child)
         child.kill()
 
-    def _kill_run(self, run: _Run, outcome: Outcome | None, why: str) -> None:
+    def _kill_run(self, run: Run, outcome: Outcome | None, why: str) -> None:
         """Stop a running batch by killing its child (replaced at once)."""
         if run.child is None or run.kill is not None:
             return
@@ -871,7 +667,7 @@ class PeerWorker:
             run.info["cancelled"] = True
         run.child.kill()
 
-    def _complete(self, run: _Run) -> None:
+    def _complete(self, run: Run) -> None:
         """A batch ended: deliver its RESULT (kept until acknowledged); free its slot."""
         now = time.monotonic()
         self.running.pop(run.seq, None)
@@ -884,15 +680,8 @@ class PeerWorker:
         if run.info.get("cancelled"):
             self._after_batch()
             return
-        order = [i for i, _ in run.info.get("items", [])]
-        rows = [run.outcomes[i] for i in order if i in run.outcomes]
-        info = {"items": [r[0] for r in rows], "groups": [[len(g[0]), len(g[1])] for g in run.groups],
-                "host": self.options.host, "pid": run.child.pid if run.child else 0,
-                "seconds": charged}  # fmt: skip
-        buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
-        for g in run.groups:
-            buffers.extend(g[1])
-        self.unacked.setdefault(run.controller, {})[run.task_id] = _Done(info, buffers, now, run.leases)
+        info, buffers = build_result(run, self.options.host, charged)
+        self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases)
         peer = self.by_controller.get(run.controller)
         # The RESULT and what the freed slot brings (an ACCEPT of a held ASK, often of the
         # same controller) leave together: one send, one wake-up of the controller. To a
@@ -917,7 +706,7 @@ class PeerWorker:
             for p in corked:
                 self._flush(p)
 
-    def _free_buffers(self, run: _Run, released: list[int] | None) -> None:
+    def _free_buffers(self, run: Run, released: list[int] | None) -> None:
         """The run's large input buffers: back to the pool, unless its child keeps a map
         (``released``: the positions the child unmapped; None: the child is gone)."""
         for i, buf in enumerate(run.buffers):
@@ -927,7 +716,7 @@ class PeerWorker:
                 self.pool.discard(buf)
         run.buffers = ()
 
-    def _forget_done(self, done: _Done) -> None:
+    def _forget_done(self, done: Done) -> None:
         """A result was acknowledged (or expired): its children may reuse their memory."""
         done.buffers = []
         by_child: dict[ChildProcess, list[int]] = {}
@@ -939,10 +728,10 @@ class PeerWorker:
             self._flush_child(child)
         done.leases = []
 
-    def _finish_unstarted(self, run: _Run) -> None:
+    def _finish_unstarted(self, run: Run) -> None:
         """Hand a batch that never reached a child back to its controller."""
         self._free_buffers(run, None)
-        self._fill_unfinished(run, -1, None, "", b"", 0.0, 0)
+        fill_unfinished(run, -1, None, "", b"", 0.0, 0, self.options.host)
         self._complete(run)
 
     def _after_batch(self) -> None:
@@ -962,12 +751,12 @@ class PeerWorker:
         opts = self.options
         if now - self.started > opts.maxtime and self.draining is None:
             self._drain(f"ran for its maximum time ({opts.maxtime:.0f} s)")
-        idle = not (self.running or self.queued or self.reserved or self.held)
+        idle = not (self.running or self.queued or self.admission.reserved or self.admission.held)
         if idle and now - self.last_busy > opts.maxidle and self.draining is None:
             self._drain(f"idle for {opts.maxidle:.0f} s (maxidle)")
         self._check_limits(now)
-        for h in [h for h in self.held if now - h.arrival > opts.hold_s]:
-            self.held.remove(h)
+        for h in [h for h in self.admission.held if now - h.arrival > opts.hold_s]:
+            self.admission.held.remove(h)
             if h.passed_over and self.fair.enabled:
                 self._refuse(h.peer, h.ask, RefuseReason.FAIR_SHARE,
                              "other controllers, with less recent use, came first")  # fmt: skip
@@ -975,9 +764,9 @@ class PeerWorker:
                 self._refuse(h.peer, h.ask, RefuseReason.BUSY, "no slot became free in time")
         for peer in [p for p in self.peers if not p.controller and now - p.opened > _HANDSHAKE_S]:
             self._close(peer, "handshake timed out")
-        for key, run in list(self.reserved.items()):
+        for key, run in list(self.admission.reserved.items()):
             if now - run.accepted > 60.0:  # accepted, but its TASK never came
-                del self.reserved[key]
+                del self.admission.reserved[key]
                 self._admit()
         for controller, done in list(self.unacked.items()):
             for task_id, d in list(done.items()):
@@ -1017,13 +806,7 @@ class PeerWorker:
                                    f"{mem >> 20} MiB it was admitted with, and was stopped")  # fmt: skip
 
     def _free(self, now: float) -> tuple[int, int]:
-        # An admission not used at once (a controller asked ahead) stops holding its slot:
-        # if its TASK comes later it waits for a free slot like any other.
-        used_slots = committed = 0
-        for r in self.reserved.values():
-            if now - r.accepted < _STALE_RESERVATION_S:
-                used_slots += r.ask.cores
-                committed += r.ask.mem_bytes
+        used_slots, committed = self.admission.in_use(now)
         for runs in (self.running.values(), self.queued):
             for r in runs:
                 used_slots += r.ask.cores

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import PeerError, ProtocolError
-from .wire import Buffer, Connection, Event, OutgoingFrame
+from .frames import OutgoingFrame
+from .wire import Buffer, Connection, Event
 
 __all__ = ["Closed", "ConnectionPump", "ReusableBuffers", "SharedBuffers", "check_open", "new_memfd"]
 

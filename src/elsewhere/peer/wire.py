@@ -4,9 +4,14 @@ A :class:`Connection` is one end of one TCP connection between two peers. The
 socket loop hands it received bytes (:meth:`Connection.feed`, or without a copy
 through :meth:`Connection.receive_buffer` + :meth:`Connection.received`) and gets
 back events; what the connection wants sent waits in
-:meth:`Connection.data_to_send` as :class:`OutgoingFrame` objects whose parts
-are memoryviews for ``socket.sendmsg``. The module never unpickles anything: it
-hands authenticated bytes and buffers to the caller.
+:meth:`Connection.data_to_send` as :class:`~.frames.OutgoingFrame` objects whose
+parts are memoryviews for ``socket.sendmsg``. The module never unpickles anything:
+it hands authenticated bytes and buffers to the caller.
+
+This module describes the protocol and keeps the connection, its limits and
+its events; the numbers, the fixed header and the messages with their msgpack
+header codec are in :mod:`.messages`, the keys, MACs and outgoing frames in
+:mod:`.frames`.
 
 Frame layout (all integers big-endian)::
 
@@ -63,135 +68,68 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import math
 import os
-import pickle
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar, Union
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Union
 
 import msgpack
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import PeerError, ProtocolError
+from .frames import SMALL_BODY, DirectionKey, OutgoingFrame, as_bytes_view, hkdf
 from .keys import GroupKey
+from .messages import (
+    FIXED,
+    FIXED_SIZE,
+    HANDSHAKE_HEADER_CAP,
+    HANDSHAKE_TYPES,
+    MAGIC,
+    NONCE_BYTES,
+    PAYLOAD_TYPES,
+    PROTOCOL_VERSION,
+    TAG_SIZE,
+    Accept,
+    Ask,
+    Auth,
+    Cancel,
+    Challenge,
+    Error,
+    FixedHeader,
+    Flags,
+    Greeting,
+    Hello,
+    Identity,
+    Message,
+    MessageType,
+    Refuse,
+    Result,
+    Task,
+    TaskMessage,
+    parse_header,
+)
 
 __all__ = [
     "CAPABILITIES",
-    "FIXED_SIZE",
-    "HANDSHAKE_HEADER_CAP",
-    "MAGIC",
-    "MAX_ACKS",
-    "MESSAGE_CLASSES",
-    "NONCE_BYTES",
-    "PROTOCOL_VERSION",
-    "TAG_SIZE",
-    "Accept",
-    "Ack",
     "Allocator",
-    "Ask",
-    "Auth",
     "Buffer",
-    "Bye",
-    "Cancel",
-    "Challenge",
     "Connection",
     "ConnectionState",
-    "Error",
     "Event",
-    "FixedHeader",
-    "Flags",
-    "Greeting",
     "HandshakeComplete",
-    "Hello",
-    "Identity",
     "Limits",
-    "Message",
-    "MessageType",
-    "OutgoingFrame",
-    "Ping",
-    "Pong",
     "Received",
-    "Refuse",
-    "RefuseReason",
-    "Result",
     "Role",
-    "Task",
-    "parse_header",
 ]
 
-MAGIC = b"ELSW"
-PROTOCOL_VERSION = 1
-FIXED_SIZE = 32
-TAG_SIZE = 16
-NONCE_BYTES = 32
-HANDSHAKE_HEADER_CAP = 2048
-"""Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
 CAPABILITIES = ("ack-many", "fold")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
 lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
 task (``ask``) and a RESULT that carries ACCEPTs (``accepted``), two frames a task
 instead of four."""
-MAX_ACKS = 1000
-"""Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
 
-_FIXED = struct.Struct(">4sBBHQIQHH")
-_NONCE = struct.Struct(">QI")
-_SMALL_BODY = 256 << 10
-"""Frames with a body up to this size get their body tag in one call, not streamed."""
 _MAX_SEQ = 2**64 - 1
-_MAX_TEXT = 1024
-
-
-class MessageType(enum.IntEnum):
-    """Message types. The numbers are part of the protocol and never change."""
-
-    HELLO = 1
-    CHALLENGE = 2
-    AUTH = 3
-    ASK = 10
-    ACCEPT = 11
-    REFUSE = 12
-    TASK = 13
-    RESULT = 14
-    ACK = 15
-    CANCEL = 16
-    PING = 20
-    PONG = 21
-    BYE = 30
-    ERROR = 31
-
-
-class RefuseReason(enum.IntEnum):
-    """Why a worker refused an ASK. The numbers never change."""
-
-    BUSY = 1
-    MEMORY = 2
-    TIME = 3
-    FAIR_SHARE = 4
-    NOT_ALLOWED = 5
-    DRAINING = 6
-
-
-class Flags(enum.IntFlag):
-    """Frame flags. The codec passes them through; unknown bits are refused."""
-
-    NONE = 0
-    COMPRESSED = 1
-    """The sender compressed the buffers (zstandard); the receiver decompresses."""
-
-
-_KNOWN_FLAGS = int(Flags.COMPRESSED)
-_TYPES = {int(t): t for t in MessageType}
-_FLAGS = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1)}
-_HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
-_PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
 
 
 @dataclass(frozen=True)
@@ -216,366 +154,6 @@ class Limits:
             raise ValueError(f"Limits.max_buffers must be 0..65535, got {self.max_buffers!r}")
         if not isinstance(self.max_pending_asks, int) or self.max_pending_asks < 1:
             raise ValueError(f"Limits.max_pending_asks must be >= 1, got {self.max_pending_asks!r}")
-
-
-@dataclass(frozen=True)
-class FixedHeader:
-    """The 32 fixed bytes at the start of every frame."""
-
-    msg_type: MessageType
-    flags: Flags
-    seq: int
-    header_len: int
-    body_len: int
-    nbuf: int
-
-    def pack(self) -> bytes:
-        """The 32 bytes of this header."""
-        return _FIXED.pack(
-            MAGIC, PROTOCOL_VERSION, self.msg_type, self.flags, self.seq,
-            self.header_len, self.body_len, self.nbuf, 0,
-        )  # fmt: skip
-
-    @classmethod
-    def parse(cls, data: bytes | bytearray | memoryview) -> FixedHeader:
-        """Parse and check magic, version, type, flags; raise :class:`ProtocolError`."""
-        if len(data) != FIXED_SIZE:
-            raise ProtocolError(f"a frame header is {FIXED_SIZE} bytes, got {len(data)}")
-        magic, version, mtype, flags, seq, hlen, blen, nbuf, reserved = _FIXED.unpack(data)
-        if magic != MAGIC:
-            raise ProtocolError(f"not an elsewhere peer frame (magic {bytes(magic)!r})")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(
-                f"peer speaks protocol version {version}, this is version {PROTOCOL_VERSION}"
-            )
-        msg_type = _TYPES.get(mtype)
-        if msg_type is None:
-            raise ProtocolError(f"unknown message type {mtype}")
-        if flags & ~_KNOWN_FLAGS:
-            raise ProtocolError(f"unknown flags {flags:#06x}")
-        if reserved:
-            raise ProtocolError("reserved header bytes are not zero")
-        return cls(msg_type, _FLAGS[flags], seq, hlen, blen, nbuf)
-
-
-# ---------------------------------------------------------------- messages
-
-_M = TypeVar("_M", bound="Message")
-
-
-def _text(value: object, name: str, *, empty: bool = True) -> None:
-    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
-        raise ValueError(f"{name} must be a str of 1..{_MAX_TEXT} characters, got {value!r:.80}")
-
-
-def _count(value: object, name: str, low: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r:.80}")
-
-
-@dataclass(frozen=True)
-class Message:
-    """Base of the messages; each subclass is one :class:`MessageType`."""
-
-    TYPE: ClassVar[MessageType]
-    _FIELDS: ClassVar[tuple[str, ...]] = ()  # set below, once the classes exist
-
-    def to_header(self) -> dict[str, Any]:
-        """The msgpack header (a dict of plain values) of this message."""
-        out = {name: getattr(self, name) for name in self._FIELDS}
-        for name, value in out.items():
-            if isinstance(value, enum.IntEnum):
-                out[name] = int(value)
-        return out
-
-    @classmethod
-    def from_header(cls: type[_M], header: Mapping[str, Any]) -> _M:
-        """Build from a received header; unknown keys are ignored (newer peers)."""
-        names = cls._FIELDS
-        try:
-            return cls(**{k: v for k, v in header.items() if k in names})
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"invalid {cls.TYPE.name} message: {exc}") from None
-
-
-@dataclass(frozen=True)
-class Greeting(Message):
-    """Who a peer is: the fields of HELLO and CHALLENGE."""
-
-    peer_id: str
-    group: str
-    user: str
-    host: str
-    keyed: bool
-    nonce: bytes = field(repr=False)
-    caps: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        _text(self.peer_id, "peer_id", empty=False)
-        _text(self.group, "group")
-        _text(self.user, "user")
-        _text(self.host, "host")
-        if not isinstance(self.keyed, bool):
-            raise ValueError(f"keyed must be a bool, got {self.keyed!r:.80}")
-        if not isinstance(self.nonce, bytes) or len(self.nonce) != NONCE_BYTES:
-            raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
-        if not isinstance(self.caps, (list, tuple)) or len(self.caps) > 32:
-            raise ValueError(f"caps must be a list of at most 32 names, got {self.caps!r:.80}")
-        for cap in self.caps:
-            if not isinstance(cap, str) or not 0 < len(cap) <= 64:
-                raise ValueError(f"a capability must be a str of 1..64 characters, got {cap!r:.80}")
-        object.__setattr__(self, "caps", tuple(self.caps))
-
-
-@dataclass(frozen=True)
-class Hello(Greeting):
-    """First frame, from the initiator."""
-
-    TYPE = MessageType.HELLO
-
-
-@dataclass(frozen=True)
-class Challenge(Greeting):
-    """The responder's answer to HELLO, with its proof of the key."""
-
-    TYPE = MessageType.CHALLENGE
-
-
-@dataclass(frozen=True)
-class Auth(Message):
-    """The initiator's proof of the key; it ends the handshake."""
-
-    TYPE = MessageType.AUTH
-
-
-@dataclass(frozen=True)
-class _TaskMessage(Message):
-    task_id: str
-
-    def __post_init__(self) -> None:
-        _text(self.task_id, "task_id", empty=False)
-
-
-def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
-    """Check an ASK's figures; returns ``time_s`` as a float."""
-    _count(mem_bytes, "mem_bytes")
-    _count(cores, "cores", 1)
-    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or math.isnan(time_s) or time_s < 0:
-        raise ValueError(f"time_s must be a number >= 0, got {time_s!r:.80}")
-    return float(time_s)
-
-
-@dataclass(frozen=True)
-class Ask(_TaskMessage):
-    """Admission request: may I send this task? Sent before any payload."""
-
-    TYPE = MessageType.ASK
-    mem_bytes: int = 0
-    time_s: float = 0.0
-    cores: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
-
-
-@dataclass(frozen=True)
-class Accept(_TaskMessage):
-    """The worker admits the task: the TASK may follow."""
-
-    TYPE = MessageType.ACCEPT
-
-
-@dataclass(frozen=True)
-class Refuse(_TaskMessage):
-    """The worker refuses the task, and says why."""
-
-    TYPE = MessageType.REFUSE
-    reason: RefuseReason = RefuseReason.BUSY
-    detail: str = ""
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if isinstance(self.reason, bool) or not isinstance(self.reason, int):
-            raise ValueError(f"reason must be a RefuseReason, got {self.reason!r:.80}")
-        object.__setattr__(self, "reason", RefuseReason(self.reason))
-        _text(self.detail, "detail")
-
-
-def _check_info(info: object) -> None:
-    # set(map(type, ...)): the keys' types in one C loop (msgpack gives exact str)
-    if not isinstance(info, dict) or (info and set(map(type, info)) != {str}):
-        raise ValueError(f"info must be a dict with str keys, got {type(info).__name__}")
-
-
-@dataclass(frozen=True)
-class Task(_TaskMessage):
-    """A task's payload: by convention buffer 0 is the pickle stream, the rest
-    its out-of-band buffers. ``info`` holds small plain values (msgpack).
-
-    ``ask``: the ASK of a next task, folded in (only to a peer that said ``fold``), as
-    ``[task_id, mem_bytes, time_s, cores]``; it is admitted as if sent on its own.
-    """
-
-    TYPE = MessageType.TASK
-    info: dict[str, Any] = field(default_factory=dict)
-    ask: tuple[Any, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_info(self.info)
-        if not isinstance(self.ask, (list, tuple)) or len(self.ask) not in (0, 4):
-            raise ValueError(f"ask must be empty or [task_id, mem_bytes, time_s, cores], got {self.ask!r:.80}")
-        if self.ask:
-            task_id, mem_bytes, time_s, cores = self.ask
-            _text(task_id, "task_id", empty=False)
-            if task_id == self.task_id:
-                raise ValueError("a TASK cannot ask for itself")
-            object.__setattr__(self, "ask", (task_id, mem_bytes, _check_ask(mem_bytes, time_s, cores), cores))
-        elif type(self.ask) is not tuple:
-            object.__setattr__(self, "ask", ())
-
-    def next_ask(self) -> Ask | None:
-        """The folded ASK, validated, or None."""
-        if not self.ask:
-            return None
-        task_id, mem_bytes, time_s, cores = self.ask
-        return Ask(task_id, mem_bytes=mem_bytes, time_s=time_s, cores=cores)
-
-    @staticmethod
-    def folding(ask: Ask) -> tuple[Any, ...]:
-        """``ask`` in the form :attr:`ask` carries."""
-        return (ask.task_id, ask.mem_bytes, ask.time_s, ask.cores)
-
-    def to_header(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
-        if self.ask:
-            out["ask"] = list(self.ask)
-        return out
-
-
-@dataclass(frozen=True)
-class Result(_TaskMessage):
-    """A task's result (or error), laid out like :class:`Task`. ``accepted``: task ids
-    whose ASKs the sender admits, ACCEPTs folded in (only to a peer that said ``fold``)."""
-
-    TYPE = MessageType.RESULT
-    info: dict[str, Any] = field(default_factory=dict)
-    accepted: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_info(self.info)
-        if not isinstance(self.accepted, (list, tuple)) or len(self.accepted) >= MAX_ACKS:
-            raise ValueError(f"accepted must be a list of fewer than {MAX_ACKS} task ids")
-        for task_id in self.accepted:
-            _text(task_id, "task_id", empty=False)
-        object.__setattr__(self, "accepted", tuple(self.accepted))
-
-    def to_header(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
-        if self.accepted:
-            out["accepted"] = list(self.accepted)
-        return out
-
-
-@dataclass(frozen=True)
-class Ack(_TaskMessage):
-    """The controller has stored the result; the worker may forget it. ``more``: further
-    task ids acknowledged at once (only to a peer that said ``ack-many``)."""
-
-    TYPE = MessageType.ACK
-    more: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.more, (list, tuple)) or len(self.more) >= MAX_ACKS:
-            raise ValueError(f"more must be a list of fewer than {MAX_ACKS} task ids")
-        for task_id in self.more:
-            _text(task_id, "task_id", empty=False)
-        object.__setattr__(self, "more", tuple(self.more))
-
-    def to_header(self) -> dict[str, Any]:
-        # without ``more`` when there is none: the ACK of protocol 1's first form
-        return {"task_id": self.task_id, "more": list(self.more)} if self.more else {"task_id": self.task_id}
-
-
-@dataclass(frozen=True)
-class Cancel(_TaskMessage):
-    """Stop (or do not start) this task."""
-
-    TYPE = MessageType.CANCEL
-
-
-@dataclass(frozen=True)
-class _TokenMessage(Message):
-    token: int = 0
-
-    def __post_init__(self) -> None:
-        _count(self.token, "token")
-
-
-@dataclass(frozen=True)
-class Ping(_TokenMessage):
-    """Are you there? Answered by a PONG with the same token."""
-
-    TYPE = MessageType.PING
-
-
-@dataclass(frozen=True)
-class Pong(_TokenMessage):
-    """Answer to PING."""
-
-    TYPE = MessageType.PONG
-
-
-@dataclass(frozen=True)
-class Bye(Message):
-    """The sender closes the connection after this frame."""
-
-    TYPE = MessageType.BYE
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        _text(self.reason, "reason")
-
-
-@dataclass(frozen=True)
-class Error(Message):
-    """The sender gives up on the connection; ``code`` is a short word."""
-
-    TYPE = MessageType.ERROR
-    code: str = "error"
-    message: str = ""
-
-    def __post_init__(self) -> None:
-        _text(self.code, "code", empty=False)
-        _text(self.message, "message")
-
-
-MESSAGE_CLASSES: Mapping[MessageType, type[Message]] = {
-    cls.TYPE: cls
-    for cls in (Hello, Challenge, Auth, Ask, Accept, Refuse, Task, Result, Ack, Cancel,
-                Ping, Pong, Bye, Error)
-}  # fmt: skip
-for _cls in MESSAGE_CLASSES.values():
-    _cls._FIELDS = tuple(f.name for f in fields(_cls))
-del _cls
-
-
-def parse_header(data: bytes | bytearray | memoryview, msg_type: MessageType) -> Message:
-    """Parse a msgpack header into its message; raise :class:`ProtocolError`."""
-    try:
-        header = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise ProtocolError(f"bad msgpack header in {msg_type.name}: {exc}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(f"the header of {msg_type.name} is not a map")
-    return MESSAGE_CLASSES[msg_type].from_header(header)
-
-
-def _refuse_ext(code: int, data: bytes) -> object:
-    raise ValueError(f"msgpack extension type {code} is not allowed")
 
 
 # ---------------------------------------------------------------- events
@@ -606,137 +184,6 @@ Allocator = Callable[[int], Buffer]
 """Returns a writable buffer of exactly the given size (e.g. from a pool)."""
 
 
-# ---------------------------------------------------------------- keys and MACs
-
-
-def _hkdf(secret: bytes, salt: bytes | None, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(secret)
-
-
-def _nonce(seq: int, part: int) -> bytes:
-    return _NONCE.pack(seq, part)
-
-
-class _DirectionKey:
-    """AES-GCM used as a MAC (GMAC) for one direction of one connection."""
-
-    __slots__ = ("_aead", "_key")
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-        self._aead = AESGCM(key)
-
-    def head_tag(self, seq: int, data: bytes | bytearray | memoryview) -> bytes:
-        return self._aead.encrypt(_nonce(seq, 0), b"", data)
-
-    def head_ok(self, seq: int, data: memoryview, tag: memoryview) -> bool:
-        try:
-            self._aead.decrypt(_nonce(seq, 0), bytes(tag), data)
-        except InvalidTag:
-            return False
-        return True
-
-    def body_tag(self, seq: int, data: bytes | bytearray | memoryview) -> bytes:
-        """The body tag of a frame whose every byte before the tag is ``data`` (one call)."""
-        return self._aead.encrypt(_nonce(seq, 1), b"", data)
-
-    def body_ok(self, seq: int, data: bytes | bytearray | memoryview, tag: bytes | bytearray | memoryview) -> bool:
-        try:
-            self._aead.decrypt(_nonce(seq, 1), bytes(tag), data)
-        except InvalidTag:
-            return False
-        return True
-
-    def body_mac(self, seq: int) -> Any:
-        # streaming: one authenticate_additional_data call per slice received or sent
-        return Cipher(algorithms.AES(self._key), modes.GCM(_nonce(seq, 1))).encryptor()
-
-
-def _as_bytes_view(buf: Any) -> memoryview:
-    view = memoryview(buf)
-    if view.format == "B" and view.ndim == 1 and view.c_contiguous:
-        return view
-    try:
-        return pickle.PickleBuffer(buf).raw()
-    except BufferError:
-        raise PeerError("a buffer to send is not contiguous") from None
-
-
-class OutgoingFrame:
-    """One encoded frame. Send its parts, in order, and frames in the order made.
-
-    :meth:`parts` computes the body tag at once and returns every part (for
-    one ``sendmsg``); :meth:`iter_parts` computes it slice by slice while the
-    caller sends each slice (the slice is hot in cache when it is sent).
-    """
-
-    __slots__ = ("_buffers", "_head", "_key", "_tag", "msg_type", "nbytes", "seq")
-
-    def __init__(
-        self,
-        msg_type: MessageType,
-        seq: int,
-        head: bytes,
-        buffers: list[memoryview],
-        key: _DirectionKey | None,
-    ) -> None:
-        self.msg_type = msg_type
-        self.seq = seq
-        self._head = head
-        self._buffers = buffers
-        self._key = key if buffers else None
-        self._tag: bytes | None = None if self._key is not None else b""
-        self.nbytes = (
-            len(head) + sum(len(b) for b in buffers) + (TAG_SIZE if self._key is not None else 0)
-        )
-
-    @property
-    def small(self) -> bool:
-        """Whether the body tag is computed in one call (see :meth:`iter_parts`)."""
-        return self.nbytes <= _SMALL_BODY
-
-    def parts(self) -> list[memoryview]:
-        """Every part of the frame: head, each buffer, body tag (if any)."""
-        if self._tag is None:
-            if self.nbytes <= _SMALL_BODY:
-                assert self._key is not None  # set whenever the tag is still to compute
-                self._tag = self._key.body_tag(self.seq, b"".join([self._head, *self._buffers]))
-            else:
-                for _ in self.iter_parts():
-                    pass
-        out = [memoryview(self._head), *self._buffers]
-        if self._tag:
-            out.append(memoryview(self._tag))
-        return out
-
-    def iter_parts(self, slice_bytes: int = 1 << 20) -> Iterator[memoryview]:
-        """The frame as slices of at most ``slice_bytes`` of each buffer."""
-        if self._tag is None and self.nbytes <= _SMALL_BODY:  # one call, not a streaming MAC
-            assert self._key is not None  # set whenever the tag is still to compute
-            self._tag = self._key.body_tag(self.seq, b"".join([self._head, *self._buffers]))
-        yield memoryview(self._head)
-        if self._tag is not None:
-            yield from self._buffers
-            if self._tag:
-                yield memoryview(self._tag)
-            return
-        assert self._key is not None  # set whenever the tag is still to compute
-        mac = self._key.body_mac(self.seq)
-        mac.authenticate_additional_data(self._head)
-        for buf in self._buffers:
-            for start in range(0, len(buf), slice_bytes):
-                piece = buf[start : start + slice_bytes]
-                mac.authenticate_additional_data(piece)
-                yield piece
-        mac.finalize()
-        self._tag = bytes(mac.tag)
-        yield memoryview(self._tag)
-
-    def tobytes(self) -> bytes:
-        """The whole frame as one bytes object (copies: for tests and tiny frames)."""
-        return b"".join(self.parts())
-
-
 # ---------------------------------------------------------------- connection
 
 
@@ -753,20 +200,6 @@ class ConnectionState(enum.Enum):
     HANDSHAKE = "handshake"
     READY = "ready"
     CLOSED = "closed"
-
-
-@dataclass(frozen=True)
-class Identity:
-    """Who this end says it is in HELLO or CHALLENGE."""
-
-    peer_id: str
-    user: str = ""
-    host: str = ""
-
-    def __post_init__(self) -> None:
-        _text(self.peer_id, "peer_id", empty=False)
-        _text(self.user, "user")
-        _text(self.host, "host")
 
 
 class _Stage(enum.Enum):
@@ -821,7 +254,7 @@ class Connection:
         self.state = ConnectionState.HANDSHAKE
         self._secret = key.secret if key is not None else b""
         self._hs_key = (
-            _hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
+            hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
             if key is not None
             else b""
         )
@@ -830,8 +263,8 @@ class Connection:
         self._outbox: list[OutgoingFrame] = []
         self._send_seq = 0
         self._recv_seq = 0
-        self._send_key: _DirectionKey | None = None
-        self._recv_key: _DirectionKey | None = None
+        self._send_key: DirectionKey | None = None
+        self._recv_key: DirectionKey | None = None
         self._nonce = os.urandom(NONCE_BYTES)
         self._transcript: list[bytes] = []
         self._sent_bye = False
@@ -884,15 +317,15 @@ class Connection:
         if self.state is not ConnectionState.READY or self._sent_bye:
             raise PeerError(f"cannot send {message.TYPE.name}: connection is {self._state_text()}")
         mtype = message.TYPE
-        if mtype in _HANDSHAKE_TYPES:
+        if mtype in HANDSHAKE_TYPES:
             raise PeerError(f"{mtype.name} is sent by the connection itself")
-        views = [_as_bytes_view(b) for b in buffers]
-        if views and mtype not in _PAYLOAD_TYPES:
+        views = [as_bytes_view(b) for b in buffers]
+        if views and mtype not in PAYLOAD_TYPES:
             raise PeerError(f"{mtype.name} cannot carry buffers")
         header = self._packer.pack(message.to_header())
         limits = self.limits
         cap = (
-            limits.max_header_bytes if mtype in _PAYLOAD_TYPES else limits.max_control_header_bytes
+            limits.max_header_bytes if mtype in PAYLOAD_TYPES else limits.max_control_header_bytes
         )
         if len(header) > cap:
             raise PeerError(f"{mtype.name} header is {len(header)} bytes, over the cap of {cap}")
@@ -900,14 +333,14 @@ class Connection:
             raise PeerError(f"{len(views)} buffers, over the cap of {limits.max_buffers}")
         if views and sum(map(len, views)) > limits.max_body_bytes:
             raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
-        if isinstance(message, _TaskMessage):
+        if isinstance(message, TaskMessage):
             self._admit_outgoing(message)
         frame = self._queue(mtype, header, views, flags)
         if mtype in (MessageType.BYE, MessageType.ERROR):
             self._sent_bye = True
         return frame
 
-    def _admit_outgoing(self, message: _TaskMessage) -> None:
+    def _admit_outgoing(self, message: TaskMessage) -> None:
         mtype, task_id = message.TYPE, message.task_id
         if isinstance(message, Task) and message.ask:  # checked first: nothing changes if it fails
             nxt = message.ask[0]
@@ -964,10 +397,10 @@ class Connection:
         if self._send_seq >= _MAX_SEQ:
             raise PeerError("sequence numbers exhausted: open a new connection")
         if not views:
-            return _FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
+            return FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
                                0, 0, 0) + header  # fmt: skip
         lengths = [len(v) for v in views]
-        fixed = _FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
+        fixed = FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
                             sum(lengths), len(views), 0)  # fmt: skip
         return fixed + struct.pack(f">{len(lengths)}Q", *lengths) + header
 
@@ -1147,7 +580,7 @@ class Connection:
         limits = self.limits
         if self.state is ConnectionState.HANDSHAKE:
             cap, max_buffers = HANDSHAKE_HEADER_CAP, 0
-        elif mtype in _PAYLOAD_TYPES:
+        elif mtype in PAYLOAD_TYPES:
             cap, max_buffers = limits.max_header_bytes, limits.max_buffers
         else:
             cap, max_buffers = limits.max_control_header_bytes, 0
@@ -1173,7 +606,7 @@ class Connection:
             self._deliver(events)
             return
         if self._recv_key is not None:
-            if fixed.body_len <= _SMALL_BODY:  # checked in one call once all is here
+            if fixed.body_len <= SMALL_BODY:  # checked in one call once all is here
                 self._small_body = True
             else:
                 self._body_mac = self._recv_key.body_mac(fixed.seq)
@@ -1326,16 +759,16 @@ class Connection:
     def _ready(self, events: list[Event]) -> None:
         if self.keyed:
             salt = hashlib.sha256(b"".join(self._transcript)).digest()
-            i2r = _DirectionKey(
-                _hkdf(self._secret, salt, b"elsewhere peer v1 initiator->responder")
+            i2r = DirectionKey(
+                hkdf(self._secret, salt, b"elsewhere peer v1 initiator->responder")
             )
-            r2i = _DirectionKey(
-                _hkdf(self._secret, salt, b"elsewhere peer v1 responder->initiator")
+            r2i = DirectionKey(
+                hkdf(self._secret, salt, b"elsewhere peer v1 responder->initiator")
             )
             initiator = self.role is Role.INITIATOR
             self._send_key, self._recv_key = (i2r, r2i) if initiator else (r2i, i2r)
         self._transcript = []
         self.state = ConnectionState.READY
-        self._expect = frozenset(MessageType) - _HANDSHAKE_TYPES
+        self._expect = frozenset(MessageType) - HANDSHAKE_TYPES
         assert self.peer is not None  # set by the HELLO or CHALLENGE step
         events.append(HandshakeComplete(self.peer))

@@ -1,0 +1,176 @@
+"""The pickling of a peer job's tasks for their TASK frames.
+
+A :class:`TaskEncoder` turns the tasks of a batch into the info and buffers of
+a TASK: the pickled ``(fn, args, kwargs)`` entries, and, once per connection,
+the *function part* they use (the job's function and job data, or the function
+of tasks added one by one), pickled once and cached by digest. The user's own
+modules travel by value with the function. The controller
+(:class:`~.controller.Controller`) encodes in its loop's thread; an Executor
+prepares a task in its own thread (:meth:`TaskEncoder.prepare`), so the state
+here is under one lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..payload import PayloadReader
+
+__all__ = ["TaskEncoder"]
+
+_MAX_OOB = 1000
+
+
+class TaskEncoder:
+    """Pickles the tasks of one job for TASK frames (thread-safe; see the module doc).
+
+    ``payload``: the job's payload (the tasks not handed in memory, the job's function
+    and job data); ``job_info``, ``diary`` and ``time_s`` go in every TASK's info.
+    """
+
+    def __init__(self, payload: PayloadReader, job_info: dict[str, Any], diary: str,
+                 time_s: float) -> None:  # fmt: skip
+        self.payload = payload
+        self.job_info = job_info
+        self.diary = diary
+        self.time_s = time_s
+        self.lock = threading.Lock()  # the function parts and cloudpickle's registry
+        self.common: tuple[str, list[Any]] | None = None
+        self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
+        self._job_data: Any = None
+        self._by_value: list[Any] = []
+
+    def prepare(self, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
+        """Pickle a task ``(fn, args, kwargs)`` in the calling thread: its function part
+        once per function (cached), its inputs now (see :meth:`.controller.Controller.prepare`)."""
+        from .. import serial
+
+        fn, args, kwargs = entry
+        with self.lock:
+            digest, fn_parts = self._fn_part(fn)
+            items = [(None, args, kwargs)]
+            data, oob = serial.dumps(items)
+            if len(oob) > _MAX_OOB:
+                import cloudpickle
+
+                data, oob = cloudpickle.dumps(items, protocol=5), []
+        return digest, fn_parts, data, oob
+
+    def encode(self, indices: list[int], attempts: list[int], prepared: Any,
+               in_memory: Mapping[int, Any], sent_fns: set[str]) -> tuple[dict[str, Any], list[Any]]:
+        """The TASK of a batch: pickled entries, plus, once per connection, the function
+        part they use (the job's function and job data; or the function of tasks added one
+        by one, when a batch shares it: an Executor's tasks then pickle only their inputs).
+
+        ``indices`` and ``attempts``: the batch's tasks; ``prepared``: what :meth:`prepare`
+        made of its one task, if it has one task and that was prepared; ``in_memory``: the
+        tasks handed in memory (the others are read from the payload); ``sent_fns``: the
+        function parts the worker has (updated)."""
+        if prepared is not None:  # pickled by the caller of put
+            digest, fn_parts, data, oob = prepared
+        else:
+            with self.lock:
+                digest, fn_parts, data, oob = self._pickle_batch(indices, in_memory)
+        buffers: list[Any] = [data, *oob]
+        info: dict[str, Any] = {
+            "job": self.job_info, "diary": self.diary, "items": [[i, a] for i, a in zip(indices, attempts)],
+            "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.time_s,
+        }  # fmt: skip
+        if digest not in sent_fns:
+            buffers += fn_parts
+            info["nfn"] = len(fn_parts)
+            sent_fns.add(digest)
+        return info, buffers
+
+    def _pickle_batch(self, indices: list[int],
+                      in_memory: Mapping[int, Any]) -> tuple[str, list[Any], bytes, list[Any]]:
+        """The function part and the pickled entries of a batch's tasks."""
+        from .. import serial
+
+        entries = [self._entry(i, in_memory) for i in indices]
+        own = {id(e[0]) for e in entries}
+        if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
+            digest, fn_parts = self._fn_part(entries[0][0])
+            entries = [(None, args, kwargs) for _, args, kwargs in entries]
+        else:
+            digest, fn_parts = self._common()
+            for fn, _, _ in entries:
+                if fn is not None:
+                    self._register_by_value(fn)
+        data, oob = serial.dumps(entries)
+        if len(oob) > _MAX_OOB:
+            import cloudpickle
+
+            data, oob = cloudpickle.dumps(entries, protocol=5), []
+        return digest, fn_parts, data, oob
+
+    def _entry(self, index: int, in_memory: Mapping[int, Any]) -> Any:
+        entry = in_memory.get(index)
+        return entry if entry is not None else self.payload.task(index)
+
+    def _common(self) -> tuple[str, list[Any]]:
+        """The function part of the job's own function and job data."""
+        if self.common is None:
+            fn, job_data = self.payload.common()
+            self._job_data = job_data
+            self.common = self._pickle_part(fn, job_data)
+        return self.common
+
+    def _fn_part(self, fn: Any) -> tuple[str, list[Any]]:
+        """The function part of a task's own function (with the job data), pickled once."""
+        cached = self.fn_parts.get(id(fn))
+        if cached is not None and cached[0] is fn:
+            return cached[1]
+        self._common()
+        part = self._pickle_part(fn, self._job_data)
+        self.fn_parts[id(fn)] = (fn, part)  # keeps fn alive: its id cannot be reused meanwhile
+        if len(self.fn_parts) > 256:
+            self.fn_parts.pop(next(iter(self.fn_parts)))
+        return part
+
+    def _pickle_part(self, fn: Any, job_data: Any) -> tuple[str, list[Any]]:
+        from .. import serial
+
+        if fn is not None:
+            self._register_by_value(fn)
+        data, oob = serial.dumps((fn, job_data))
+        h = hashlib.sha256(data)
+        for v in oob:
+            h.update(v)
+        return h.hexdigest()[:32], [data, *oob]
+
+    def _register_by_value(self, fn: Any) -> None:
+        """Send the user's own modules' code with the task (the worker may not have it)."""
+        import sys
+
+        import cloudpickle
+
+        from .. import serial
+
+        name = getattr(fn, "__module__", None)
+        if not isinstance(name, str) or name not in sys.modules:
+            return
+        module = sys.modules[name]
+        if module in self._by_value or not serial.needs_by_value(name, shared_fs=False):
+            return
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            self._by_value.append(module)
+        except ValueError:
+            pass  # already registered (by the user)
+
+    def close(self) -> None:
+        """Forget the modules registered to be pickled by value; close the payload."""
+        import cloudpickle
+
+        with self.lock:  # a put's prepare may pickle in another thread meanwhile
+            for module in self._by_value:
+                with contextlib.suppress(ValueError):
+                    cloudpickle.unregister_pickle_by_value(module)
+            self._by_value.clear()
+            self.payload.close()

@@ -1,0 +1,500 @@
+"""The peer protocol's vocabulary: its numbers, the fixed frame header, the messages.
+
+What one frame says, without the frame around it: the protocol constants, the
+message types, flags and refusal reasons (their numbers never change), the
+32 fixed bytes every frame starts with (:class:`FixedHeader`), and one frozen
+dataclass per message whose fields are its msgpack header
+(:meth:`Message.to_header`, :func:`parse_header`), each checked as it is built.
+:class:`Identity` is what a peer says of itself in HELLO or CHALLENGE.
+
+The frame layout, the handshake, the keys and the admission rules are
+described in :mod:`.wire`, whose :class:`~.wire.Connection` frames, sends and
+receives these messages.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from ..errors import ProtocolError
+
+__all__ = [
+    "FIXED",
+    "FIXED_SIZE",
+    "HANDSHAKE_HEADER_CAP",
+    "HANDSHAKE_TYPES",
+    "MAGIC",
+    "MAX_ACKS",
+    "MESSAGE_CLASSES",
+    "NONCE_BYTES",
+    "PAYLOAD_TYPES",
+    "PROTOCOL_VERSION",
+    "TAG_SIZE",
+    "Accept",
+    "Ack",
+    "Ask",
+    "Auth",
+    "Bye",
+    "Cancel",
+    "Challenge",
+    "Error",
+    "FixedHeader",
+    "Flags",
+    "Greeting",
+    "Hello",
+    "Identity",
+    "Message",
+    "MessageType",
+    "Ping",
+    "Pong",
+    "Refuse",
+    "RefuseReason",
+    "Result",
+    "Task",
+    "TaskMessage",
+    "parse_header",
+]
+
+MAGIC = b"ELSW"
+PROTOCOL_VERSION = 1
+FIXED_SIZE = 32
+TAG_SIZE = 16
+NONCE_BYTES = 32
+HANDSHAKE_HEADER_CAP = 2048
+"""Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
+MAX_ACKS = 1000
+"""Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
+
+FIXED = struct.Struct(">4sBBHQIQHH")
+"""The 32 fixed bytes as a :mod:`struct` (what :class:`FixedHeader` packs and parses)."""
+_MAX_TEXT = 1024
+
+
+class MessageType(enum.IntEnum):
+    """Message types. The numbers are part of the protocol and never change."""
+
+    HELLO = 1
+    CHALLENGE = 2
+    AUTH = 3
+    ASK = 10
+    ACCEPT = 11
+    REFUSE = 12
+    TASK = 13
+    RESULT = 14
+    ACK = 15
+    CANCEL = 16
+    PING = 20
+    PONG = 21
+    BYE = 30
+    ERROR = 31
+
+
+class RefuseReason(enum.IntEnum):
+    """Why a worker refused an ASK. The numbers never change."""
+
+    BUSY = 1
+    MEMORY = 2
+    TIME = 3
+    FAIR_SHARE = 4
+    NOT_ALLOWED = 5
+    DRAINING = 6
+
+
+class Flags(enum.IntFlag):
+    """Frame flags. The codec passes them through; unknown bits are refused."""
+
+    NONE = 0
+    COMPRESSED = 1
+    """The sender compressed the buffers (zstandard); the receiver decompresses."""
+
+
+_KNOWN_FLAGS = int(Flags.COMPRESSED)
+_TYPES = {int(t): t for t in MessageType}
+_FLAGS = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1)}
+HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
+"""The types of message only the handshake sends."""
+PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
+"""The types of message that carry raw buffers (the rest carry none)."""
+
+
+@dataclass(frozen=True)
+class FixedHeader:
+    """The 32 fixed bytes at the start of every frame."""
+
+    msg_type: MessageType
+    flags: Flags
+    seq: int
+    header_len: int
+    body_len: int
+    nbuf: int
+
+    def pack(self) -> bytes:
+        """The 32 bytes of this header."""
+        return FIXED.pack(
+            MAGIC, PROTOCOL_VERSION, self.msg_type, self.flags, self.seq,
+            self.header_len, self.body_len, self.nbuf, 0,
+        )  # fmt: skip
+
+    @classmethod
+    def parse(cls, data: bytes | bytearray | memoryview) -> FixedHeader:
+        """Parse and check magic, version, type, flags; raise :class:`ProtocolError`."""
+        if len(data) != FIXED_SIZE:
+            raise ProtocolError(f"a frame header is {FIXED_SIZE} bytes, got {len(data)}")
+        magic, version, mtype, flags, seq, hlen, blen, nbuf, reserved = FIXED.unpack(data)
+        if magic != MAGIC:
+            raise ProtocolError(f"not an elsewhere peer frame (magic {bytes(magic)!r})")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"peer speaks protocol version {version}, this is version {PROTOCOL_VERSION}"
+            )
+        msg_type = _TYPES.get(mtype)
+        if msg_type is None:
+            raise ProtocolError(f"unknown message type {mtype}")
+        if flags & ~_KNOWN_FLAGS:
+            raise ProtocolError(f"unknown flags {flags:#06x}")
+        if reserved:
+            raise ProtocolError("reserved header bytes are not zero")
+        return cls(msg_type, _FLAGS[flags], seq, hlen, blen, nbuf)
+
+
+# ---------------------------------------------------------------- messages
+
+_M = TypeVar("_M", bound="Message")
+
+
+def _text(value: object, name: str, *, empty: bool = True) -> None:
+    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
+        raise ValueError(f"{name} must be a str of 1..{_MAX_TEXT} characters, got {value!r:.80}")
+
+
+def _count(value: object, name: str, low: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r:.80}")
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of the messages; each subclass is one :class:`MessageType`."""
+
+    TYPE: ClassVar[MessageType]
+    _FIELDS: ClassVar[tuple[str, ...]] = ()  # set below, once the classes exist
+
+    def to_header(self) -> dict[str, Any]:
+        """The msgpack header (a dict of plain values) of this message."""
+        out = {name: getattr(self, name) for name in self._FIELDS}
+        for name, value in out.items():
+            if isinstance(value, enum.IntEnum):
+                out[name] = int(value)
+        return out
+
+    @classmethod
+    def from_header(cls: type[_M], header: Mapping[str, Any]) -> _M:
+        """Build from a received header; unknown keys are ignored (newer peers)."""
+        names = cls._FIELDS
+        try:
+            return cls(**{k: v for k, v in header.items() if k in names})
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"invalid {cls.TYPE.name} message: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Greeting(Message):
+    """Who a peer is: the fields of HELLO and CHALLENGE."""
+
+    peer_id: str
+    group: str
+    user: str
+    host: str
+    keyed: bool
+    nonce: bytes = field(repr=False)
+    caps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _text(self.peer_id, "peer_id", empty=False)
+        _text(self.group, "group")
+        _text(self.user, "user")
+        _text(self.host, "host")
+        if not isinstance(self.keyed, bool):
+            raise ValueError(f"keyed must be a bool, got {self.keyed!r:.80}")
+        if not isinstance(self.nonce, bytes) or len(self.nonce) != NONCE_BYTES:
+            raise ValueError(f"nonce must be {NONCE_BYTES} bytes")
+        if not isinstance(self.caps, (list, tuple)) or len(self.caps) > 32:
+            raise ValueError(f"caps must be a list of at most 32 names, got {self.caps!r:.80}")
+        for cap in self.caps:
+            if not isinstance(cap, str) or not 0 < len(cap) <= 64:
+                raise ValueError(f"a capability must be a str of 1..64 characters, got {cap!r:.80}")
+        object.__setattr__(self, "caps", tuple(self.caps))
+
+
+@dataclass(frozen=True)
+class Hello(Greeting):
+    """First frame, from the initiator."""
+
+    TYPE = MessageType.HELLO
+
+
+@dataclass(frozen=True)
+class Challenge(Greeting):
+    """The responder's answer to HELLO, with its proof of the key."""
+
+    TYPE = MessageType.CHALLENGE
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this end says it is in HELLO or CHALLENGE."""
+
+    peer_id: str
+    user: str = ""
+    host: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.peer_id, "peer_id", empty=False)
+        _text(self.user, "user")
+        _text(self.host, "host")
+
+
+@dataclass(frozen=True)
+class Auth(Message):
+    """The initiator's proof of the key; it ends the handshake."""
+
+    TYPE = MessageType.AUTH
+
+
+@dataclass(frozen=True)
+class TaskMessage(Message):
+    """Base of the messages about one task (ASK, ACCEPT, REFUSE, TASK, RESULT, ACK, CANCEL)."""
+
+    task_id: str
+
+    def __post_init__(self) -> None:
+        _text(self.task_id, "task_id", empty=False)
+
+
+def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
+    """Check an ASK's figures; returns ``time_s`` as a float."""
+    _count(mem_bytes, "mem_bytes")
+    _count(cores, "cores", 1)
+    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or math.isnan(time_s) or time_s < 0:
+        raise ValueError(f"time_s must be a number >= 0, got {time_s!r:.80}")
+    return float(time_s)
+
+
+@dataclass(frozen=True)
+class Ask(TaskMessage):
+    """Admission request: may I send this task? Sent before any payload."""
+
+    TYPE = MessageType.ASK
+    mem_bytes: int = 0
+    time_s: float = 0.0
+    cores: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
+
+
+@dataclass(frozen=True)
+class Accept(TaskMessage):
+    """The worker admits the task: the TASK may follow."""
+
+    TYPE = MessageType.ACCEPT
+
+
+@dataclass(frozen=True)
+class Refuse(TaskMessage):
+    """The worker refuses the task, and says why."""
+
+    TYPE = MessageType.REFUSE
+    reason: RefuseReason = RefuseReason.BUSY
+    detail: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.reason, bool) or not isinstance(self.reason, int):
+            raise ValueError(f"reason must be a RefuseReason, got {self.reason!r:.80}")
+        object.__setattr__(self, "reason", RefuseReason(self.reason))
+        _text(self.detail, "detail")
+
+
+def _check_info(info: object) -> None:
+    # set(map(type, ...)): the keys' types in one C loop (msgpack gives exact str)
+    if not isinstance(info, dict) or (info and set(map(type, info)) != {str}):
+        raise ValueError(f"info must be a dict with str keys, got {type(info).__name__}")
+
+
+@dataclass(frozen=True)
+class Task(TaskMessage):
+    """A task's payload: by convention buffer 0 is the pickle stream, the rest
+    its out-of-band buffers. ``info`` holds small plain values (msgpack).
+
+    ``ask``: the ASK of a next task, folded in (only to a peer that said ``fold``), as
+    ``[task_id, mem_bytes, time_s, cores]``; it is admitted as if sent on its own.
+    """
+
+    TYPE = MessageType.TASK
+    info: dict[str, Any] = field(default_factory=dict)
+    ask: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_info(self.info)
+        if not isinstance(self.ask, (list, tuple)) or len(self.ask) not in (0, 4):
+            raise ValueError(f"ask must be empty or [task_id, mem_bytes, time_s, cores], got {self.ask!r:.80}")
+        if self.ask:
+            task_id, mem_bytes, time_s, cores = self.ask
+            _text(task_id, "task_id", empty=False)
+            if task_id == self.task_id:
+                raise ValueError("a TASK cannot ask for itself")
+            object.__setattr__(self, "ask", (task_id, mem_bytes, _check_ask(mem_bytes, time_s, cores), cores))
+        elif type(self.ask) is not tuple:
+            object.__setattr__(self, "ask", ())
+
+    def next_ask(self) -> Ask | None:
+        """The folded ASK, validated, or None."""
+        if not self.ask:
+            return None
+        task_id, mem_bytes, time_s, cores = self.ask
+        return Ask(task_id, mem_bytes=mem_bytes, time_s=time_s, cores=cores)
+
+    @staticmethod
+    def folding(ask: Ask) -> tuple[Any, ...]:
+        """``ask`` in the form :attr:`ask` carries."""
+        return (ask.task_id, ask.mem_bytes, ask.time_s, ask.cores)
+
+    def to_header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
+        if self.ask:
+            out["ask"] = list(self.ask)
+        return out
+
+
+@dataclass(frozen=True)
+class Result(TaskMessage):
+    """A task's result (or error), laid out like :class:`Task`. ``accepted``: task ids
+    whose ASKs the sender admits, ACCEPTs folded in (only to a peer that said ``fold``)."""
+
+    TYPE = MessageType.RESULT
+    info: dict[str, Any] = field(default_factory=dict)
+    accepted: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_info(self.info)
+        if not isinstance(self.accepted, (list, tuple)) or len(self.accepted) >= MAX_ACKS:
+            raise ValueError(f"accepted must be a list of fewer than {MAX_ACKS} task ids")
+        for task_id in self.accepted:
+            _text(task_id, "task_id", empty=False)
+        object.__setattr__(self, "accepted", tuple(self.accepted))
+
+    def to_header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
+        if self.accepted:
+            out["accepted"] = list(self.accepted)
+        return out
+
+
+@dataclass(frozen=True)
+class Ack(TaskMessage):
+    """The controller has stored the result; the worker may forget it. ``more``: further
+    task ids acknowledged at once (only to a peer that said ``ack-many``)."""
+
+    TYPE = MessageType.ACK
+    more: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.more, (list, tuple)) or len(self.more) >= MAX_ACKS:
+            raise ValueError(f"more must be a list of fewer than {MAX_ACKS} task ids")
+        for task_id in self.more:
+            _text(task_id, "task_id", empty=False)
+        object.__setattr__(self, "more", tuple(self.more))
+
+    def to_header(self) -> dict[str, Any]:
+        # without ``more`` when there is none: the ACK of protocol 1's first form
+        return {"task_id": self.task_id, "more": list(self.more)} if self.more else {"task_id": self.task_id}
+
+
+@dataclass(frozen=True)
+class Cancel(TaskMessage):
+    """Stop (or do not start) this task."""
+
+    TYPE = MessageType.CANCEL
+
+
+@dataclass(frozen=True)
+class _TokenMessage(Message):
+    token: int = 0
+
+    def __post_init__(self) -> None:
+        _count(self.token, "token")
+
+
+@dataclass(frozen=True)
+class Ping(_TokenMessage):
+    """Are you there? Answered by a PONG with the same token."""
+
+    TYPE = MessageType.PING
+
+
+@dataclass(frozen=True)
+class Pong(_TokenMessage):
+    """Answer to PING."""
+
+    TYPE = MessageType.PONG
+
+
+@dataclass(frozen=True)
+class Bye(Message):
+    """The sender closes the connection after this frame."""
+
+    TYPE = MessageType.BYE
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.reason, "reason")
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """The sender gives up on the connection; ``code`` is a short word."""
+
+    TYPE = MessageType.ERROR
+    code: str = "error"
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        _text(self.code, "code", empty=False)
+        _text(self.message, "message")
+
+
+MESSAGE_CLASSES: Mapping[MessageType, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Hello, Challenge, Auth, Ask, Accept, Refuse, Task, Result, Ack, Cancel,
+                Ping, Pong, Bye, Error)
+}  # fmt: skip
+for _cls in MESSAGE_CLASSES.values():
+    _cls._FIELDS = tuple(f.name for f in fields(_cls))
+del _cls
+
+
+def parse_header(data: bytes | bytearray | memoryview, msg_type: MessageType) -> Message:
+    """Parse a msgpack header into its message; raise :class:`ProtocolError`."""
+    try:
+        header = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_refuse_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"bad msgpack header in {msg_type.name}: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"the header of {msg_type.name} is not a map")
+    return MESSAGE_CLASSES[msg_type].from_header(header)
+
+
+def _refuse_ext(code: int, data: bytes) -> object:
+    raise ValueError(f"msgpack extension type {code} is not allowed")

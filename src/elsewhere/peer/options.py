@@ -1,0 +1,86 @@
+"""What a worker daemon offers, to whom, and for how long: :class:`WorkerOptions`.
+
+The options ``elsewhere peer worker`` builds from its arguments (see :mod:`.cli`)
+for a :class:`~.daemon.PeerWorker`, and the figures of this machine they default
+to (:func:`machine_memory`, the cores this process may run on).
+"""
+
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from .access import AccessRules
+from .discovery import DiscoveryConfig
+from .keys import LOOPBACK_HOST, GroupKey
+
+__all__ = ["WorkerOptions", "machine_memory"]
+
+
+def machine_memory() -> int:
+    """Total memory of this machine, in bytes."""
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def _machine_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """What a worker offers, to whom, and for how long.
+
+    ``key`` None is loopback-only mode (127.0.0.1, same user only). Times are
+    seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
+    ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
+    time without work before it exits; ``maxnum`` the tasks it runs.
+    """
+
+    key: GroupKey | None = None
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    bind: str | None = None
+    port: int = 0
+    slots: int = field(default_factory=_machine_cores)
+    memavail: int | None = None
+    timavail: float = math.inf
+    maxtime: float = math.inf
+    maxidle: float = math.inf
+    maxnum: int | None = None
+    access: AccessRules = field(default_factory=AccessRules)
+    fair_share: bool = True
+    half_life_s: float = 60.0
+    hold_s: float = 5.0
+    keep_results_s: float = 600.0
+    listen_for_controllers: bool = True
+    python: str = sys.executable
+    host: str = field(default_factory=socket.gethostname)
+    user: str = field(default_factory=getpass.getuser)
+    stats_file: str | None = None
+
+    def __post_init__(self) -> None:
+        from ..errors import ConfigError
+
+        if not isinstance(self.slots, int) or self.slots < 1:
+            raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")
+        for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.maxnum is not None and self.maxnum < 1:
+            raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
+        if self.key is None and self.bind not in (None, LOOPBACK_HOST):
+            raise ConfigError(f"without a group key a worker listens on {LOOPBACK_HOST} only")
+
+    def bind_address(self) -> str:
+        """The TCP address to listen on."""
+        if self.key is None:
+            return LOOPBACK_HOST
+        return self.bind or self.discovery.interface or "0.0.0.0"

@@ -1,0 +1,214 @@
+"""What the controller knows of workers and batches, and how it chooses among them.
+
+The settings a job's controller runs with (:class:`ControllerSettings`); a
+worker as the controller knows it (:class:`Worker`: its announcement, our
+connection, its batches, whether this job's tasks may go there); a batch of
+tasks asked to run on one worker (:class:`Batch`, and :class:`Standing`, one
+asked ahead of its tasks); and the pure choices of placing: which worker to
+ask (:func:`choose_worker`, :func:`choose_standing`) and for how many tasks
+(:func:`batch_size`). The controller that acts on them is
+:class:`~.controller.Controller`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .announce import PeerInfo, PeerState
+from .discovery import DiscoveryConfig
+from .keys import GroupKey
+from .messages import Ask
+from .recorder import GroupWriter
+from .stream import ConnectionPump
+from .wire import Connection
+
+__all__ = [
+    "Batch",
+    "ControllerSettings",
+    "Standing",
+    "Worker",
+    "batch_size",
+    "choose_standing",
+    "choose_worker",
+    "local_addresses",
+]
+
+_MAX_BATCH = 4096
+_MAX_BATCH_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """What each task needs, and how the controller finds and uses workers."""
+
+    key: GroupKey | None = None
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
+    mem_bytes: int = 0
+    time_s: float = 0.0
+    cores: int = 1
+    diary: str = "always"
+    prefer_local: bool = True
+    batch_target_s: float = 0.02
+    start_timeout_s: float = 5.0
+    connect_timeout_s: float = 3.0
+    peer_id: str = ""
+
+
+@dataclass
+class Batch:
+    """Tasks asked to run on one worker together: one ASK, one TASK, one RESULT."""
+
+    bid: str
+    worker: Worker
+    indices: list[int]
+    attempts: list[int]
+    asked: float
+    sent: float = 0.0
+    sent_wall: float = 0.0
+    copied: bool = False
+    withdrawn: bool = False  # its tasks went elsewhere; waiting for the worker's answer
+    standing: bool = False  # asked before any task was there (an open Executor's next task)
+    accepted: float = 0.0
+
+
+@dataclass
+class Standing:
+    """A batch asked for before any task was there, and its ASK."""
+
+    batch: Batch  # standing, empty
+    ask: Ask  # its ASK, sent alone or inside a TASK
+
+
+class Worker:
+    """A worker as this controller knows it: its announcement and our connection."""
+
+    def __init__(self, peer_id: str, info: PeerInfo) -> None:
+        self.peer_id = peer_id
+        self.info = info
+        self.sock: socket.socket | None = None
+        self.conn: Connection | None = None
+        self.pump: ConnectionPump | None = None
+        self.state = "new"  # new, connecting, handshake, ready, closed
+        self.since = 0.0
+        self.batches: dict[str, Batch] = {}
+        self.sent_fns: set[str] = set()
+        self.busy_until = 0.0
+        self.unsuitable = ""  # why it cannot take this job's tasks (memory, time, not allowed)
+        self.unsuitable_for: tuple[Any, ...] = ()
+        self.unsuitable_since = 0.0
+        self.wid = ""
+        self.writer: GroupWriter | None = None
+        self.pid = 0
+        self.host = info.announcement.host
+        self.failures = 0
+        self.listed = True
+
+    @property
+    def offer(self) -> tuple[Any, ...]:
+        """What a refusal for memory, time or access depended on (asked again when it changes)."""
+        a = self.info.announcement
+        return (a.slots, a.user, a.host, math.floor(a.time_s / 60) if a.time_s != math.inf else -1)
+
+    def connectable(self) -> bool:
+        """Whether to connect to it: it was not found unsuitable, is listed and not stopping."""
+        return not self.unsuitable and self.listed and self.info.announcement.state is not PeerState.ZOMBIE
+
+    def why_not(self, settings: ControllerSettings) -> str:
+        """Why tasks that need what ``settings`` say cannot go to it now ("" if they can)."""
+        from .units import format_duration, format_size
+
+        a = self.info.announcement
+        s = settings
+        if self.unsuitable:
+            return self.unsuitable
+        if not self.listed:
+            return "gone"
+        if a.state is PeerState.ZOMBIE:
+            return "stopping"
+        if a.slots < s.cores:
+            return f"{a.slots} core(s), the tasks need {s.cores}"
+        if s.time_s and a.time_s < s.time_s:
+            return f"offers {format_duration(a.time_s)}, the tasks need {format_duration(s.time_s)}"
+        if s.mem_bytes and a.mem_bytes < s.mem_bytes:
+            return f"offers {format_size(a.mem_bytes)} of memory, the tasks need {format_size(s.mem_bytes)}"
+        return ""
+
+    def usable(self, settings: ControllerSettings) -> bool:
+        """Whether tasks that need what ``settings`` say can go to it now."""
+        # why_not without its messages: asked for every worker at every placement
+        a = self.info.announcement
+        s = settings
+        return not (self.unsuitable or not self.listed or a.state is PeerState.ZOMBIE or a.slots < s.cores
+                    or (s.time_s and a.time_s < s.time_s) or (s.mem_bytes and a.mem_bytes < s.mem_bytes))
+
+
+def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pending: int,
+               mean_s: float, n_measured: int) -> int:
+    """How many tasks to ask ``w`` to take at once: ``settings.batch_target_s`` of work at
+    the mean task time (``mean_s`` of ``n_measured`` tasks; one task until one was
+    measured), at most half a fair share of the ``pending`` tasks over ``total_slots``,
+    and no more than ``w`` offers the time for."""
+    k = 1 if n_measured == 0 else int(settings.batch_target_s / max(mean_s, 1e-6))
+    k = min(k, max(1, math.ceil(pending / (2 * total_slots))), _MAX_BATCH)
+    offer = w.info.announcement.time_s
+    if settings.time_s > 0 and offer != math.inf:
+        k = min(k, max(1, int(offer / settings.time_s)))
+    return max(1, k)
+
+
+def choose_worker(ready: list[Worker], settings: ControllerSettings, local_addresses: frozenset[str],
+                  depth: int, now: float) -> Worker | None:
+    """The worker of ``ready`` to ask for the next batch: idle first, then local (if
+    ``settings.prefer_local``), then the least loaded, then the closest fit in memory;
+    None if each holds ``depth`` batches a slot already or is busy until after ``now``."""
+    s = settings
+    best, best_key = None, None
+    for w in ready:
+        a = w.info.announcement
+        slots = max(1, a.slots // s.cores)
+        if len(w.batches) >= depth * slots or w.busy_until > now:
+            continue
+        running_here = sum(1 for b in w.batches.values() if b.sent)
+        idle = a.slots_free >= s.cores or (running_here < slots and a.state is PeerState.IDLE)
+        local = s.prefer_local and w.info.connect_address[0] in local_addresses
+        fit = (a.mem_bytes - s.mem_bytes) if s.mem_bytes else 0
+        key = (0 if idle else 1, 0 if local else 1, len(w.batches) / slots, fit)
+        if best_key is None or key < best_key:
+            best, best_key = w, key
+    return best
+
+
+def choose_standing(workers: Iterable[Worker], settings: ControllerSettings,
+                    local_addresses: frozenset[str], short: bool, now: float) -> Worker | None:
+    """The worker to ask ahead, for an open Executor's next task: a ready, usable one,
+    local first; for ``short`` tasks the one with the most batches (where the last task
+    runs), up to two a slot; else the one with the fewest, up to one a slot."""
+    s = settings
+    best = None
+    for w in workers:
+        if w.state != "ready" or not w.usable(s) or w.busy_until > now:
+            continue
+        slots = max(1, w.info.announcement.slots // s.cores)
+        if len(w.batches) >= (2 * slots if short else slots):
+            continue
+        local = w.info.connect_address[0] in local_addresses
+        key = (0 if local else 1, -len(w.batches) if short else len(w.batches))
+        if best is None or key < best[0]:
+            best = (key, w)
+    return best[1] if best is not None else None
+
+
+def local_addresses() -> frozenset[str]:
+    """This machine's IPv4 addresses (a worker at one of them is local)."""
+    import psutil
+
+    out = {"127.0.0.1"}
+    with contextlib.suppress(Exception):
+        for addrs in psutil.net_if_addrs().values():
+            out.update(a.address for a in addrs if a.family == socket.AF_INET)
+    return frozenset(out)

@@ -1,0 +1,164 @@
+"""A batch on a worker daemon, from its TASK to its RESULT.
+
+A :class:`Run` is a batch of tasks admitted from one controller: the buffers of
+its TASK, the child process it runs on (the message that starts it there:
+:func:`build_run_message`), and the outcomes the child reports
+(:func:`take_results`), filled in for the tasks that never reported
+(:func:`fill_unfinished`) and composed into the RESULT its controller gets
+(:func:`build_result`). A :class:`Done` is a RESULT kept until its controller
+acknowledges it. The daemon that moves them is :class:`~.daemon.PeerWorker`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .child import Outcome
+from .children import ChildProcess, error_value
+from .messages import Ask
+
+__all__ = ["Done", "Run", "build_result", "build_run_message", "fill_unfinished", "take_results"]
+
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+@dataclass
+class Run:
+    """A batch of tasks admitted from one controller, queued for or running on a child."""
+
+    seq: int
+    controller: str
+    task_id: str
+    ask: Ask
+    info: dict[str, Any]
+    buffers: tuple[Any, ...] = ()
+    fn_buffers: tuple[Any, ...] = ()
+    started: float = 0.0
+    child: ChildProcess | None = None
+    outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
+    groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
+    kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
+    accepted: float = 0.0
+    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
+
+
+@dataclass
+class Done:
+    """The RESULT of a run, kept until its controller acknowledges it."""
+
+    info: dict[str, Any]
+    buffers: list[Any]
+    finished: float
+    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)
+
+
+def build_run_message(run: Run, send_fn: bool,
+                      fd_of: Callable[[Any], int]) -> tuple[dict[str, Any], list[Any], list[int]]:
+    """The "run" message that starts ``run`` on a child (see child.py): its header, the
+    buffers of its body, and the descriptors sent with it (a buffer in a memfd, whose
+    descriptor ``fd_of`` gives, -1 if none, goes as that descriptor, up to 250 of them).
+    With ``send_fn`` the function part of the batch goes too."""
+    body: list[Any] = []
+    fds: list[int] = []
+    parts: list[list[int]] = []
+    for buf in run.buffers + (run.fn_buffers if send_fn else ()):
+        fd = fd_of(buf)
+        if fd >= 0 and len(fds) < 250:
+            fds.append(fd)
+            parts.append([len(buf), 1])
+        else:
+            body.append(buf)
+            parts.append([len(buf), 0])
+    header = {"op": "run", "batch": str(run.seq), "job": run.info["job"],
+              "diary": run.info["diary"], "items": run.info["items"], "fn": run.info["fn"],
+              "ntask": len(run.buffers), "parts": parts}  # fmt: skip
+    return header, body, fds
+
+
+def take_results(child: ChildProcess, header: dict[str, Any], body: memoryview,
+                 fds: list[int]) -> None:  # fmt: skip
+    """A group of outcomes from a child, into its run: one pickled list of values, then the
+    logs (the child's run is None: they are dropped, their descriptors closed)."""
+    run = child.run
+    pos = 0
+    group_no = -1
+    group = header.get("group")
+    fd_iter = iter(fds)
+    if group is not None:
+        plen, parts = group
+        pickled = body[pos : pos + plen]
+        pos += plen
+        oob: list[Any] = []
+        for part in parts:
+            length, where = int(part[0]), int(part[1])
+            if where == 0:
+                oob.append(body[pos : pos + length])
+                pos += length
+                continue
+            fd = next(fd_iter)
+            try:
+                if len(part) > 3:  # the child's warm memfd: mapped once, released after ACK
+                    lid, capacity = int(part[2]), int(part[3])
+                    mm = child.lease_map(lid, capacity, fd)
+                    if run is not None:
+                        run.leases.append((child, lid))
+                else:
+                    mm = mmap.mmap(fd, max(length, 1), flags=mmap.MAP_SHARED | _POPULATE,
+                                   prot=mmap.PROT_READ)  # fmt: skip
+            finally:
+                os.close(fd)
+            oob.append(memoryview(mm)[:length])
+        if run is not None:
+            run.groups.append((pickled, oob))
+            group_no = len(run.groups) - 1
+    for item in header.get("items", []):
+        index, attempt, status, item_no, t0, t1, rss, log_len = item
+        logged = body[pos : pos + log_len]
+        pos += log_len
+        if run is not None:
+            run.outcomes[int(index)] = (
+                [index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged,
+            )  # fmt: skip
+    for fd in fd_iter:
+        os.close(fd)
+
+
+def fill_unfinished(run: Run, culprit_index: int, culprit: Outcome | None, why: str,
+                    tail: bytes, since: float, pid: int, host: str) -> None:  # fmt: skip
+    """Outcomes for the tasks of ``run`` that did not report one (``host``: this worker's)."""
+    job = run.info.get("job", {})
+    seed0 = int(job.get("seed") or 0)
+    for index, attempt in run.info.get("items", []):
+        if index in run.outcomes:
+            continue
+        t = since or time.time()
+        if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
+            kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
+            msg = f"task {index} {why}" if culprit is Outcome.LOST else why
+            run.groups.append((error_value(kind, msg, host, index, seed0 + index, pid), []))
+            row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
+            run.outcomes[index] = (row, tail)
+        else:
+            row = [index, attempt, int(Outcome.REQUEUE), -1, -1, t, t, 0, 0]
+            run.outcomes[index] = (row, b"")
+
+
+def build_result(run: Run, host: str, charged: float) -> tuple[dict[str, Any], list[Any]]:
+    """The info and buffers of the RESULT of a finished ``run``: its outcome rows in the
+    order of its items, the sizes of its groups, ``host``, its child's pid and the seconds
+    ``charged``; buffer 0 holds the groups' pickled values, 1 the logs, then the groups'
+    out-of-band buffers."""
+    order = [i for i, _ in run.info.get("items", [])]
+    rows = [run.outcomes[i] for i in order if i in run.outcomes]
+    info = {"items": [r[0] for r in rows], "groups": [[len(g[0]), len(g[1])] for g in run.groups],
+            "host": host, "pid": run.child.pid if run.child else 0,
+            "seconds": charged}  # fmt: skip
+    buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
+    for g in run.groups:
+        buffers.extend(g[1])
+    return info, buffers
