@@ -756,6 +756,8 @@ class PeerWorker:
             self._drain(f"idle for {opts.maxidle:.0f} s (maxidle)")
         self._check_limits(now)
         for h in [h for h in self.admission.held if now - h.arrival > opts.hold_s]:
+            if h not in self.admission.held:
+                continue  # a refusal that could not be sent closed its connection, and its ASKs
             self.admission.held.remove(h)
             if h.passed_over and self.fair.enabled:
                 self._refuse(h.peer, h.ask, RefuseReason.FAIR_SHARE,
@@ -765,8 +767,9 @@ class PeerWorker:
         for peer in [p for p in self.peers if not p.controller and now - p.opened > _HANDSHAKE_S]:
             self._close(peer, "handshake timed out")
         for key, run in list(self.admission.reserved.items()):
-            if now - run.accepted > 60.0:  # accepted, but its TASK never came
-                del self.admission.reserved[key]
+            # accepted, but its TASK never came (gone already if an ACCEPT that could not be
+            # sent just closed its connection)
+            if now - run.accepted > 60.0 and self.admission.reserved.pop(key, None) is not None:
                 self._admit()
         for controller, done in list(self.unacked.items()):
             for task_id, d in list(done.items()):
