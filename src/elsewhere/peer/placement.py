@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 _MAX_BATCH = 4096
-_MAX_BATCH_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
