@@ -18,6 +18,7 @@ from peer_procs import Workers, free_port, wait_until
 import elsewhere as ew
 from elsewhere.clusters.peer import PeerCluster
 from elsewhere.errors import ElsewhereError
+from elsewhere.peer import controller as peer_controller
 from elsewhere.peer.keys import write_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -74,13 +75,16 @@ def test_results_come_back_and_are_durable_in_the_job_folder(on: PeerCluster) ->
     job.purge()
 
 
-def test_one_task_at_a_time_takes_two_frames(on: PeerCluster) -> None:
-    # the next task's ASK rides inside each TASK and its ACCEPT inside the RESULT ("fold")
+def test_one_task_at_a_time_takes_two_frames(on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the next task's ASK rides inside each TASK and its ACCEPT inside the RESULT ("fold"),
+    # for tasks shorter than a round trip: every task counts as short here, however loaded
+    # the machine (the controller runs in this process)
+    monkeypatch.setattr(peer_controller, "_SHORT_S", 60.0)
     with ew.Executor(on=on) as ex:
         assert [ex.submit(square, i).result(timeout=30) for i in range(30)] == [i * i for i in range(30)]
         counters = ex._link.counters()
-    assert counters["asks_folded"] >= 20, counters
-    assert counters["accepts_folded"] >= 20, counters
+    assert counters["asks_folded"] >= 25, counters  # all but the first few
+    assert counters["accepts_folded"] >= 25, counters
 
 
 def test_the_workers_forget_every_result_once_acknowledged(on: PeerCluster, lab_workers: Workers) -> None:
