@@ -255,6 +255,23 @@ def test_to_a_folding_controller_the_accept_rides_inside_the_result(tmp_path: Pa
         w.stop()
 
 
+def test_a_frame_that_arrives_in_pieces_is_read_whole(tmp_path: Path, key_file: Path) -> None:
+    # the daemon stops reading once a read leaves the socket empty; the rest of a frame that
+    # comes later must still be read (the socket is readable again), byte by byte even
+    w, port = start_worker(tmp_path, key_file)
+    try:
+        c = Client(port, load_key(key_file))
+        c.conn.send(Ask("split", mem_bytes=1, time_s=1.0, cores=1))
+        (raw,) = [f.tobytes() for f in c.conn.data_to_send()]
+        for i in range(0, len(raw), 7):
+            c.sock.sendall(raw[i : i + 7])
+            time.sleep(0.01)
+        assert c.next((Accept, Refuse)).message == Accept("split")
+        c.send(Cancel("split"))
+    finally:
+        w.stop()
+
+
 def test_results_are_kept_until_acknowledged(tmp_path: Path, key_file: Path) -> None:
     w, port = start_worker(tmp_path, key_file)
     key = load_key(key_file)

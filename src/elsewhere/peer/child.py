@@ -136,18 +136,17 @@ class MessageReader:
         self._rbuf = bytearray(1 << 18)
         self._rview = memoryview(self._rbuf)
 
-    def _recv(self, size: int) -> bool:
-        """Read up to ``size`` bytes; False at the end of the stream."""
+    def _recv(self, size: int) -> int:
+        """Read up to ``size`` bytes; how many (0 at the end of the stream)."""
         n, anc, _flags, _addr = self.sock.recvmsg_into([self._rview[:size]], self._anc)
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 self._fds.extend(fds)
-        if not n:
-            return False
-        self._buf += self._rview[:n]
-        return True
+        if n:
+            self._buf += self._rview[:n]
+        return n
 
     def _pop(self) -> tuple[dict[str, Any], memoryview, list[int]] | None:
         buf = self._buf
@@ -169,14 +168,17 @@ class MessageReader:
         open_ = True
         while True:
             try:
-                if not self._recv(1 << 18):
-                    open_ = False
-                    break
+                n = self._recv(1 << 18)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 open_ = False
                 break
+            if not n:
+                open_ = False
+                break
+            if n < 1 << 18:
+                break  # drained: no second call only to hear EAGAIN
         while (msg := self._pop()) is not None:
             out.append(msg)
         return out, open_

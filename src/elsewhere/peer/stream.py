@@ -151,6 +151,8 @@ class ConnectionPump:
                     break
                 self.bytes_received += n
                 budget -= n
+                if want < _SMALL_READ and n < len(self._rbuf):
+                    break  # the socket is drained: no second call only to hear EAGAIN
         except ProtocolError as exc:
             self.failed = exc
         if self.failed is not None and not events:
