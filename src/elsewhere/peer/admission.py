@@ -112,6 +112,25 @@ class Admission:
         self.held = [h for h in self.held if not (h.peer is peer and h.ask.task_id == task_id)]
         return self.reserved.pop((id(peer), task_id), None) is not None
 
+    def take_held(self, older_than: float | None = None, now: float = 0.0) -> list[Held]:
+        """Take out the held ASKs (those that waited longer than ``older_than`` seconds, if
+        given), for the daemon to refuse: taken before any refusal is sent, as a refusal that
+        cannot be sent closes its connection, which drops that connection's ASKs here."""
+        if older_than is None:
+            taken, self.held = self.held, []
+        else:
+            taken = [h for h in self.held if now - h.arrival > older_than]
+            self.held = [h for h in self.held if now - h.arrival <= older_than]
+        return taken
+
+    def drop_unused(self, now: float, older_than: float) -> bool:
+        """Drop the admissions whose TASK has not come within ``older_than`` seconds;
+        True if there were any."""
+        stale = [key for key, run in self.reserved.items() if now - run.accepted > older_than]
+        for key in stale:
+            del self.reserved[key]
+        return bool(stale)
+
     def forget(self, peer: Peer) -> None:
         """``peer``'s connection closed: its held ASKs and its reservations go."""
         self.held = [h for h in self.held if h.peer is not peer]

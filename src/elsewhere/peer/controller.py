@@ -259,10 +259,10 @@ class Controller:
 
     def cancel(self) -> None:
         """Cancel every task and stop."""
-        # Set here too: a ``stop()`` that follows can end the loop in a turn that has not
-        # read this command yet, and the workers must still be told to drop their tasks.
+        # A flag, not a queued command: a ``stop()`` that follows can end the loop in a turn
+        # that has read no command yet, and the workers must still be told to drop their tasks.
         self._cancelled_job = True
-        self._command("cancel")
+        self._wake()
 
     def refresh_queue(self) -> None:
         """Re-read the queue (retries added by ``job.retry()``, a closed stream)."""
@@ -296,6 +296,9 @@ class Controller:
 
     def _command(self, *cmd: Any) -> None:
         self.commands.put(cmd)
+        self._wake()
+
+    def _wake(self) -> None:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"c")
 
@@ -452,8 +455,6 @@ class Controller:
                     b = self.batches.get(bid)
                     if b is not None and all(j in self.cancelled or j in self.final for j in b.indices):
                         self._withdraw(b)
-            elif cmd[0] == "cancel":
-                self._cancelled_job = True
 
     def _watch_peers(self) -> None:
         """Wake the loop when the set of workers or their state changes."""
@@ -931,23 +932,28 @@ class Controller:
 
     def _fold_standing(self, w: Worker) -> Standing | None:
         """For a TASK about to go to ``w``: the standing ASK :meth:`_stand` would send next,
-        made now to ride inside the TASK, if ``w`` takes folded frames and would be chosen
-        anyway (short tasks, nothing else pending or standing). Its ACCEPT then comes back
+        made now to ride inside the TASK, if ``w`` takes folded frames and is the worker
+        :meth:`_stand` would ask (short tasks, nothing pending). Its ACCEPT then comes back
         inside the RESULT: two frames a task instead of four."""
         peer = w.conn.peer if w.conn is not None else None
-        if peer is None or "fold" not in peer.caps or self.pending:
-            return None
-        if not (self.n_measured > 0 and self.mean_s < _SHORT_S):
+        if peer is None or "fold" not in peer.caps or self.pending or not self._short():
             return None
         now = time.monotonic()
-        if not self.stream or self.closed or now < self.standing_after or w.busy_until > now:
+        if self._standing_worker(now) is not w:
+            return None
+        return self._new_standing(w, now)
+
+    def _short(self) -> bool:
+        """Whether the tasks are shorter than a round trip (as measured so far)."""
+        return self.n_measured > 0 and self.mean_s < _SHORT_S
+
+    def _standing_worker(self, now: float) -> Worker | None:
+        """The worker an open stream job (an Executor) asks ahead, or None if it should not."""
+        if not self.stream or self.closed or now < self.standing_after:
             return None
         if any(b.standing for b in self.batches.values()):
             return None
-        slots = max(1, w.info.announcement.slots // self.settings.cores)
-        if len(w.batches) >= 2 * slots:
-            return None
-        return self._new_standing(w, now)
+        return choose_standing(self.workers.values(), self.settings, self.local_addresses, self._short(), now)
 
     def _new_standing(self, w: Worker, now: float) -> Standing:
         s = self.settings
@@ -961,17 +967,11 @@ class Controller:
         """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
         the next task skips a round trip. The worker lets another controller have the slot
         if this admission is not used within moments (``admission._STALE_RESERVATION_S``)."""
-        if not self.stream or self.closed or now < self.standing_after:
-            return
-        if any(b.standing for b in self.batches.values()):
-            return
-        s = self.settings
         # Tasks shorter than a round trip: ask where the last one runs. The worker holds the
         # ASK and admits it as the task ends, its ACCEPT leaving with the RESULT, and no
         # other worker is woken for it (with ``fold`` that ASK rode inside the TASK, see
         # _fold_standing). Longer tasks: ask an idle worker.
-        short = self.n_measured > 0 and self.mean_s < _SHORT_S
-        best = choose_standing(self.workers.values(), s, self.local_addresses, short, now)
+        best = self._standing_worker(now)
         if best is None:
             return
         nxt = self._new_standing(best, now)

@@ -279,9 +279,8 @@ class PeerWorker:
         if self.draining is None:
             log.info("draining: %s", why)
         self.draining = why
-        for h in self.admission.held:
+        for h in self.admission.take_held():
             self._refuse(h.peer, h.ask, RefuseReason.DRAINING, "the worker is stopping")
-        self.admission.held.clear()
         self._announce_due = True
 
     # -- connections ------------------------------------------------------------------
@@ -692,9 +691,9 @@ class PeerWorker:
         try:
             if fold:
                 assert peer is not None
-                self._folding = (peer, [])
+                accepted: list[str] = []
+                self._folding = (peer, accepted)
                 self._after_batch()
-                accepted, self._folding = self._folding[1], None
                 self._send(peer, Result(run.task_id, info, tuple(accepted)), buffers)
             else:
                 if peer is not None:
@@ -755,10 +754,7 @@ class PeerWorker:
         if idle and now - self.last_busy > opts.maxidle and self.draining is None:
             self._drain(f"idle for {opts.maxidle:.0f} s (maxidle)")
         self._check_limits(now)
-        for h in [h for h in self.admission.held if now - h.arrival > opts.hold_s]:
-            if h not in self.admission.held:
-                continue  # a refusal that could not be sent closed its connection, and its ASKs
-            self.admission.held.remove(h)
+        for h in self.admission.take_held(opts.hold_s, now):
             if h.passed_over and self.fair.enabled:
                 self._refuse(h.peer, h.ask, RefuseReason.FAIR_SHARE,
                              "other controllers, with less recent use, came first")  # fmt: skip
@@ -766,11 +762,8 @@ class PeerWorker:
                 self._refuse(h.peer, h.ask, RefuseReason.BUSY, "no slot became free in time")
         for peer in [p for p in self.peers if not p.controller and now - p.opened > _HANDSHAKE_S]:
             self._close(peer, "handshake timed out")
-        for key, run in list(self.admission.reserved.items()):
-            # accepted, but its TASK never came (gone already if an ACCEPT that could not be
-            # sent just closed its connection)
-            if now - run.accepted > 60.0 and self.admission.reserved.pop(key, None) is not None:
-                self._admit()
+        if self.admission.drop_unused(now, 60.0):  # accepted, but their TASKs never came
+            self._admit()
         for controller, done in list(self.unacked.items()):
             for task_id, d in list(done.items()):
                 if now - d.finished > opts.keep_results_s:

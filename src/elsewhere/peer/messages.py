@@ -278,6 +278,15 @@ class TaskMessage(Message):
         _text(self.task_id, "task_id", empty=False)
 
 
+def _task_ids(value: object, name: str) -> tuple[str, ...]:
+    """Check a list of fewer than ``MAX_ACKS`` task ids; returns it as a tuple."""
+    if not isinstance(value, (list, tuple)) or len(value) >= MAX_ACKS:
+        raise ValueError(f"{name} must be a list of fewer than {MAX_ACKS} task ids")
+    for task_id in value:
+        _text(task_id, "task_id", empty=False)
+    return tuple(value)
+
+
 def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
     """Check an ASK's figures; returns ``time_s`` as a float."""
     _count(mem_bytes, "mem_bytes")
@@ -388,11 +397,7 @@ class Result(TaskMessage):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_info(self.info)
-        if not isinstance(self.accepted, (list, tuple)) or len(self.accepted) >= MAX_ACKS:
-            raise ValueError(f"accepted must be a list of fewer than {MAX_ACKS} task ids")
-        for task_id in self.accepted:
-            _text(task_id, "task_id", empty=False)
-        object.__setattr__(self, "accepted", tuple(self.accepted))
+        object.__setattr__(self, "accepted", _task_ids(self.accepted, "accepted"))
 
     def to_header(self) -> dict[str, Any]:
         out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
@@ -411,11 +416,7 @@ class Ack(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.more, (list, tuple)) or len(self.more) >= MAX_ACKS:
-            raise ValueError(f"more must be a list of fewer than {MAX_ACKS} task ids")
-        for task_id in self.more:
-            _text(task_id, "task_id", empty=False)
-        object.__setattr__(self, "more", tuple(self.more))
+        object.__setattr__(self, "more", _task_ids(self.more, "more"))
 
     def to_header(self) -> dict[str, Any]:
         # without ``more`` when there is none: the ACK of protocol 1's first form

@@ -341,21 +341,20 @@ class Connection:
         return frame
 
     def _admit_outgoing(self, message: TaskMessage) -> None:
-        mtype, task_id = message.TYPE, message.task_id
-        if isinstance(message, Task) and message.ask:  # checked first: nothing changes if it fails
-            nxt = message.ask[0]
-            if nxt in self._asks_to_peer or nxt in self._accepted_by_peer:
-                raise PeerError(f"task {nxt!r} was already asked for")
-        elif isinstance(message, Result):
-            for accepted in message.accepted:
-                if accepted not in self._asks_from_peer:
-                    raise PeerError(f"ACCEPT for task {accepted!r}, which the peer did not ask for")
-            for accepted in message.accepted:
-                self._asks_from_peer.discard(accepted)
-                self._accepted_for_peer.add(accepted)
-        self._admit_task_message(mtype, task_id)
+        # what is folded in is checked first, so that nothing changes if the send fails
+        folded: list[tuple[MessageType, str]] = []
         if isinstance(message, Task) and message.ask:
-            self._asks_to_peer.add(message.ask[0])
+            folded = [(MessageType.ASK, message.ask[0])]
+            if message.ask[0] in self._asks_to_peer or message.ask[0] in self._accepted_by_peer:
+                raise PeerError(f"task {message.ask[0]!r} was already asked for")
+        elif isinstance(message, Result):
+            folded = [(MessageType.ACCEPT, task_id) for task_id in message.accepted]
+            for _, task_id in folded:
+                if task_id not in self._asks_from_peer:
+                    raise PeerError(f"ACCEPT for task {task_id!r}, which the peer did not ask for")
+        self._admit_task_message(message.TYPE, message.task_id)
+        for mtype, task_id in folded:
+            self._admit_task_message(mtype, task_id)
 
     def _admit_task_message(self, mtype: MessageType, task_id: str) -> None:
         if mtype is MessageType.ASK:
@@ -696,22 +695,22 @@ class Connection:
                 self._admit_ask(message.ask[0])
         elif isinstance(message, Result):
             for task_id in message.accepted:
-                if task_id not in self._asks_to_peer:
-                    raise ProtocolError(f"ACCEPT for task {task_id!r}, which was not asked for")
-                self._asks_to_peer.discard(task_id)
-                self._accepted_by_peer.add(task_id)
+                self._admit_answer(MessageType.ACCEPT, task_id)
         elif isinstance(message, (Accept, Refuse)):
-            task_id = message.task_id
-            if task_id not in self._asks_to_peer:
-                raise ProtocolError(f"{mtype.name} for task {task_id!r}, which was not asked for")
-            self._asks_to_peer.discard(task_id)
-            if mtype is MessageType.ACCEPT:
-                self._accepted_by_peer.add(task_id)
+            self._admit_answer(mtype, message.task_id)
         elif isinstance(message, Cancel):  # the peer withdraws its ASK: no TASK will follow
             self._asks_from_peer.discard(message.task_id)
             self._accepted_for_peer.discard(message.task_id)
         elif mtype in (MessageType.BYE, MessageType.ERROR):
             self.state = ConnectionState.CLOSED
+
+    def _admit_answer(self, mtype: MessageType, task_id: str) -> None:
+        """The peer answered our ASK for ``task_id`` (ACCEPT or REFUSE)."""
+        if task_id not in self._asks_to_peer:
+            raise ProtocolError(f"{mtype.name} for task {task_id!r}, which was not asked for")
+        self._asks_to_peer.discard(task_id)
+        if mtype is MessageType.ACCEPT:
+            self._accepted_by_peer.add(task_id)
 
     def _admit_ask(self, task_id: str) -> None:
         if task_id in self._asks_from_peer or task_id in self._accepted_for_peer:
