@@ -255,6 +255,27 @@ def test_to_a_folding_controller_the_accept_rides_inside_the_result(tmp_path: Pa
         w.stop()
 
 
+def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: Path, key_file: Path) -> None:
+    polling = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "50")
+    sleeping = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "0")
+    try:
+        for _w, port in (polling, sleeping):
+            c = Client(port, load_key(key_file))
+            assert isinstance(c.ask("a"), Accept)
+            c.task("a", pow, [(2, 3)])
+            assert c.result("a") == [(0, Outcome.OK, 8)]  # acknowledged: nothing more comes
+        time.sleep(1.2)  # the 50 ms window is long over; the stats are written every second
+        first = [w.stats().get("busy_polls", 0) for w, _ in (polling, sleeping)]
+        time.sleep(1.2)
+        later = [w.stats().get("busy_polls", 0) for w, _ in (polling, sleeping)]
+        assert first[0] > 0  # it polled, awake, after the frames and the child's result
+        assert later[0] == first[0]  # and then slept: no polling without work
+        assert first[1] == later[1] == 0  # --busy-poll 0: never
+    finally:
+        polling[0].stop()
+        sleeping[0].stop()
+
+
 def test_a_frame_that_arrives_in_pieces_is_read_whole(tmp_path: Path, key_file: Path) -> None:
     # the daemon stops reading once a read leaves the socket empty; the rest of a frame that
     # comes later must still be read (the socket is readable again), byte by byte even
@@ -500,9 +521,10 @@ def test_worker_options_from_the_command_line(tmp_path: Path, key_file: Path) ->
     args = parser.parse_args([
         "peer", "worker", "--maxtime", "8h", "--maxidle", "1h", "--memavail", "8G", "--slots", "4",
         "--key", str(key_file), "--allow-user", "ann", "--refuse-host", "10.9.0.0/16", "--fcfs",
-        "--maxnum", "100", "--timavail", "10min",
+        "--maxnum", "100", "--timavail", "10min", "--busy-poll", "0.5",
     ])  # fmt: skip
     opts = worker_options(args)
+    assert opts.poll_s == 0.0005
     assert (opts.maxtime, opts.maxidle, opts.memavail, opts.slots) == (8 * 3600, 3600, 8 << 30, 4)
     assert (opts.timavail, opts.maxnum, opts.fair_share) == (600, 100, False)
     assert opts.key.group == "lab"

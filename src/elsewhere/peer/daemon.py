@@ -130,6 +130,7 @@ class PeerWorker:
         self._seq = 0
         self._announce_due = True
         self._last_announce = 0.0
+        self._poll_until = 0.0  # see WorkerOptions.poll_s
         self._last_tick = 0.0
         self._last_stats = 0.0
         self._signals = 0
@@ -212,13 +213,21 @@ class PeerWorker:
             self.start()
         if install_signals and threading.current_thread() is threading.main_thread():
             self._install_signals()
+        poll_s = self.options.poll_s
         try:
             while True:
                 now = time.monotonic()
                 if self._finished(now):
                     break
-                for key, mask in self.sel.select(self._timeout()):
+                polling = now < self._poll_until
+                events = self.sel.select(0.0 if polling else self._timeout())
+                if not events and polling:
+                    self.stats["busy_polls"] += 1
+                    os.sched_yield()  # a process that wants this core has it first
+                for key, mask in events:
                     kind, obj = key.data
+                    if kind == "peer" or kind == "child":
+                        self._poll_until = now + poll_s
                     if kind == "peer":
                         self._on_peer(obj, mask)
                     elif kind == "child":

@@ -43,6 +43,12 @@ class WorkerOptions:
     seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
     ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
     time without work before it exits; ``maxnum`` the tasks it runs.
+
+    ``poll_s``: after a frame or a child's message, the daemon keeps polling its
+    sockets, awake, for this long (0: never). The next step of a tiny task then
+    finds it running and warm: a sleeping process takes tens of microseconds to
+    wake, and its code then runs cold, several times slower. It yields the core
+    to any process that wants it, and sleeps as soon as a step takes longer.
     """
 
     key: GroupKey | None = None
@@ -59,6 +65,7 @@ class WorkerOptions:
     fair_share: bool = True
     half_life_s: float = 60.0
     hold_s: float = 5.0
+    poll_s: float = 0.002
     keep_results_s: float = 600.0
     listen_for_controllers: bool = True
     python: str = sys.executable
@@ -74,6 +81,8 @@ class WorkerOptions:
         for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.poll_s <= 1:
+            raise ConfigError(f"poll_s must be between 0 and 1 second, got {self.poll_s!r}")
         if self.maxnum is not None and self.maxnum < 1:
             raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
         if self.key is None and self.bind not in (None, LOOPBACK_HOST):
