@@ -19,7 +19,7 @@ import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgpack
 
@@ -124,9 +124,8 @@ PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
 """The types of message that carry raw buffers (the rest carry none)."""
 
 
-@dataclass(frozen=True)
-class FixedHeader:
-    """The 32 fixed bytes at the start of every frame."""
+class FixedHeader(NamedTuple):
+    """The 32 fixed bytes at the start of every frame (a tuple: one is made per frame read)."""
 
     msg_type: MessageType
     flags: Flags
