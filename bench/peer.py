@@ -21,9 +21,9 @@ child and warmed up before their clock starts.
    target was set where ``concurrent.futures.ProcessPoolExecutor`` (2
    workers) took 0.15 ms for the same round trip; its round trip is measured
    in the same process as the Executor's (blocks of 20 taken in turn, each
-   after a 10 ms pause, so that neither block starts while the workers still
-   busy-poll after the other: their awake core speeds up any process's
-   wake-ups on this VM, ProcessPoolExecutor's too), and
+   after a 50 ms pause, so that neither block runs while the worker still
+   busy-polls after the other: a core kept awake changes how fast any
+   process wakes on it, ProcessPoolExecutor's too), and
    the target scaled by it (its time over the
    Executor's at least 0.15 / 0.5 = 0.3x) is judged too, so that a slower
    machine or minute does not decide the verdict alone.
@@ -103,12 +103,13 @@ def m_ew_rt(port: int, key: str, n: int = 200) -> dict:
         ts: list[float] = []
         ps: list[float] = []
         for _ in range(n // 20):
-            time.sleep(0.01)  # the workers' busy polling (2 ms) is over: neither block inherits it
+            time.sleep(0.05)  # the worker's busy polling is over (2 ms after the last ACK, which
+            # leaves up to 20 ms after the last result): neither block inherits the other's state
             for i in range(20):
                 t0 = pc()
                 ex.submit(noop, i).result()
                 ts.append(pc() - t0)
-            time.sleep(0.01)
+            time.sleep(0.05)
             for i in range(20):
                 t0 = pc()
                 ppe.submit(noop, i).result()
