@@ -226,11 +226,11 @@ class PeerWorker:
                     os.sched_yield()  # a process that wants this core has it first
                 for key, mask in events:
                     kind, obj = key.data
-                    if kind == "peer" or kind == "child":
-                        self._poll_until = now + poll_s
                     if kind == "peer":
+                        self._poll_until = now + poll_s
                         self._on_peer(obj, mask)
                     elif kind == "child":
+                        self._poll_until = now + poll_s
                         self._on_child(obj)
                     elif kind == "listen":
                         self._accept()

@@ -82,7 +82,7 @@ class WorkerOptions:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.poll_s <= 1:
-            raise ConfigError(f"poll_s must be between 0 and 1 second, got {self.poll_s!r}")
+            raise ConfigError(f"poll_s (--busy-poll) must be 0 to 1 s (0 to 1000 ms), got {self.poll_s!r} s")
         if self.maxnum is not None and self.maxnum < 1:
             raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
         if self.key is None and self.bind not in (None, LOOPBACK_HOST):
