@@ -103,6 +103,7 @@ class OutgoingFrame:
         head: bytes,
         buffers: list[memoryview],
         key: DirectionKey | None,
+        body_len: int | None = None,
     ) -> None:
         self.msg_type = msg_type
         self.seq = seq
@@ -110,9 +111,9 @@ class OutgoingFrame:
         self._buffers = buffers
         self._key = key if buffers else None
         self._tag: bytes | None = None if self._key is not None else b""
-        self.nbytes = (
-            len(head) + sum(len(b) for b in buffers) + (TAG_SIZE if self._key is not None else 0)
-        )
+        if body_len is None:
+            body_len = sum(len(b) for b in buffers)
+        self.nbytes = len(head) + body_len + (TAG_SIZE if self._key is not None else 0)
 
     @property
     def small(self) -> bool:

@@ -28,6 +28,7 @@ from ..errors import ProtocolError
 __all__ = [
     "FIXED",
     "FIXED_SIZE",
+    "FLAG_VALUES",
     "HANDSHAKE_HEADER_CAP",
     "HANDSHAKE_TYPES",
     "MAGIC",
@@ -117,7 +118,8 @@ class Flags(enum.IntFlag):
 
 _KNOWN_FLAGS = int(Flags.COMPRESSED)
 _TYPES = {int(t): t for t in MessageType}
-_FLAGS = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1)}
+FLAG_VALUES: Mapping[int, Flags] = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1)}
+"""Every known combination of flags, by its number (a number not here has unknown bits)."""
 HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
 """The types of message only the handshake sends."""
 PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
@@ -160,7 +162,7 @@ class FixedHeader(NamedTuple):
             raise ProtocolError(f"unknown flags {flags:#06x}")
         if reserved:
             raise ProtocolError("reserved header bytes are not zero")
-        return cls(msg_type, _FLAGS[flags], seq, hlen, blen, nbuf)
+        return cls(msg_type, FLAG_VALUES[flags], seq, hlen, blen, nbuf)
 
 
 # ---------------------------------------------------------------- messages
@@ -184,6 +186,7 @@ class Message:
 
     TYPE: ClassVar[MessageType]
     _FIELDS: ClassVar[tuple[str, ...]] = ()  # set below, once the classes exist
+    _FIELD_SET: ClassVar[frozenset[str]] = frozenset()
 
     def to_header(self) -> dict[str, Any]:
         """The msgpack header (a dict of plain values) of this message."""
@@ -196,8 +199,10 @@ class Message:
     @classmethod
     def from_header(cls: type[_M], header: Mapping[str, Any]) -> _M:
         """Build from a received header; unknown keys are ignored (newer peers)."""
-        names = cls._FIELDS
+        names = cls._FIELD_SET
         try:
+            if header.keys() <= names:  # the usual case: nothing to leave out
+                return cls(**header)
             return cls(**{k: v for k, v in header.items() if k in names})
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"invalid {cls.TYPE.name} message: {exc}") from None
@@ -482,6 +487,7 @@ MESSAGE_CLASSES: Mapping[MessageType, type[Message]] = {
 }  # fmt: skip
 for _cls in MESSAGE_CLASSES.values():
     _cls._FIELDS = tuple(f.name for f in fields(_cls))
+    _cls._FIELD_SET = frozenset(_cls._FIELDS)
 del _cls
 
 

@@ -66,13 +66,14 @@ admits one TASK; a CANCEL from the asker withdraws its ASK (open or accepted).
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import os
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import msgpack
 
@@ -82,6 +83,7 @@ from .keys import GroupKey
 from .messages import (
     FIXED,
     FIXED_SIZE,
+    FLAG_VALUES,
     HANDSHAKE_HEADER_CAP,
     HANDSHAKE_TYPES,
     MAGIC,
@@ -90,6 +92,7 @@ from .messages import (
     PROTOCOL_VERSION,
     TAG_SIZE,
     Accept,
+    Ack,
     Ask,
     Auth,
     Cancel,
@@ -132,6 +135,18 @@ instead of four."""
 _MAX_SEQ = 2**64 - 1
 
 
+@functools.lru_cache(maxsize=64)
+def _lengths_struct(nbuf: int) -> struct.Struct:
+    """A buffer table of ``nbuf`` lengths."""
+    return struct.Struct(f">{nbuf}Q")
+
+
+@functools.lru_cache(maxsize=64)
+def _head_struct(nbuf: int) -> struct.Struct:
+    """The fixed header and a buffer table of ``nbuf`` lengths, as one :mod:`struct`."""
+    return struct.Struct(f"{FIXED.format}{nbuf}Q")
+
+
 @dataclass(frozen=True)
 class Limits:
     """Caps on what a peer may make us read or allocate for one frame."""
@@ -169,9 +184,9 @@ class HandshakeComplete:
     peer: Greeting
 
 
-@dataclass(frozen=True)
-class Received:
-    """A message, and its raw buffers (filled, authenticated, never unpickled)."""
+class Received(NamedTuple):
+    """A message, and its raw buffers (filled, authenticated, never unpickled); a tuple,
+    as one is made for every frame received."""
 
     message: Message
     buffers: tuple[Buffer, ...] = ()
@@ -286,6 +301,8 @@ class Connection:
         self._body_mac: Any = None
         self._small_body = False
         self._tag_buf = bytearray(TAG_SIZE)
+        # READY: type number -> (type, header cap, most buffers, body cap)
+        self._ready_specs: dict[int, tuple[MessageType, int, int, int]] = {}
         if role is Role.INITIATOR:
             self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
             hello = Hello(identity.peer_id, self.group, identity.user, identity.host,
@@ -314,29 +331,32 @@ class Connection:
         ASK, TASK without an ACCEPT, buffers on other messages, sizes over our
         own limits. Returns the frame, which is also in :meth:`data_to_send`.
         """
-        if self.state is not ConnectionState.READY or self._sent_bye:
-            raise PeerError(f"cannot send {message.TYPE.name}: connection is {self._state_text()}")
         mtype = message.TYPE
-        if mtype in HANDSHAKE_TYPES:
+        if self.state is not ConnectionState.READY or self._sent_bye:
+            raise PeerError(f"cannot send {mtype.name}: connection is {self._state_text()}")
+        payload = mtype in PAYLOAD_TYPES
+        if not payload and mtype in HANDSHAKE_TYPES:
             raise PeerError(f"{mtype.name} is sent by the connection itself")
         views = [as_bytes_view(b) for b in buffers]
-        if views and mtype not in PAYLOAD_TYPES:
-            raise PeerError(f"{mtype.name} cannot carry buffers")
         header = self._packer.pack(message.to_header())
         limits = self.limits
-        cap = (
-            limits.max_header_bytes if mtype in PAYLOAD_TYPES else limits.max_control_header_bytes
-        )
+        if views:
+            if not payload:
+                raise PeerError(f"{mtype.name} cannot carry buffers")
+            if len(views) > limits.max_buffers:
+                raise PeerError(f"{len(views)} buffers, over the cap of {limits.max_buffers}")
+            lengths = [len(v) for v in views]
+            if sum(lengths) > limits.max_body_bytes:
+                raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
+        else:
+            lengths = []
+        cap = limits.max_header_bytes if payload else limits.max_control_header_bytes
         if len(header) > cap:
             raise PeerError(f"{mtype.name} header is {len(header)} bytes, over the cap of {cap}")
-        if len(views) > limits.max_buffers:
-            raise PeerError(f"{len(views)} buffers, over the cap of {limits.max_buffers}")
-        if views and sum(map(len, views)) > limits.max_body_bytes:
-            raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
         if isinstance(message, TaskMessage):
             self._admit_outgoing(message)
-        frame = self._queue(mtype, header, views, flags)
-        if mtype in (MessageType.BYE, MessageType.ERROR):
+        frame = self._queue(mtype, header, views, flags, lengths)
+        if mtype is MessageType.BYE or mtype is MessageType.ERROR:
             self._sent_bye = True
         return frame
 
@@ -378,30 +398,34 @@ class Connection:
             self._accepted_by_peer.discard(task_id)
 
     def _queue(
-        self, mtype: MessageType, header: bytes, views: list[memoryview], flags: int
+        self,
+        mtype: MessageType,
+        header: bytes,
+        views: list[memoryview],
+        flags: int,
+        lengths: list[int] | None = None,
     ) -> OutgoingFrame:
         """Frame and queue an already-encoded header (no protocol checks: tests use it)."""
-        head = self._build_head(mtype, header, views, flags)
+        if lengths is None:
+            lengths = [len(v) for v in views]
+        seq = self._send_seq
+        head = self._build_head(mtype, header, lengths, flags)
         key = self._send_key
         if key is not None:
-            head += key.head_tag(self._send_seq, head)
-        frame = OutgoingFrame(mtype, self._send_seq, head, views, key)
-        self._send_seq += 1
+            head += key.head_tag(seq, head)
+        frame = OutgoingFrame(mtype, seq, head, views, key, sum(lengths))
+        self._send_seq = seq + 1
         self._outbox.append(frame)
         return frame
 
-    def _build_head(
-        self, mtype: MessageType, header: bytes, views: list[memoryview], flags: int
-    ) -> bytes:
-        if self._send_seq >= _MAX_SEQ:
+    def _build_head(self, mtype: MessageType, header: bytes, lengths: list[int], flags: int) -> bytes:
+        """The fixed header, the buffer table and the msgpack header of the next frame."""
+        seq = self._send_seq
+        if seq >= _MAX_SEQ:
             raise PeerError("sequence numbers exhausted: open a new connection")
-        if not views:
-            return FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
-                               0, 0, 0) + header  # fmt: skip
-        lengths = [len(v) for v in views]
-        fixed = FIXED.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, self._send_seq, len(header),
-                            sum(lengths), len(views), 0)  # fmt: skip
-        return fixed + struct.pack(f">{len(lengths)}Q", *lengths) + header
+        n = len(lengths)
+        return _head_struct(n).pack(MAGIC, PROTOCOL_VERSION, mtype, flags, seq, len(header),
+                                    sum(lengths), n, 0, *lengths) + header  # fmt: skip
 
     def _queue_handshake(self, message: Message, label: bytes) -> bytes:
         """Queue a handshake frame, tagged with HMAC over the transcript when keyed."""
@@ -488,27 +512,39 @@ class Connection:
         if the frame is not all there (it is then read part by part)."""
         if len(view) < FIXED_SIZE:
             return 0
-        fixed = self._check_fixed(view[:FIXED_SIZE])
+        magic, version, code, bits, seq, hlen, blen, nbuf, reserved = FIXED.unpack_from(view)
+        spec = self._ready_specs.get(code)
+        flags = FLAG_VALUES.get(bits)
+        if (spec is not None and flags is not None and magic == MAGIC and version == PROTOCOL_VERSION
+                and seq == self._recv_seq and not reserved and 1 <= hlen <= spec[1]
+                and nbuf <= spec[2] and blen <= spec[3] and (nbuf or not blen)):  # fmt: skip
+            mtype = spec[0]
+        else:  # refused: the full check says why
+            mtype, flags, seq, hlen, blen, nbuf = self._check_fixed(view[:FIXED_SIZE])
         key = self._recv_key
-        size = FIXED_SIZE + 8 * fixed.nbuf + fixed.header_len + (TAG_SIZE if key is not None else 0)
-        end = size + fixed.body_len + (TAG_SIZE if key is not None and fixed.nbuf else 0)
+        size = FIXED_SIZE + 8 * nbuf + hlen + (TAG_SIZE if key is not None else 0)
+        end = size + blen + (TAG_SIZE if key is not None and nbuf else 0)
         if len(view) < end:
             return 0
-        message, lengths = self._parse_head(fixed, view[:size])
-        buffers: list[Buffer] = []
-        pos = size
-        for n in lengths:
-            buf = self._allocate(n)
-            if len(buf) != n:
-                raise PeerError(f"allocator returned {len(buf)} bytes, {n} were asked for")
-            buf[:n] = view[pos : pos + n]
-            buffers.append(buf)
-            pos += n
-        if key is not None and lengths and not key.body_ok(fixed.seq, view[:pos], view[pos:end]):
-            raise ProtocolError("frame body failed authentication (altered in transit?)")
+        message, lengths = self._parse_head(mtype, seq, nbuf, blen, view[:size])
+        if lengths:
+            buffers: list[Buffer] = []
+            pos = size
+            for n in lengths:
+                buf = self._allocate(n)
+                if len(buf) != n:
+                    raise PeerError(f"allocator returned {len(buf)} bytes, {n} were asked for")
+                buf[:n] = view[pos : pos + n]
+                buffers.append(buf)
+                pos += n
+            if key is not None and not key.body_ok(seq, view[:pos], view[pos:end]):
+                raise ProtocolError("frame body failed authentication (altered in transit?)")
+            got = tuple(buffers)
+        else:
+            got = ()
         self._recv_seq += 1
         self._admit(message)
-        events.append(Received(message, tuple(buffers), fixed.flags))
+        events.append(Received(message, got, flags))
         return end
 
     def receive_eof(self) -> list[Event]:
@@ -597,7 +633,7 @@ class Connection:
         fixed = self._fixed
         assert fixed is not None  # set by _start_head on the way here
         head = memoryview(self._head)
-        message, lengths = self._parse_head(fixed, head)
+        message, lengths = self._parse_head(fixed.msg_type, fixed.seq, fixed.nbuf, fixed.body_len, head)
         self._message = message
         self._lengths = lengths
         self._buffers = []
@@ -612,16 +648,17 @@ class Connection:
                 self._body_mac.authenticate_additional_data(head)
         self._begin_buffer(0)
 
-    def _parse_head(self, fixed: FixedHeader, head: memoryview) -> tuple[Message, tuple[int, ...]]:
+    def _parse_head(
+        self, mtype: MessageType, seq: int, nbuf: int, body_len: int, head: memoryview
+    ) -> tuple[Message, tuple[int, ...]]:
         """Check the head tag, then parse the buffer table and the msgpack header."""
-        mtype = fixed.msg_type
         tag_size = self._head_tag_size(mtype)
         body = head[: len(head) - tag_size]
         if tag_size:
             tag = head[len(head) - tag_size :]
             if self.state is ConnectionState.READY:
                 assert self._recv_key is not None  # READY and keyed
-                ok = self._recv_key.head_ok(fixed.seq, body, tag)
+                ok = self._recv_key.head_ok(seq, body, tag)
             else:
                 expected = self._handshake_tag(mtype.name.encode(), body)
                 ok = hmac.compare_digest(expected, tag)
@@ -629,9 +666,9 @@ class Connection:
                 raise ProtocolError(
                     f"{mtype.name} frame failed authentication (wrong group key, or altered in transit)"
                 )
-        table_end = FIXED_SIZE + 8 * fixed.nbuf
-        lengths: tuple[int, ...] = struct.unpack_from(f">{fixed.nbuf}Q", head, FIXED_SIZE)
-        if sum(lengths) != fixed.body_len:
+        table_end = FIXED_SIZE + 8 * nbuf
+        lengths: tuple[int, ...] = _lengths_struct(nbuf).unpack_from(head, FIXED_SIZE) if nbuf else ()
+        if sum(lengths) != body_len:
             raise ProtocolError("buffer lengths do not add up to the body length")
         message = parse_header(body[table_end:], mtype)
         if isinstance(message, Task):
@@ -687,21 +724,23 @@ class Connection:
             events.append(Received(message, buffers, fixed.flags))
 
     def _admit(self, message: Message) -> None:
-        mtype = message.TYPE
-        if isinstance(message, Ask):
-            self._admit_ask(message.task_id)
+        # most frequent first: a RESULT, a TASK, an ACK for every task
+        if isinstance(message, Result):
+            for task_id in message.accepted:
+                self._admit_answer(MessageType.ACCEPT, task_id)
         elif isinstance(message, Task):  # its own admission was checked with its head
             if message.ask:
                 self._admit_ask(message.ask[0])
-        elif isinstance(message, Result):
-            for task_id in message.accepted:
-                self._admit_answer(MessageType.ACCEPT, task_id)
+        elif isinstance(message, Ack):
+            pass
+        elif isinstance(message, Ask):
+            self._admit_ask(message.task_id)
         elif isinstance(message, (Accept, Refuse)):
-            self._admit_answer(mtype, message.task_id)
+            self._admit_answer(message.TYPE, message.task_id)
         elif isinstance(message, Cancel):  # the peer withdraws its ASK: no TASK will follow
             self._asks_from_peer.discard(message.task_id)
             self._accepted_for_peer.discard(message.task_id)
-        elif mtype in (MessageType.BYE, MessageType.ERROR):
+        elif message.TYPE is MessageType.BYE or message.TYPE is MessageType.ERROR:
             self.state = ConnectionState.CLOSED
 
     def _admit_answer(self, mtype: MessageType, task_id: str) -> None:
@@ -769,5 +808,11 @@ class Connection:
         self._transcript = []
         self.state = ConnectionState.READY
         self._expect = frozenset(MessageType) - HANDSHAKE_TYPES
+        limits = self.limits
+        for mtype in self._expect:  # what _check_fixed allows now, for _whole_frame's quick check
+            payload = mtype in PAYLOAD_TYPES
+            nbuf = limits.max_buffers if payload else 0
+            cap = limits.max_header_bytes if payload else limits.max_control_header_bytes
+            self._ready_specs[int(mtype)] = (mtype, cap, nbuf, limits.max_body_bytes if nbuf else 0)
         assert self.peer is not None  # set by the HELLO or CHALLENGE step
         events.append(HandshakeComplete(self.peer))
