@@ -51,10 +51,88 @@ def dumps(obj: Any) -> tuple[bytes, list[memoryview]]:
         return out.getvalue(), buffers
     except Exception:
         buffers.clear()
-    import cloudpickle
+    out = io.BytesIO()
+    _cloud_pickler()(out, protocol=5, buffer_callback=keep).dump(obj)
+    return out.getvalue(), buffers
 
-    data = cloudpickle.dumps(obj, protocol=5, buffer_callback=keep)
-    return data, buffers
+
+def dumps_inband(obj: Any) -> bytes:
+    """Pickle ``obj`` with cloudpickle, every buffer in the stream (one bytes object)."""
+    import io
+
+    out = io.BytesIO()
+    _cloud_pickler()(out, protocol=5).dump(obj)
+    return out.getvalue()
+
+
+class _ModuleFunction:
+    """``module.name``, looked up at each call in the process that loaded the pickle
+    (see :func:`_shared_generator`): what a task that calls ``np.random.rand(...)`` in
+    its body gets, with the worker's per-task seeding."""
+
+    __slots__ = ("_module", "module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+        self._module: Any = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._module
+        if mod is None:
+            import importlib
+
+            mod = self._module = importlib.import_module(self.module)
+        return getattr(mod, self.name)(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _ModuleFunction, (self.module, self.name)
+
+    def __repr__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+_GENERATOR_MODULES = ("numpy.random", "random")
+
+
+def _shared_generator(obj: Any) -> Any:
+    """A function of ``random`` or ``numpy.random`` that draws from the module's shared
+    generator (``np.random.rand``, ``random.random``: methods of a hidden generator
+    object) is pickled by its name, looked up at each call, so that a task draws from the
+    worker's generator, seeded for that task, as it would calling it in its body, not
+    from a copy of the caller's generator in the state it was in when the job was made
+    (which would give every task the same numbers). Returns the reduction, or None."""
+    import sys
+    import types
+
+    if type(obj) not in (types.BuiltinMethodType, types.MethodType, types.FunctionType):
+        return None
+    name = getattr(obj, "__name__", None)
+    if not isinstance(name, str):
+        return None
+    for module in _GENERATOR_MODULES:
+        mod = sys.modules.get(module)
+        if mod is not None and mod.__dict__.get(name) is obj:
+            return _ModuleFunction, (module, name)
+    return None
+
+
+_cloud_pickler_class: Any = None
+
+
+def _cloud_pickler() -> Any:
+    """cloudpickle's pickler, with the shared generators' functions pickled by name."""
+    global _cloud_pickler_class
+    if _cloud_pickler_class is None:
+        import cloudpickle
+
+        class CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+            def reducer_override(self, obj: Any) -> Any:
+                reduced = _shared_generator(obj)
+                return reduced if reduced is not None else super().reducer_override(obj)
+
+        _cloud_pickler_class = CloudPickler
+    return _cloud_pickler_class
 
 
 class _ByValue(Exception):
@@ -69,6 +147,9 @@ class _ByReference(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         # Not called for None, bools, ints, floats, str, bytes, list, tuple, dict, set.
+        reduced = _shared_generator(obj)
+        if reduced is not None:
+            return reduced
         if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__")):
             import sys
 
@@ -141,6 +222,8 @@ def needs_by_value(module_name: str, *, shared_fs: bool = True) -> bool:
 
     if module_name in ("__main__", "__mp_main__"):
         return False  # cloudpickle already sends these by value
+    if module_name == "elsewhere" or module_name.startswith("elsewhere."):
+        return False  # every worker runs this package (a checkout may lie outside site-packages)
     mod = sys.modules.get(module_name)
     path = getattr(mod, "__file__", None)
     if mod is None or not path:

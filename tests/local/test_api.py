@@ -126,6 +126,15 @@ def test_seeds_reproducible(ew_home):
     assert len({x for x, _ in a}) == 5  # each task its own stream
 
 
+def test_numpy_random_rand_itself_as_the_task_function_is_seeded_per_task(ew_home):
+    # the classic example (cellfun(@rand, ...)): each task its own numbers, those of its seed
+    np = pytest.importorskip("numpy")
+    got = ew.map(np.random.rand, [2] * 4, seed=5, on=ew.local(cores=2))
+    wrapped = ew.map(lambda n: np.random.rand(n), [2] * 4, seed=5, on=ew.local(cores=2))
+    assert len({tuple(a) for a in got}) == 4
+    assert [a.tolist() for a in got] == [a.tolist() for a in wrapped]
+
+
 def test_dataframe_rows_as_keyword_arguments(ew_home):
     pd = pytest.importorskip("pandas")
     df = pd.DataFrame({"a": [1, 2, 3], "b": [10, 20, 30]})

@@ -81,6 +81,14 @@ def test_numpy_random_differs_per_task_and_repeats_with_the_seed(on: PeerCluster
     assert a == b  # seed + task index, whichever worker ran it
 
 
+def test_numpy_random_rand_itself_as_the_task_function_is_seeded_per_task(on: PeerCluster) -> None:
+    import numpy as np
+
+    got = ew.map(np.random.rand, [2] * 6, on=on, seed=5)
+    assert len({tuple(a) for a in got}) == 6  # not one copy of the caller's generator per worker
+    assert [a.tolist() for a in got] == [a.tolist() for a in ew.map(np.random.rand, [2] * 6, on=ew.local(cores=2), seed=5)]
+
+
 def draw_both(_: int) -> tuple[float, float]:
     import random
 

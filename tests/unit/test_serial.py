@@ -1,6 +1,7 @@
 """serial.dumps: the standard pickler where a reference is enough, cloudpickle where not."""
 
 import os
+import pickle
 import subprocess
 import sys
 import types
@@ -52,6 +53,28 @@ def test_lambdas_and_closures_travel_by_value():
         assert back(1) == fn(1)
 
 
+def test_the_shared_generators_functions_travel_by_name_not_with_a_copy_of_the_generator():
+    import random
+
+    # np.random.rand is a method of NumPy's hidden global RandomState: pickled as Python
+    # does, the generator goes with it, its state copied, and every task draws the same.
+    for fn, module, args in ((np.random.rand, np.random, (3,)), (np.random.normal, np.random, ()),
+                             (random.random, random, ()), (random.uniform, random, (0, 1))):
+        for obj in (fn, [fn, lambda: 0]):  # the standard pickler, and cloudpickle's
+            data, back = roundtrip(obj)
+            got = back if obj is fn else back[0]
+            assert b"RandomState" not in data and b"_randomstate" not in data
+            module.seed(11)
+            drawn = got(*args)
+            module.seed(11)  # it drew from the module's generator, as fn itself does
+            assert np.array_equal(drawn, fn(*args)), fn
+        got = pickle.loads(serial.dumps_inband([fn, lambda: 0]))[0]
+        assert pickle.loads(pickle.dumps(got)).name == fn.__name__
+    # a generator of one's own is data: it travels with its state
+    rng = np.random.RandomState(3)
+    assert roundtrip(rng.rand)[1]() == np.random.RandomState(3).rand()
+
+
 def test_functions_of_a_module_sent_by_value_travel_by_value():
     bv = serial.by_value_for([])
     bv.modules = [sys.modules[__name__]]  # as if the worker could not import this module
@@ -75,6 +98,14 @@ def test_functions_of_a_module_gone_from_sys_modules_travel_by_value():
     exec("def g(x):\n    return x * 3\n", mod.__dict__)
     data, back = roundtrip(mod.g)
     assert by_cloudpickle(data) and back(2) == 6
+
+
+def test_this_package_never_travels_by_value():
+    # every worker runs it, even when it is a checkout outside site-packages (a registered
+    # module stays registered for the whole process: its classes would all go by value)
+    assert not serial.needs_by_value("elsewhere.serial", shared_fs=False)
+    assert not serial.needs_by_value("elsewhere", shared_fs=False)
+    assert serial.needs_by_value(__name__, shared_fs=False)
 
 
 def test_functions_of_a_script_travel_by_value():

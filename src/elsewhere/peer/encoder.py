@@ -56,9 +56,7 @@ class TaskEncoder:
             items = [(None, args, kwargs)]
             data, oob = serial.dumps(items)
             if len(oob) > _MAX_OOB:
-                import cloudpickle
-
-                data, oob = cloudpickle.dumps(items, protocol=5), []
+                data, oob = serial.dumps_inband(items), []
         return digest, fn_parts, data, oob
 
     def encode(self, indices: list[int], attempts: list[int], prepared: Any,
@@ -104,9 +102,7 @@ class TaskEncoder:
                     self._register_by_value(fn)
         data, oob = serial.dumps(entries)
         if len(oob) > _MAX_OOB:
-            import cloudpickle
-
-            data, oob = cloudpickle.dumps(entries, protocol=5), []
+            data, oob = serial.dumps_inband(entries), []
         return digest, fn_parts, data, oob
 
     def _entry(self, index: int, in_memory: Mapping[int, Any]) -> Any:
