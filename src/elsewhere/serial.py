@@ -126,7 +126,7 @@ def _cloud_pickler() -> Any:
     if _cloud_pickler_class is None:
         import cloudpickle
 
-        class CloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+        class CloudPickler(cloudpickle.Pickler):
             def reducer_override(self, obj: Any) -> Any:
                 reduced = _shared_generator(obj)
                 return reduced if reduced is not None else super().reducer_override(obj)
