@@ -317,11 +317,22 @@ def submit(
     """
     if not callable(fn):
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
+    unknown = sorted(set(options) - _JOB_OPTIONS)
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(_JOB_OPTIONS))}. "
+            "Arguments of the function go in the iterables, one per task (keyword arguments "
+            "as the columns of a DataFrame), or are bound with functools.partial"
+        )
     with busy():  # thousands of argument tuples: no collector; housekeeping waits
         tasks, form = tasks_from_inputs(iterables)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, **options)
         _write_and_submit(job, fn, tasks, form)
     return job
+
+
+_JOB_OPTIONS = frozenset({"tag", "seed", "retries", "files", "job_data", "env", "storage"})
+"""The options of :func:`submit` and :func:`map` that :func:`create_job` takes."""
 
 
 def map(

@@ -447,6 +447,10 @@ def test_bad_arguments_are_clear(ew_home):
         ew.map(abs, [1], errors="ignore")
     with pytest.raises(ew.ConfigError, match="seed"):
         ew.submit(abs, [1], seed=-1)
+    # a keyword meant for the function is not taken for an option, nor lost
+    with pytest.raises(ew.ConfigError, match=r"unknown option 'b'.*functools\.partial"):
+        ew.map(pow, [1, 2], b=[3, 4])
+    assert not list(ew.jobs())  # refused before a job was made
 
 
 def test_warm_worker_sees_edited_user_module(ew_home, tmp_path, monkeypatch):
