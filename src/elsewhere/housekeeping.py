@@ -169,10 +169,17 @@ def _later(kind: str, path: Path) -> None:
 def _run() -> None:
     while True:
         with _lock:
-            while not _todo:
-                _wake.wait()
-            until = time.monotonic() + _DEFER_MAX_S
-            while _busy and (left := until - time.monotonic()) > 0:
+            until = None
+            while True:  # the lock is let go while waiting: finish() may empty the list meanwhile
+                if not _todo:
+                    until = None
+                    _wake.wait()
+                    continue
+                if until is None:
+                    until = time.monotonic() + _DEFER_MAX_S
+                left = until - time.monotonic()
+                if not _busy or left <= 0:
+                    break
                 _wake.wait(left)
             # a spare first: the next submission waits for it, syncs and removals wait for no one
             kind, path = next((t for t in _todo if t[0] == "spare"), _todo[0])

@@ -122,3 +122,31 @@ def test_background_work_waits_while_the_client_is_busy(tmp_path):
     with housekeeping.hot():
         housekeeping.remove_later(late)
         wait_for(lambda: not late.exists(), 10)
+
+
+def test_work_done_at_exit_while_the_thread_waits_out_a_busy_client_does_not_kill_it(tmp_path):
+    # A process that ends right after a submission: finish() (at exit) takes the work
+    # while the thread waits for the client to be done; the thread must not trip on the
+    # emptied list (it printed a traceback as the process ended) and must go on serving.
+    import threading
+
+    died: list[BaseException] = []
+    old_hook = threading.excepthook
+    threading.excepthook = lambda args: died.append(args.exc_value)
+    try:
+        first = tmp_path / "first"
+        first.mkdir()
+        with housekeeping.hot():
+            housekeeping.remove_later(first)
+            time.sleep(0.2)  # the thread is waiting for the hot section to end
+            housekeeping.finish()
+            assert not first.exists()
+            time.sleep(0.2)
+        later = tmp_path / "later"
+        later.mkdir()
+        housekeeping.remove_later(later)
+        wait_for(lambda: not later.exists(), 10)
+    finally:
+        threading.excepthook = old_hook
+    assert died == []
+    assert housekeeping._thread is not None and housekeeping._thread.is_alive()
