@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``elsewhere`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.func is not cmd_wait:
+        from .clusters.peer import carry_on_here
+
+        carry_on_here(False)  # a peer job's controller would end with this command
     try:
         return int(args.func(args) or 0)
     except ElsewhereError as exc:

@@ -321,6 +321,14 @@ def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Worker
                    env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
     job = ew.recover("recover-me")
     assert not job.state.done
+    ran_by = job.cluster.get_job_cluster_data(job)["controller"]
+    # a look from the shell says who carries it on, and starts no controller of its own
+    # (it would end with the command, its tasks half sent)
+    shown = subprocess.run([sys.executable, "-m", "elsewhere", "status", "recover-me"], capture_output=True,
+                           text=True, timeout=30, env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "no controller runs it now" in shown.stdout and "elsewhere wait recover-me" in shown.stdout
+    assert job.cluster.get_job_cluster_data(job)["controller"] == ran_by
     job.wait(timeout=30)
     assert job.results() == [None] * 6
     job.purge()

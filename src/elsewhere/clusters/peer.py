@@ -36,6 +36,16 @@ if TYPE_CHECKING:
 __all__ = ["PeerCluster", "key_path", "peers"]
 
 _DIARY = ("always", "warning", "error", "never")
+_carry_on_here = True
+
+
+def carry_on_here(allowed: bool) -> None:
+    """Whether looking at an unfinished peer job whose controller is gone may start a new
+    one in this process (the default). The command line's one-shot commands (``status``,
+    ``results``, ``logs``, ``cancel``) say no: a controller would end with them, its tasks
+    half sent; ``elsewhere wait NAME`` carries a job on."""
+    global _carry_on_here
+    _carry_on_here = allowed
 
 
 def key_path(group: str) -> Path:
@@ -225,6 +235,18 @@ class PeerCluster(Cluster):
         ct = _create_time(pid)
         return ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01
 
+    def _no_controller_note(self, job: Job) -> str:
+        """What runs an unfinished job that has no controller in this process."""
+        q = job.store.queue()
+        if not q.get("submitted") or q.get("cancelled"):
+            return ""
+        if self._other_controller_alive(job):
+            info = self.get_job_cluster_data(job).get("controller") or {}
+            return f"its controller runs in process {info.get('pid')} on {info.get('host')}"
+        return (f"no controller runs it now (the process that ran it ended): `elsewhere wait {job.name}` "
+                f"or ew.recover({job.name!r}).wait() carries it on; workers keep finished results "
+                "for 10 minutes")
+
     # -- the plugin operations ---------------------------------------------------------
     def submit_independent(self, job: Job) -> None:
         with job.store.locked_queue() as q:
@@ -249,12 +271,14 @@ class PeerCluster(Cluster):
             return
         snap = job._snapshot(fresh=True)
         unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
-        if unfinished and not self._other_controller_alive(job):
+        if unfinished and _carry_on_here and not self._other_controller_alive(job):
             self._start_controller(job)
 
     def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
         c = self.controller(job)
         if c is None:
+            if len(snapshot.final) < snapshot.n and not snapshot.note:
+                snapshot.note = self._no_controller_note(job)
             return snapshot
         final = snapshot.final
         snapshot.running = {i: v for i, v in c.running().items() if i not in final}
