@@ -461,8 +461,10 @@ def test_maxnum_and_maxidle_end_the_worker(tmp_path: Path, key_file: Path) -> No
     w, port = start_worker(tmp_path, key_file, "--maxnum", "2")
     c = Client(port, load_key(key_file))
     assert isinstance(c.ask("n"), Accept)
-    c.task("n", pow, [(1, 1), (2, 1)])
-    assert len(c.result("n")) == 2
+    c.task("n", pow, [(1, 1), (2, 1), (3, 1)])  # one batch of three: two run, one goes back
+    out = c.result("n")
+    assert [(i, fate) for i, fate, _ in out] == [(0, Outcome.OK), (1, Outcome.OK), (2, Outcome.REQUEUE)]
+    assert [v for _, _, v in out[:2]] == [1, 2]
     assert w.proc.wait(10) == 0
     w.stop()
     idle, _ = start_worker(tmp_path, key_file, "--maxidle", "0.5")

@@ -38,7 +38,7 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--timavail", help="longest a single task may run, e.g. 2h (default: no limit)")
     w.add_argument("--maxtime", help="stop (draining) after this long, e.g. 8h")
     w.add_argument("--maxidle", help="stop after this long without tasks, e.g. 1h")
-    w.add_argument("--maxnum", type=int, default=None, help="stop after this many tasks (a batch begun before runs whole)")
+    w.add_argument("--maxnum", type=int, default=None, help="stop after this many tasks")
     w.add_argument("--allow-user", action="append", default=[], metavar="USER")
     w.add_argument("--refuse-user", action="append", default=[], metavar="USER")
     w.add_argument("--allow-host", action="append", default=[], metavar="HOST",

@@ -512,7 +512,16 @@ class PeerWorker:
                     "items": items, "fn": digest, "time_s": float(info.get("time_s") or 0.0)}  # fmt: skip
         run.buffers = tuple(buffers[:ntask])
         run.fn_buffers = peer.fns.get(digest, ()) if digest else ()
-        if self.hand_back:
+        maxnum = self.options.maxnum
+        if maxnum is not None:  # at most maxnum tasks run: the rest of a batch goes back
+            ahead = sum(len(r.info["run"]) for r in (*self.running.values(), *self.queued))
+            allowed = max(0, maxnum - self.tasks_done - ahead)
+            run.info["run"] = items[:allowed]
+            if self.tasks_done + ahead + len(run.info["run"]) >= maxnum:
+                self._drain(f"{maxnum} tasks taken (maxnum)")
+        else:
+            run.info["run"] = items
+        if self.hand_back or not run.info["run"]:
             self._finish_unstarted(run)
             return
         self.queued.append(run)
@@ -681,7 +690,9 @@ class PeerWorker:
         self.running.pop(run.seq, None)
         charged = self.fair.finished(run.seq, now)
         self.stats["batches"] += 1
-        self.tasks_done += len(run.info.get("items", []))
+        if len(run.outcomes) < len(run.info.get("items", ())):  # a batch cut short by maxnum
+            fill_unfinished(run, -1, None, "", b"", 0.0, 0, self.options.host)
+        self.tasks_done += sum(1 for row, _ in run.outcomes.values() if row[2] != Outcome.REQUEUE)
         self.stats["tasks"] = self.tasks_done
         self.last_busy = now
         self._announce_due = True
@@ -745,7 +756,7 @@ class PeerWorker:
     def _after_batch(self) -> None:
         maxnum = self.options.maxnum
         if maxnum is not None and self.tasks_done >= maxnum and self.draining is None:
-            self._drain(f"ran {self.tasks_done} tasks (maxnum {maxnum})")
+            self._drain(f"ran {self.tasks_done} tasks (maxnum)")
         self._dispatch()
         self._admit()
 

@@ -75,7 +75,7 @@ def build_run_message(run: Run, send_fn: bool,
             body.append(buf)
             parts.append([len(buf), 0])
     header = {"op": "run", "batch": str(run.seq), "job": run.info["job"],
-              "diary": run.info["diary"], "items": run.info["items"], "fn": run.info["fn"],
+              "diary": run.info["diary"], "items": run.info.get("run", run.info["items"]), "fn": run.info["fn"],
               "ntask": len(run.buffers), "parts": parts}  # fmt: skip
     return header, body, fds
 
