@@ -406,6 +406,32 @@ def test_byte_by_byte_feeding_gives_the_same_events(keyed: bool, key: GroupKey) 
     assert [bytes(x) for x in events[0].buffers] == [b"abc", b"", b"defg"]  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("keyed", [True, False])
+def test_a_whole_frame_is_refused_for_what_byte_by_byte_reading_refuses_it(keyed: bool, key: GroupKey) -> None:
+    # A frame that arrives whole is checked in one quick step (the full check runs only to
+    # say why it refuses): every change to the fixed header must be refused as the byte by
+    # byte reading refuses it, with the same words, and a good frame pass both ways.
+    for offset in range(FIXED_SIZE):
+        for value in (0x00, 0x01, 0x02, 0x80, 0xFF):
+            errors = []
+            for whole in (True, False):
+                a, b = make_pair(_key(keyed, key))
+                _admit(a, b)
+                a.send(Task("t1", {"n": 1}), [b"abc"])
+                (raw,) = _frame_bytes(a)
+                frame = bytearray(raw)
+                frame[offset] = value
+                try:
+                    if whole:
+                        events = b.feed(bytes(frame))
+                    else:
+                        events = [e for x in frame for e in b.feed(bytes([x]))]
+                    errors.append(("ok" if events else "waiting", len(events)))
+                except ProtocolError as exc:
+                    errors.append(("refused", str(exc)))
+            assert errors[0] == errors[1], (offset, value, errors)
+
+
 def test_sequence_numbers_count_up_per_direction(key: GroupKey) -> None:
     a, b = make_pair(key)
     frames = [a.send(Ping(i)) for i in range(3)]

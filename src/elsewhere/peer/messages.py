@@ -118,7 +118,7 @@ class Flags(enum.IntFlag):
 
 _KNOWN_FLAGS = int(Flags.COMPRESSED)
 _TYPES = {int(t): t for t in MessageType}
-FLAG_VALUES: Mapping[int, Flags] = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1)}
+FLAG_VALUES: Mapping[int, Flags] = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1) if not v & ~_KNOWN_FLAGS}
 """Every known combination of flags, by its number (a number not here has unknown bits)."""
 HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
 """The types of message only the handshake sends."""
