@@ -326,9 +326,15 @@ def submit(
         )
     with busy():  # thousands of argument tuples: no collector; housekeeping waits
         tasks, form = tasks_from_inputs(iterables)
+        if not tasks:  # a job without tasks would wait for ever
+            raise _NoTasks("nothing to run: the inputs are empty (ew.map returns [] for them)")
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, **options)
         _write_and_submit(job, fn, tasks, form)
     return job
+
+
+class _NoTasks(ConfigError):
+    """submit was given no tasks."""
 
 
 _JOB_OPTIONS = frozenset({"tag", "seed", "retries", "files", "job_data", "env", "storage"})
@@ -360,7 +366,10 @@ def map(
 
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
-    job = submit(fn, *iterables, on=on, **options)
+    try:
+        job = submit(fn, *iterables, on=on, **options)
+    except _NoTasks:
+        return []  # as the built-in map: nothing in, nothing out
     ok = False
     try:
         job.wait(timeout=timeout, progress=progress)

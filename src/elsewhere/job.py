@@ -142,6 +142,8 @@ class Job:
 
         if self._meta.get("submitted"):
             raise JobError(f"job {self.name!r} was already submitted")
+        if not self._staged:  # it would wait for ever (as MATLAB, a job needs a task)
+            raise ConfigError(f"job {self.name!r} has no tasks: add them with job.add_task(fn, ...) first")
         api._write_and_submit(self)
         return self
 

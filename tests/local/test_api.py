@@ -26,6 +26,21 @@ def test_map_non_uniform_numpy_outputs(ew_home):
     assert [a.shape for a in out] == [(1, 1), (2, 2), (3, 3)]
 
 
+def test_empty_inputs(ew_home):
+    # map as the built-in one: nothing in, nothing out, at once (a job without tasks
+    # would wait for ever); submit and a created job say there is nothing to run
+    assert ew.map(abs, []) == []
+    assert ew.map(pow, iter([]), []) == []
+    with pytest.raises(ew.ConfigError, match="nothing to run"):
+        ew.submit(abs, [])
+    job = ew.create_job(name="empty")
+    with pytest.raises(ew.ConfigError, match="no tasks"):
+        job.submit()
+    job.add_task(abs, -3)
+    assert job.submit().wait(timeout=60).results() == [3]
+    assert [r["name"] for r in ew.jobs()] == ["empty"]
+
+
 def test_ten_thousand_tasks(ew_home):
     out = ew.map(lambda x: x * 2, range(10_000))
     assert out == [x * 2 for x in range(10_000)]
