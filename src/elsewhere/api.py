@@ -117,6 +117,13 @@ def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], 
             )
     if len(iterables) == 1:
         return list(iterables[0]), "single"
+    lengths = [len(it) for it in iterables if hasattr(it, "__len__")]
+    if len(lengths) == len(iterables) and len(set(lengths)) > 1:  # a task lost to a typo
+        raise ConfigError(
+            f"the inputs have different lengths ({', '.join(map(str, lengths))}): one task per "
+            "element of each; to keep an argument the same in every task, repeat it "
+            "(itertools.repeat, which zips to the others' length) or bind it with functools.partial"
+        )
     return list(zip(*iterables)), "args"
 
 
@@ -309,6 +316,9 @@ def submit(
     **options: Any,
 ) -> Job:
     """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
+
+    Inputs of different lengths are refused when all have a length (a task lost to a
+    typo); an unsized one (a generator, ``itertools.repeat``) zips to the others.
 
     A single pandas DataFrame gives one task per row, its columns as keyword
     arguments. Options are those of :func:`create_job` (seed, retries, tag,

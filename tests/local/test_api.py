@@ -41,6 +41,16 @@ def test_empty_inputs(ew_home):
     assert [r["name"] for r in ew.jobs()] == ["empty"]
 
 
+def test_inputs_of_different_lengths(ew_home):
+    import itertools
+
+    # lists that do not match would lose tasks without a word (as zip does): refused
+    with pytest.raises(ew.ConfigError, match=r"different lengths \(3, 2\)"):
+        ew.map(pow, [1, 2, 3], [2, 2])
+    # an unsized input (a generator, itertools.repeat) zips to the others, as in map()
+    assert ew.map(pow, [1, 2, 3], itertools.repeat(2)) == [1, 4, 9]
+
+
 def test_ten_thousand_tasks(ew_home):
     out = ew.map(lambda x: x * 2, range(10_000))
     assert out == [x * 2 for x in range(10_000)]
