@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +117,7 @@ def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], 
             )
     if len(iterables) == 1:
         return list(iterables[0]), "single"
-    lengths = [len(it) for it in iterables if hasattr(it, "__len__")]
+    lengths = [len(it) for it in iterables if isinstance(it, Sized)]
     if len(lengths) == len(iterables) and len(set(lengths)) > 1:  # a task lost to a typo
         raise ConfigError(
             f"the inputs have different lengths ({', '.join(map(str, lengths))}): one task per "

@@ -88,7 +88,7 @@ def cmd_results(args: argparse.Namespace) -> int:
                                                    "reason": v.reason, "host": v.host}})
             else:
                 out.append({"task": i, "value": v})
-        print(json.dumps(out, indent=None if args.compact else 2, default=repr))
+        print(json.dumps(out, indent=None if args.compact else 2, default=_as_json))
         return 0
     from rich.console import Console
     from rich.pretty import Pretty
@@ -100,6 +100,20 @@ def cmd_results(args: argparse.Namespace) -> int:
         else:
             console.print(f"[bold]{i}[/]:", Pretty(v, max_length=20, max_string=400))
     return 0
+
+
+def _as_json(value: Any) -> Any:
+    """A value JSON has no type for: NumPy arrays and scalars as lists and numbers, a
+    DataFrame as its records, a set as a list, anything else as its repr."""
+    if hasattr(value, "to_dict") and hasattr(value, "columns"):  # a DataFrame
+        return value.to_dict("records")
+    if hasattr(value, "tolist") and callable(value.tolist):  # NumPy arrays and scalars
+        converted = value.tolist()
+        if not isinstance(converted, complex):
+            return converted
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    return repr(value)
 
 
 def cmd_logs(args: argparse.Namespace) -> int:

@@ -42,6 +42,19 @@ def test_cli_verbs(ew_home):
     assert bad.returncode == 2 and "no job named 'clijob'" in bad.stderr
 
 
+def _arrays(n):
+    import numpy as np
+
+    return {"a": np.arange(n), "x": np.float64(n) / 2, "c": complex(n, 1), "s": {n}}
+
+
+def test_results_as_json_keep_arrays_as_numbers(ew_home):
+    pytest.importorskip("numpy")
+    ew.submit(_arrays, [2], name="arrays").wait(timeout=60)
+    (res,) = json.loads(run("results", "arrays", "--json").stdout)
+    assert res["value"] == {"a": [0, 1], "x": 1.0, "c": "(2+1j)", "s": [2]}
+
+
 def test_cli_cancel(ew_home):
     import time
 
