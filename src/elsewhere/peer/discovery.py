@@ -143,7 +143,7 @@ class DiscoveryConfig:
         if self.interface not in (None, LOOPBACK_HOST):
             raise ConfigError(
                 f"without a group key peers talk on {LOOPBACK_HOST} only, not on {self.interface}"
-                " (create a key with elsewhere.peer.keys.write_key)"
+                " (make a group key with `elsewhere peer keygen GROUP` and give it with --key or group=)"
             )
         peers = []
         for host, port in self.static_peers:
