@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import threading
+import types
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ class _ModuleFunction:
 
 
 _GENERATOR_MODULES = ("numpy.random", "random")
+_FUNCTION_TYPES = frozenset({types.BuiltinMethodType, types.MethodType, types.FunctionType})
 
 
 def _shared_generator(obj: Any) -> Any:
@@ -102,10 +105,7 @@ def _shared_generator(obj: Any) -> Any:
     worker's generator, seeded for that task, as it would calling it in its body, not
     from a copy of the caller's generator in the state it was in when the job was made
     (which would give every task the same numbers). Returns the reduction, or None."""
-    import sys
-    import types
-
-    if type(obj) not in (types.BuiltinMethodType, types.MethodType, types.FunctionType):
+    if type(obj) not in _FUNCTION_TYPES:
         return None
     name = getattr(obj, "__name__", None)
     if not isinstance(name, str):
