@@ -327,10 +327,10 @@ def submit(
     """
     if not callable(fn):
         raise ConfigError(f"submit needs a callable first, not {fn!r}")
-    unknown = sorted(set(options) - _JOB_OPTIONS)
+    unknown = sorted(set(options) - _option_names())
     if unknown:
         raise ConfigError(
-            f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(_JOB_OPTIONS))}. "
+            f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(_option_names()))}. "
             "Arguments of the function go in the iterables, one per task (keyword arguments "
             "as the columns of a DataFrame), or are bound with functools.partial"
         )
@@ -347,8 +347,18 @@ class _NoTasks(ConfigError):
     """submit was given no tasks."""
 
 
-_JOB_OPTIONS = frozenset({"tag", "seed", "retries", "files", "job_data", "env", "storage"})
-"""The options of :func:`submit` and :func:`map` that :func:`create_job` takes."""
+_job_options: frozenset[str] = frozenset()
+
+
+def _option_names() -> frozenset[str]:
+    """The options that :func:`submit` and :func:`map` pass on to :func:`create_job`."""
+    global _job_options
+    if not _job_options:
+        import inspect
+
+        names = inspect.signature(create_job).parameters
+        _job_options = frozenset(n for n in names if n not in ("on", "name") and not n.startswith("_"))
+    return _job_options
 
 
 def map(
