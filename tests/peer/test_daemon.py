@@ -565,6 +565,13 @@ def test_peer_list_shows_the_workers(tmp_path: Path, key_file: Path,
         assert "idle" in text and "lab" in text and "2/2" in text
     finally:
         w.stop()
+    # with no worker: what was listened for, and what to check
+    args = parser.parse_args(["peer", "list", "--key", str(key_file), "--port", str(port),
+                              "--interface", "127.0.0.1", "--wait", "0.3"])  # fmt: skip
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert f"no peers seen in 0.3 s on discovery port {port}" in text
+    assert f"group 'lab' (key {load_key(key_file).fingerprint})" in text and "--peer HOST:PORT" in text
 
 
 def test_sizes_and_durations() -> None:

@@ -195,7 +195,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2, default=str))
         return 0
     if not rows:
-        print(f"no peers seen in {args.wait:g} s (discovery port {cfg.port})")
+        heard = [f"group {key.group!r} (key {key.fingerprint})" if key else "this user's loopback-only peers"
+                 for key, _ in listeners]  # fmt: skip
+        print(f"no peers seen in {args.wait:g} s on discovery port {cfg.port}, listening for "
+              f"{', '.join(heard) or 'nothing'}.\n"
+              "A worker is listed once it announces itself with the same discovery port (--port) and "
+              "the same key (the worker's first log line shows its fingerprint); where multicast "
+              "does not reach it, name it with --peer HOST:PORT. None running? Start one with "
+              "`elsewhere peer worker`.")  # fmt: skip
         return 0
     header = ["host", "user", "group", "state", "slots", "memory", "time", "task", "address"]
     table: list[list[str]] = [[r["host"], r["user"], r["group"], r["state"], f"{r['free']}/{r['slots']}",

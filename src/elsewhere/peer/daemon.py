@@ -178,8 +178,9 @@ class PeerWorker:
                                                       name="elsewhere-peer-watch", daemon=True)  # fmt: skip
                 self._watch_thread.start()
         self._ready.set()
-        log.info("peer worker %s on %s:%d, group %r, %d slot(s), %s", self.peer_id[:8],
-                 self.address[0], self.address[1], self.key.group if self.key else "(loopback only)",
+        group = f"{self.key.group!r} (key {self.key.fingerprint})" if self.key else "(loopback only)"
+        log.info("peer worker %s on %s:%d, group %s, %d slot(s), %s", self.peer_id[:8],
+                 self.address[0], self.address[1], group,
                  opts.slots, "fair share" if opts.fair_share else "first come, first served")  # fmt: skip
         return self.address
 
