@@ -413,7 +413,7 @@ def test_a_whole_frame_is_refused_for_what_byte_by_byte_reading_refuses_it(keyed
     # byte reading refuses it, with the same words, and a good frame pass both ways.
     for offset in range(FIXED_SIZE):
         for value in (0x00, 0x01, 0x02, 0x80, 0xFF):
-            errors = []
+            errors: list[tuple[str, object]] = []
             for whole in (True, False):
                 a, b = make_pair(_key(keyed, key))
                 _admit(a, b)

@@ -130,7 +130,7 @@ def test_work_done_at_exit_while_the_thread_waits_out_a_busy_client_does_not_kil
     # emptied list (it printed a traceback as the process ended) and must go on serving.
     import threading
 
-    died: list[BaseException] = []
+    died: list[BaseException | None] = []
     old_hook = threading.excepthook
     threading.excepthook = lambda args: died.append(args.exc_value)
     try:
