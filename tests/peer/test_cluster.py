@@ -349,3 +349,24 @@ def test_static_peers_where_multicast_is_not_allowed(ew_home: Path, tmp_path: Pa
         assert ew.map(square, range(5), on=on) == [0, 1, 4, 9, 16]
     finally:
         w.stop()
+
+
+def test_a_worker_that_refuses_this_user_is_named_with_its_reason(ew_home: Path, tmp_path: Path) -> None:
+    import getpass
+
+    from peer_procs import WorkerProc
+
+    key = write_key("lab", tmp_path / "k.key")
+    port = free_port()
+    w = WorkerProc(["--key", str(key), "--port", str(port), "--interface", "127.0.0.1",
+                    "--refuse-user", getpass.getuser()], tmp_path / "refuser.json")  # fmt: skip
+    try:
+        w.wait_started()
+        job = ew.submit(square, [2], on=peers("lab", key=key, port=port, interface="127.0.0.1"))
+        wait_until(lambda: "not allowed" in job.check().note, 30, "a note naming the refusal")
+        note = job.check().note
+        assert f"user '{getpass.getuser()}' is refused" in note and "not_allowed" not in note
+        job.cancel()
+        job.purge()
+    finally:
+        w.stop()

@@ -747,10 +747,11 @@ class Controller:
         if b.withdrawn:
             return
         if msg.reason in _PERMANENT:
-            w.unsuitable, w.unsuitable_for = f"{msg.reason.name.lower()}: {msg.detail}", w.offer
+            why = msg.reason.name.lower().replace("_", " ")  # "not allowed", "memory", ...
+            w.unsuitable, w.unsuitable_for = f"{why}: {msg.detail}", w.offer
             w.unsuitable_since = time.monotonic()
             for i in b.indices:
-                self.reasons[i] = f"refused by {w.host}: {msg.reason.name.lower()} ({msg.detail})"
+                self.reasons[i] = f"refused by {w.host}: {why} ({msg.detail})"
         else:
             w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
 
