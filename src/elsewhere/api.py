@@ -203,6 +203,15 @@ def create_job(
     store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
     if files:
         _copy_files(store, files)
+        if not cl.sends_files():
+            import warnings
+
+            warnings.warn(
+                f"{type(cl).__name__} does not send files= to its workers: tasks find them only on "
+                "machines where the caller's directory exists (the same machine, or a shared file "
+                "system); pass their contents as arguments or job_data to reach other machines",
+                UserWarning, stacklevel=3,
+            )  # fmt: skip
     job = Job(store, cl, meta)
     job._job_data = job_data
     job._queue_n = _n_tasks

@@ -370,3 +370,13 @@ def test_a_worker_that_refuses_this_user_is_named_with_its_reason(ew_home: Path,
         job.purge()
     finally:
         w.stop()
+
+
+def test_files_are_not_sent_to_peers_and_the_user_is_told(on: PeerCluster, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    (tmp_path / "data.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="does not send files= to its workers"):
+        job = ew.submit(square, [3], on=on, files=["data.txt"])
+    assert job.wait(timeout=60).results() == [9]
+    job.purge()

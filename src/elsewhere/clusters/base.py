@@ -167,3 +167,7 @@ class Cluster(abc.ABC):
     def shares_filesystem(self) -> bool:
         """True when workers see the client's files at the same paths."""
         return True
+
+    def sends_files(self) -> bool:
+        """True when a job's ``files=`` reach its tasks wherever they run."""
+        return True

@@ -179,6 +179,9 @@ class PeerCluster(Cluster):
         # those that exist there. Code of the user's own modules travels by value.
         return True
 
+    def sends_files(self) -> bool:
+        return False  # tasks see the caller's directory where it exists, nothing is copied
+
     def max_workers(self, n_tasks: int) -> int:
         return max(1, n_tasks)
 
