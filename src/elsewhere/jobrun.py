@@ -617,12 +617,24 @@ def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dic
     import traceback
 
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    pickled: bytes | None = None
     try:
         data = pickle.dumps(exc, protocol=5)
-        pickle.loads(data)  # exceptions with odd __init__ may pickle but not load
-        pickled: bytes | None = data
     except Exception:
-        pickled = None
+        # a class of the caller's script or of a module sent by value: it goes back by
+        # value too, and the caller's cloudpickle maps it to the caller's own class
+        try:
+            from .serial import dumps_inband
+
+            data = dumps_inband(exc)
+        except Exception:
+            data = b""
+    if data:
+        try:
+            pickle.loads(data)  # exceptions with odd __init__ may pickle but not load
+            pickled = data
+        except Exception:
+            pass
     t = type(exc)
     name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
     try:

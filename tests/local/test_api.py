@@ -538,3 +538,35 @@ def test_a_warm_worker_notices_elsewhere_itself_reinstalled(tmp_path, monkeypatc
     assert not w._user_code_changed()  # an installed library: not watched
     os.utime(elsewhere_probe_ew.__file__, (later, later))
     assert w._user_code_changed()
+
+
+SCRIPT_WITH_ITS_OWN_ERROR = """
+import elsewhere as ew
+
+class FitFailed(Exception):
+    pass
+
+def fit(i):
+    if i == 1:
+        raise FitFailed(f"no convergence for {i}")
+    return i
+
+try:
+    ew.map(fit, range(3), on=ew.local(cores=2))
+except FitFailed as exc:
+    print("caught FitFailed:", exc)
+"""
+
+
+def test_an_error_class_of_the_callers_script_is_raised_as_itself(ew_home, tmp_path):
+    # the class travels by value to the worker; the error it raises travels back by value
+    # and is the caller's own class again, so `except FitFailed` catches it
+    import subprocess
+    import sys
+
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT_WITH_ITS_OWN_ERROR)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90,
+                         env=dict(os.environ), cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "caught FitFailed: task 1 of job" in out.stdout and "no convergence for 1" in out.stdout
