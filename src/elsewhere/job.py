@@ -239,6 +239,8 @@ class Job:
                     st = derive_job_state(counts)
                     bar.update(counts, snap.n)
                     if st.rank >= target.rank:
+                        if snap.cancelled:  # perhaps by another process: the cluster acts on it
+                            self.cluster.poll(self)  # (a peer controller here tells its workers)
                         return self
                     looked = now = time.monotonic()
                 if deadline is not None and now >= deadline:

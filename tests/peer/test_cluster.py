@@ -380,3 +380,22 @@ def test_files_are_not_sent_to_peers_and_the_user_is_told(on: PeerCluster, tmp_p
         job = ew.submit(square, [3], on=on, files=["data.txt"])
     assert job.wait(timeout=60).results() == [9]
     job.purge()
+
+
+def test_a_cancel_from_the_shell_reaches_the_workers(lab: tuple[Path, int, Workers], on: PeerCluster,
+                                                     ew_home: Path) -> None:  # fmt: skip
+    # this process runs the controller; `elsewhere cancel` in another process only writes
+    # the job folder: the running tasks must still be stopped on the workers
+    _, _, workers = lab
+    started = sum(w.stats().get("children_started", 0) for w in workers)
+    job = ew.submit(time.sleep, [30, 30], on=on, name="cancel-me")
+    wait_until(lambda: job.check().running == 2, 30, "both tasks running")
+    out = subprocess.run([sys.executable, "-m", "elsewhere", "cancel", "cancel-me"], capture_output=True,
+                         text=True, timeout=30, env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job.wait(timeout=30)  # it sees the cancel, and has the controller here pass it on
+    assert job.state is ew.JobState.CANCELLED
+    # each worker killed the child running its task (and started a fresh one)
+    wait_until(lambda: sum(w.stats().get("children_started", 0) for w in workers) >= started + 2, 15,
+               "the running tasks to be killed")  # fmt: skip
+    job.purge()

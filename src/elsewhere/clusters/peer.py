@@ -260,7 +260,8 @@ class PeerCluster(Cluster):
     def poll(self, job: Job) -> None:
         c = self.controller(job)
         if c is not None:
-            c.refresh_queue()
+            if not self._cancelled_elsewhere(job, c):
+                c.refresh_queue()
             return
         with self._lock:
             dead = self._controllers.get(job.id)
@@ -276,6 +277,15 @@ class PeerCluster(Cluster):
         unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
         if unfinished and _carry_on_here and not self._other_controller_alive(job):
             self._start_controller(job)
+
+    def _cancelled_elsewhere(self, job: Job, c: Controller) -> bool:
+        """If another process (``elsewhere cancel``) cancelled the job, stop its controller
+        here, telling the workers to drop its running tasks, before saying so."""
+        if not job.store.queue().get("cancelled"):
+            return False
+        c.cancel()
+        c.stop()
+        return True
 
     def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
         c = self.controller(job)
