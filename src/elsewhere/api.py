@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Iterable, Sized
@@ -356,18 +357,13 @@ class _NoTasks(ConfigError):
     """submit was given no tasks."""
 
 
-_job_options: frozenset[str] = frozenset()
-
-
+@functools.cache
 def _option_names() -> frozenset[str]:
     """The options that :func:`submit` and :func:`map` pass on to :func:`create_job`."""
-    global _job_options
-    if not _job_options:
-        import inspect
+    import inspect
 
-        names = inspect.signature(create_job).parameters
-        _job_options = frozenset(n for n in names if n not in ("on", "name") and not n.startswith("_"))
-    return _job_options
+    names = inspect.signature(create_job).parameters
+    return frozenset(n for n in names if n not in ("on", "name") and not n.startswith("_"))
 
 
 def map(

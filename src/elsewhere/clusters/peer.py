@@ -230,21 +230,19 @@ class PeerCluster(Cluster):
         self.set_job_cluster_data(job, data)
         return c
 
-    def _other_controller_alive(self, job: Job) -> bool:
+    def _other_controller(self, job: Job) -> dict[str, Any] | None:
+        """Where the job's controller runs (host, pid), if in another live process here."""
         info = self.get_job_cluster_data(job).get("controller") or {}
         pid = info.get("pid")
         if not isinstance(pid, int) or pid == os.getpid() or info.get("host") != socket.gethostname():
-            return False
+            return None
         ct = _create_time(pid)
-        return ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01
+        return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
 
     def _no_controller_note(self, job: Job) -> str:
-        """What runs an unfinished job that has no controller in this process."""
-        q = job.store.queue()
-        if not q.get("submitted") or q.get("cancelled"):
-            return ""
-        if self._other_controller_alive(job):
-            info = self.get_job_cluster_data(job).get("controller") or {}
+        """What runs an unfinished, submitted job that has no controller in this process."""
+        info = self._other_controller(job)
+        if info is not None:
             return f"its controller runs in process {info.get('pid')} on {info.get('host')}"
         return (f"no controller runs it now (the process that ran it ended): `elsewhere wait {job.name}` "
                 f"or ew.recover({job.name!r}).wait() carries it on; workers keep finished results "
@@ -275,7 +273,7 @@ class PeerCluster(Cluster):
             return
         snap = job._snapshot(fresh=True)
         unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
-        if unfinished and _carry_on_here and not self._other_controller_alive(job):
+        if unfinished and _carry_on_here and self._other_controller(job) is None:
             self._start_controller(job)
 
     def _cancelled_elsewhere(self, job: Job, c: Controller) -> bool:

@@ -301,7 +301,7 @@ class Connection:
         self._body_mac: Any = None
         self._small_body = False
         self._tag_buf = bytearray(TAG_SIZE)
-        # READY: type number -> (type, header cap, most buffers, body cap)
+        # READY: type number -> (type, header cap, most buffers, body cap), made once ready
         self._ready_specs: dict[int, tuple[MessageType, int, int, int]] = {}
         if role is Role.INITIATOR:
             self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
@@ -612,18 +612,15 @@ class Connection:
             )
         if mtype not in self._expect:
             raise ProtocolError(f"unexpected {mtype.name} frame ({self._state_text()})")
-        limits = self.limits
         if self.state is ConnectionState.HANDSHAKE:
-            cap, max_buffers = HANDSHAKE_HEADER_CAP, 0
-        elif mtype in PAYLOAD_TYPES:
-            cap, max_buffers = limits.max_header_bytes, limits.max_buffers
+            cap, max_buffers, max_body = HANDSHAKE_HEADER_CAP, 0, 0
         else:
-            cap, max_buffers = limits.max_control_header_bytes, 0
+            _, cap, max_buffers, max_body = self._ready_specs[int(mtype)]
         if not 1 <= fixed.header_len <= cap:
             raise ProtocolError(f"{mtype.name} header length {fixed.header_len} not in 1..{cap}")
         if fixed.nbuf > max_buffers:
             raise ProtocolError(f"{mtype.name} with {fixed.nbuf} buffers; at most {max_buffers}")
-        if fixed.body_len > (limits.max_body_bytes if max_buffers else 0):
+        if fixed.body_len > max_body:
             raise ProtocolError(f"{mtype.name} body of {fixed.body_len} bytes is over the cap")
         if fixed.nbuf == 0 and fixed.body_len:
             raise ProtocolError("body length without buffers")
@@ -809,7 +806,7 @@ class Connection:
         self.state = ConnectionState.READY
         self._expect = frozenset(MessageType) - HANDSHAKE_TYPES
         limits = self.limits
-        for mtype in self._expect:  # what _check_fixed allows now, for _whole_frame's quick check
+        for mtype in self._expect:  # the caps of each type, for _check_fixed and _whole_frame
             payload = mtype in PAYLOAD_TYPES
             nbuf = limits.max_buffers if payload else 0
             cap = limits.max_header_bytes if payload else limits.max_control_header_bytes
