@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from peer_procs import WorkerProc, free_port
+from peer_procs import WorkerProc, free_port, wait_until
 
 from elsewhere import serial
 from elsewhere.errors import ConfigError, ProtocolError
@@ -393,6 +393,57 @@ def test_large_arrays_cross_out_of_band(tmp_path: Path, key_file: Path) -> None:
         assert any(len(b) == a.nbytes for b in ev.buffers[2:])  # the value came out of band
         (_, fate, value), = decode(ev.message.info, ev.buffers)
         assert fate is Outcome.OK and value[0] == a[-1] and value.shape == a.shape
+    finally:
+        w.stop()
+
+
+def doubled_in_place(a: Any) -> Any:
+    a *= 2
+    return a
+
+
+def tail_of(a: Any) -> Any:
+    return a[1000:]
+
+
+def read_only(a: Any) -> Any:
+    a.flags.writeable = False
+    return a
+
+
+def test_a_result_that_is_its_argument_is_sent_from_it_and_kept_until_acknowledged(
+        tmp_path: Path, key_file: Path) -> None:  # fmt: skip
+    np = pytest.importorskip("numpy")
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    key = load_key(key_file)
+    try:
+        c = Client(port, key)
+        n = (4 << 20) // 8  # large: it travels in pooled shared memory
+        cases = [("twice", doubled_in_place, np.full(n, 1.0), np.full(n, 2.0)),
+                 ("tail", tail_of, np.arange(n, dtype=np.float64), np.arange(1000, n, dtype=np.float64)),
+                 ("ro", read_only, np.full(n, 3.0), np.full(n, 3.0))]  # fmt: skip
+        for tid, fn, arg, want in cases:
+            assert isinstance(c.ask(tid), Accept)
+            c.task(tid, fn, [(arg,)])
+            ((_, fate, value),) = c.result(tid, ack=False)
+            assert fate is Outcome.OK and np.array_equal(value, want), tid
+        # the same size again: the pool must not hand out the memory the unacknowledged
+        # results above are in
+        for tid in ("later1", "later2"):
+            assert isinstance(c.ask(tid), Accept)
+            c.task(tid, doubled_in_place, [(np.full(n, 10.0),)])
+            ((_, fate, value),) = c.result(tid)
+            assert fate is Outcome.OK and value[0] == value[-1] == 20.0
+        c.close()
+        again = Client(port, key, peer_id=c.peer_id)  # the kept results come again, intact
+        for tid, _fn, _arg, want in cases:
+            ev = again.next(Result, 20)
+            ((_, fate, value),) = decode(ev.message.info, ev.buffers)
+            assert np.array_equal(value, dict((t, x) for t, _, _, x in cases)[ev.message.task_id])
+            again.send(Ack(ev.message.task_id))
+        # nothing was copied in the child: every result was sent from its argument's memory
+        wait_until(lambda: w.stats().get("results_from_inputs", 0) >= 5, 5,
+                   "the worker to count the results sent from their arguments")  # fmt: skip
     finally:
         w.stop()
 

@@ -23,7 +23,10 @@ body. File descriptors (``SCM_RIGHTS``) travel with the first bytes of their
 message; a reader keeps them in order and hands each message the number it
 declares. A *part* list ``[[length, where], ...]`` says how to cut the body:
 ``where`` 0 means the next ``length`` bytes of the body, 1 means the next
-file descriptor (a memfd of that length, for large buffers: no copy).
+file descriptor (a memfd of that length, for large buffers: no copy). In a
+result, ``[length, 2, position, offset]`` is a slice of the batch's own input
+buffer ``position`` (a value that is its argument, or a view of it: the
+daemon keeps that buffer and sends the result from it, nothing is copied).
 
 The child's stdout and stderr (file descriptors 1 and 2) are a memfd the
 daemon also holds: each task's output is the bytes written while it ran,
@@ -363,7 +366,7 @@ class _Child:
             failure = exc
         del task_parts, fn_parts, parts
         common = self.common.get(digest, (None, None))
-        out = self._run_items(header, items, entries, common, failure)
+        out = self._run_items(header, items, entries, common, failure, maps)
         if maps:
             out.send(last=False)  # values that share memory with the inputs are copied out now
             del entries, failure
@@ -411,7 +414,8 @@ class _Child:
             self.out_pool.pop(lid).close()
 
     def _run_items(self, header: dict[str, Any], items: list[list[Any]], entries: list[Any],
-                   common: tuple[Any, Any], failure: BaseException | None) -> _Results:  # fmt: skip
+                   common: tuple[Any, Any], failure: BaseException | None,
+                   maps: list[tuple[int, Any, mmap.mmap]]) -> _Results:  # fmt: skip
         """Run the batch; the last group of outcomes is left in the returned ``_Results``."""
         context = self.context
         _describe_error = self.describe_error
@@ -429,7 +433,7 @@ class _Child:
                           cores=int(job.get("cores", 1)), seed=0, job_seed=job_seed,
                           host=self.host, _job_data=lambda: common[1])  # fmt: skip
         token = context.set_current(ctx)
-        out = _Results(self, header["batch"])
+        out = _Results(self, header["batch"], maps)
         try:
             for pos, (index, attempt) in enumerate(items):
                 seed = job_seed + index
@@ -517,9 +521,12 @@ class _Results:
     result bodies: one write and one read per group, not per task.
     """
 
-    def __init__(self, child: _Child, batch: str) -> None:
+    def __init__(self, child: _Child, batch: str,
+                 maps: list[tuple[int, Any, mmap.mmap]] = ()) -> None:  # type: ignore[assignment]  # fmt: skip
         self.child = child
         self.batch = batch
+        self.maps = maps
+        self._spans: list[tuple[int, int, int]] | None = None  # (position, address, size) of maps
         self.since = time.time()
         self.values: list[Any] = []
         self.items: list[list[Any]] = []
@@ -554,6 +561,23 @@ class _Results:
                 self.items[j][2] = int(Outcome.ERROR)
         return serial.dumps_plain(self.values)
 
+    def _within_input(self, data: memoryview) -> tuple[int, int] | None:
+        """(position, offset) of ``data`` inside one of the batch's input maps, if it lies
+        wholly in one: a result that is (a slice of) its argument needs no copy."""
+        start = _address(data)
+        if start is None:
+            return None
+        if self._spans is None:
+            self._spans = []
+            for position, _key, mm in self.maps:
+                base = _address(mm)
+                if base is not None:
+                    self._spans.append((position, base, len(mm)))
+        for position, base, size in self._spans:
+            if base <= start and start + len(data) <= base + size:
+                return position, start - base
+        return None
+
     def send(self, *, last: bool) -> None:
         header: dict[str, Any] = {"op": "results", "batch": self.batch, "items": self.items,
                                   "last": last, "group": None}  # fmt: skip
@@ -564,7 +588,10 @@ class _Results:
             parts: list[list[int]] = []
             body.append(data)
             for b in bufs:
-                if len(b) >= OOB_MEMFD_BYTES and len(fds) < _MAX_FDS:
+                within = self._within_input(b) if len(b) >= OOB_MEMFD_BYTES and self.maps else None
+                if within is not None:  # a view of an input (returned as given, or changed
+                    parts.append([len(b), 2, *within])  # in place): the daemon sends it from there
+                elif len(b) >= OOB_MEMFD_BYTES and len(fds) < _MAX_FDS:
                     fd, lid, capacity = self.child.lease(b)
                     fds.append(fd)
                     parts.append([len(b), 1, lid, capacity])
@@ -583,6 +610,25 @@ class _Results:
         send_message(self.child.sock, header, body, fds)
         self.values, self.items, self.logs = [], [], []
         self.since = time.time()
+
+
+def _address(data: Any) -> int | None:
+    """Where a contiguous buffer's bytes start in this process (None if it cannot be told)."""
+    import ctypes
+
+    try:
+        holder = ctypes.c_char.from_buffer(data)  # a writable buffer
+    except (TypeError, ValueError):
+        np = sys.modules.get("numpy")  # read-only: NumPy, when loaded, reads any buffer
+        if np is None:
+            return None
+        try:
+            return int(np.frombuffer(data, dtype=np.uint8).ctypes.data)
+        except (TypeError, ValueError):
+            return None
+    address = ctypes.addressof(holder)
+    del holder  # the export ends here: the map can be released (resized) afterwards
+    return address
 
 
 def _peak_rss() -> int:

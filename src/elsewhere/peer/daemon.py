@@ -639,7 +639,10 @@ class PeerWorker:
         """A group of outcomes from a child (see :func:`~.runs.take_results`); the last
         one ends its run."""
         run = child.run
+        kept = len(run.kept) if run is not None else 0
         take_results(child, header, body, fds)
+        if run is not None and len(run.kept) > kept:
+            self.stats["results_from_inputs"] += len(run.kept) - kept
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
             child.run = None
@@ -698,10 +701,14 @@ class PeerWorker:
         self.last_busy = now
         self._announce_due = True
         if run.info.get("cancelled"):
+            self._free_held(run.held)
+            run.held = []
             self._after_batch()
             return
         info, buffers = build_result(run, self.options.host, charged)
-        self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases)
+        self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases,
+                                                                        run.held)  # fmt: skip
+        run.held = []
         peer = self.by_controller.get(run.controller)
         # The RESULT and what the freed slot brings (an ACCEPT of a held ASK, often of the
         # same controller) leave together: one send, one wake-up of the controller. To a
@@ -730,7 +737,10 @@ class PeerWorker:
         """The run's large input buffers: back to the pool, unless its child keeps a map
         (``released``: the positions the child unmapped; None: the child is gone)."""
         for i, buf in enumerate(run.buffers):
-            if released is None or i in released:
+            reusable = released is None or i in released
+            if i in run.kept:  # a result is in it: freed when that result is acknowledged
+                run.held.append((buf, reusable))
+            elif reusable:
                 self.pool.free(buf)
             else:
                 self.pool.discard(buf)
@@ -739,6 +749,8 @@ class PeerWorker:
     def _forget_done(self, done: Done) -> None:
         """A result was acknowledged (or expired): its children may reuse their memory."""
         done.buffers = []
+        self._free_held(done.held)
+        done.held = []
         by_child: dict[ChildProcess, list[int]] = {}
         for child, lid in done.leases:
             if lid >= 0 and not child.dead:
@@ -747,6 +759,15 @@ class PeerWorker:
             child.send({"op": "release", "ids": ids}, [], [])
             self._flush_child(child)
         done.leases = []
+
+    def _free_held(self, held: list[tuple[Any, bool]]) -> None:
+        """Input buffers that results were views of, now unused: back to the pool, unless
+        the child kept a map of one (a task holds a view of its input)."""
+        for buf, reusable in held:
+            if reusable:
+                self.pool.free(buf)
+            else:
+                self.pool.discard(buf)
 
     def _finish_unstarted(self, run: Run) -> None:
         """Hand a batch that never reached a child back to its controller."""

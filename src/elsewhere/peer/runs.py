@@ -45,6 +45,8 @@ class Run:
     kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
     accepted: float = 0.0
     leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
+    kept: set[int] = field(default_factory=set)  # positions of inputs a result is a view of
+    held: list[tuple[Any, bool]] = field(default_factory=list)  # those buffers, reusable after?
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Done:
     buffers: list[Any]
     finished: float
     leases: list[tuple[ChildProcess, int]] = field(default_factory=list)
+    held: list[tuple[Any, bool]] = field(default_factory=list)  # input buffers results are in
 
 
 def build_run_message(run: Run, send_fn: bool,
@@ -99,6 +102,16 @@ def take_results(child: ChildProcess, header: dict[str, Any], body: memoryview,
             if where == 0:
                 oob.append(body[pos : pos + length])
                 pos += length
+                continue
+            if where == 2:  # a slice of the run's own input buffer
+                position, offset = int(part[2]), int(part[3])
+                if run is None:
+                    continue
+                if not (0 <= position < len(run.buffers) and offset >= 0
+                        and offset + length <= len(run.buffers[position])):  # fmt: skip
+                    raise ValueError(f"a result names input {position} at {offset}, which it does not have")
+                run.kept.add(position)
+                oob.append(memoryview(run.buffers[position])[offset : offset + length])
                 continue
             fd = next(fd_iter)
             try:
