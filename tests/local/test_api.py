@@ -7,6 +7,7 @@ import os
 import random
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -570,3 +571,20 @@ def test_an_error_class_of_the_callers_script_is_raised_as_itself(ew_home, tmp_p
                          env=dict(os.environ), cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "caught FitFailed: task 1 of job" in out.stdout and "no convergence for 1" in out.stdout
+
+
+def test_a_cluster_that_does_not_send_files_says_so(ew_home, tmp_path, monkeypatch):
+    from elsewhere.clusters.local import LocalCluster
+
+    class NoFiles(LocalCluster):  # a plug-in scheduler whose workers get no job files
+        def sends_files(self) -> bool:
+            return False
+
+    (tmp_path / "data.txt").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    with pytest.warns(UserWarning, match="does not send files= to its workers"):
+        job = ew.create_job(on=NoFiles(cores=1), files=["data.txt"])
+    job.purge()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the backends that send them: no warning
+        ew.create_job(on=ew.local(cores=1), files=["data.txt"]).purge()

@@ -372,13 +372,33 @@ def test_a_worker_that_refuses_this_user_is_named_with_its_reason(ew_home: Path,
         w.stop()
 
 
-def test_files_are_not_sent_to_peers_and_the_user_is_told(on: PeerCluster, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    (tmp_path / "data.txt").write_text("x")
-    monkeypatch.chdir(tmp_path)
-    with pytest.warns(UserWarning, match="does not send files= to its workers"):
-        job = ew.submit(square, [3], on=on, files=["data.txt"])
-    assert job.wait(timeout=60).results() == [9]
+def from_attached(_: int) -> tuple[str, str]:
+    import attached_helper  # only in the job's files=
+
+    time.sleep(0.02)  # long enough for both workers to take some
+    here = os.path.dirname(attached_helper.__file__)
+    with open(os.path.join(here, "tables", "data.txt")) as f:
+        return attached_helper.VALUE, f.read()
+
+
+def test_files_reach_the_tasks_on_every_worker(on: PeerCluster, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    inputs = tmp_path / "inputs"
+    (inputs / "tables").mkdir(parents=True)
+    (inputs / "attached_helper.py").write_text("VALUE = 'from the files'\n")
+    (inputs / "tables" / "data.txt").write_text("table contents")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # neither the module nor the data is in the caller's directory
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning that files= are not sent
+        job = ew.submit(from_attached, range(40), on=on,
+                        files=[inputs / "attached_helper.py", inputs / "tables"])  # fmt: skip
+    assert job.wait(timeout=60).results() == [("from the files", "table contents")] * 40
+    hosts = {p.name for p in (job.path / "workers").glob("peer-*.json")}
+    assert len(hosts) == 2, hosts  # both workers got them
     job.purge()
 
 

@@ -118,12 +118,12 @@ class Client:
 
     def task(self, tid: str, fn: Any, args: list[tuple[Any, ...]], *, first: int = 0,
              job: dict[str, Any] | None = None, time_s: float = 0.0,
-             ask: Ask | None = None) -> None:  # fmt: skip
+             ask: Ask | None = None, files: tuple[str, bytes] | None = None) -> None:  # fmt: skip
         module = sys.modules[__name__]
         cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
         try:  # large arrays out of band, as the controller sends them
             entries, oob = serial.dumps([(None, a, {}) for a in args])
-            common = cloudpickle.dumps((fn, None), protocol=5)
+            common = cloudpickle.dumps((fn, None) if files is None else (fn, None, files), protocol=5)
         finally:
             cloudpickle.unregister_pickle_by_value(module)
         info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
@@ -444,6 +444,48 @@ def test_a_result_that_is_its_argument_is_sent_from_it_and_kept_until_acknowledg
         # nothing was copied in the child: every result was sent from its argument's memory
         wait_until(lambda: w.stats().get("results_from_inputs", 0) >= 5, 5,
                    "the worker to count the results sent from their arguments")  # fmt: skip
+    finally:
+        w.stop()
+
+
+def where_and_what(name: str) -> tuple[str, str]:
+    with open(name) as f:
+        return os.getcwd(), f.read()
+
+
+def test_job_files_are_unpacked_in_the_tasks_folder(tmp_path: Path, key_file: Path) -> None:
+    import io
+    import tarfile
+
+    from elsewhere.peer.attached import pack_files
+
+    folder = tmp_path / "files"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "notes.txt").write_text("attached")
+    (folder / "sub" / "more.txt").write_text("deeper")
+    files = pack_files(folder)
+    assert files is not None
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        job = {"id": "files-job", "name": "files", "seed": 1, "cwd": None}  # not on that machine
+        assert isinstance(c.ask("f"), Accept)
+        c.task("f", where_and_what, [("notes.txt",), ("sub/more.txt",)], job=job, files=files)
+        (_, fate, (cwd, text)), (_, fate2, (_, text2)) = c.result("f")
+        assert fate is fate2 is Outcome.OK and (text, text2) == ("attached", "deeper")
+        assert os.path.basename(cwd) == "files-job"  # the job's scratch folder
+        # an archive whose member leaves the folder is refused: the tasks say why
+        header = io.BytesIO()
+        with tarfile.open(fileobj=header, mode="w") as tar:
+            info = tarfile.TarInfo("../escaped.txt")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+        bad = files[1][: files[1].index(b"\n") + 1] + header.getvalue()
+        assert isinstance(c.ask("g"), Accept)
+        c.task("g", where_and_what, [("notes.txt",)], job={**job, "id": "bad-job"}, files=("bad", bad))
+        ((_, fate, err),) = c.result("g")
+        assert fate is Outcome.ERROR and "unsafe path" in err["message"]
+        assert not (Path(cwd).parent / "escaped.txt").exists()
     finally:
         w.stop()
 

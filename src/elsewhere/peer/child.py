@@ -268,7 +268,8 @@ class _Child:
         self._dirty = False
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
-        self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data)
+        self.common: dict[str, tuple[Any, ...]] = {}  # digest -> (fn, job_data[, files])
+        self.attached: set[tuple[str, str]] = set()  # (folder, digest) of files unpacked
         from .. import context, serial
         from ..jobrun import _describe_error, flush_output
         from ..seeding import TaskSeeder
@@ -316,6 +317,24 @@ class _Child:
         sys.path[:] = [p for p in [*front, *self.base_path] if not (p in seen or seen.add(p))]  # type: ignore[func-returns-value]
         self.job_id = job.get("id")
 
+    def attach_files(self, job: dict[str, Any], files: tuple[str, Any]) -> None:
+        """The job's ``files=`` (digest, tar stream): unpacked into its scratch folder once,
+        which goes in front of ``sys.path`` (see attached.py)."""
+        dest = self.scratch(str(job.get("id", "job")))
+        key = (dest, files[0])
+        if key not in self.attached:
+            from importlib import invalidate_caches
+
+            from .attached import unpack_files
+
+            unpack_files(files[1], dest)
+            invalidate_caches()  # modules just written there are found
+            self.attached.add(key)
+        if sys.path[:1] != [dest]:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(dest)
+            sys.path.insert(0, dest)
+
     @staticmethod
     def scratch(job_id: str) -> str:
         import tempfile
@@ -359,13 +378,16 @@ class _Child:
                 self.common[digest] = pickle.loads(fn_parts[0], buffers=fn_parts[1:])
                 if len(self.common) > 16:
                     self.common.pop(next(iter(self.common)))
+            files = self.common.get(digest, ())[2:]
+            if files:
+                self.attach_files(job, *files)
             entries = pickle.loads(task_parts[0], buffers=task_parts[1:])
             if not isinstance(entries, list) or len(entries) < len(items):  # items: what to run
                 raise ValueError("the batch does not match its items")
         except BaseException as exc:  # e.g. a module that is not installed here
             failure = exc
         del task_parts, fn_parts, parts
-        common = self.common.get(digest, (None, None))
+        common = self.common.get(digest, (None, None))[:2]
         out = self._run_items(header, items, entries, common, failure, maps)
         if maps:
             out.send(last=False)  # values that share memory with the inputs are copied out now

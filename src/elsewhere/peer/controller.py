@@ -123,7 +123,7 @@ class Controller:
             "cores": settings.cores,
         }  # fmt: skip
         self.encoder = TaskEncoder(PayloadReader(job.store.path / "payload.log"), job_info,
-                                   settings.diary, settings.time_s)  # fmt: skip
+                                   settings.diary, settings.time_s, job.store.path / "files")  # fmt: skip
         self.sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)

@@ -3,8 +3,8 @@
 A :class:`TaskEncoder` turns the tasks of a batch into the info and buffers of
 a TASK: the pickled ``(fn, args, kwargs)`` entries, and, once per connection,
 the *function part* they use (the job's function and job data, or the function
-of tasks added one by one), pickled once and cached by digest. The user's own
-modules travel by value with the function. The controller
+of tasks added one by one, and the job's ``files=``), pickled once and cached by
+digest. The user's own modules travel by value with the function. The controller
 (:class:`~.controller.Controller`) encodes in its loop's thread; an Executor
 prepares a task in its own thread (:meth:`TaskEncoder.prepare`), so the state
 here is under one lock.
@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import pickle
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .attached import pack_files
 
 if TYPE_CHECKING:
     from ..payload import PayloadReader
@@ -34,8 +38,10 @@ class TaskEncoder:
     """
 
     def __init__(self, payload: PayloadReader, job_info: dict[str, Any], diary: str,
-                 time_s: float) -> None:  # fmt: skip
+                 time_s: float, files: Path | None = None) -> None:  # fmt: skip
         self.payload = payload
+        self.files_dir = files  # the job's files= folder: it goes in every function part
+        self._files: tuple[str, bytes] | bool | None = False  # packed when first needed
         self.job_info = job_info
         self.diary = diary
         self.time_s = time_s
@@ -134,7 +140,12 @@ class TaskEncoder:
 
         if fn is not None:
             self._register_by_value(fn)
-        data, oob = serial.dumps((fn, job_data))
+        if self._files is False:
+            self._files = pack_files(self.files_dir) if self.files_dir is not None else None
+        part: tuple[Any, ...] = (fn, job_data)
+        if isinstance(self._files, tuple):  # (digest, tar stream), the stream out of band
+            part = (fn, job_data, (self._files[0], pickle.PickleBuffer(self._files[1])))
+        data, oob = serial.dumps(part)
         h = hashlib.sha256(data)
         for v in oob:
             h.update(v)
