@@ -35,6 +35,7 @@ from elsewhere.peer.messages import (
     Ack,
     Ask,
     Cancel,
+    Error,
     Identity,
     Ping,
     Pong,
@@ -118,7 +119,9 @@ class Client:
 
     def task(self, tid: str, fn: Any, args: list[tuple[Any, ...]], *, first: int = 0,
              job: dict[str, Any] | None = None, time_s: float = 0.0,
-             ask: Ask | None = None, files: tuple[str, bytes] | None = None) -> None:  # fmt: skip
+             ask: Ask | None = None, files: tuple[str, bytes] | None = None,
+             digest: str | None = None, send_fn: bool = True,
+             info_extra: dict[str, Any] | None = None) -> None:  # fmt: skip
         module = sys.modules[__name__]
         cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
         try:  # large arrays out of band, as the controller sends them
@@ -127,9 +130,11 @@ class Client:
         finally:
             cloudpickle.unregister_pickle_by_value(module)
         info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
-                "items": [[first + i, 0] for i in range(len(args))], "ntask": 1 + len(oob), "nfn": 1,
-                "fn": "f-" + tid, "time_s": time_s}  # fmt: skip
-        self.send(Task(tid, info, Task.folding(ask) if ask is not None else ()), [entries, *oob, common])
+                "items": [[first + i, 0] for i in range(len(args))], "ntask": 1 + len(oob),
+                "nfn": 1 if send_fn else 0, "fn": digest or "f-" + tid, "time_s": time_s,
+                **(info_extra or {})}  # fmt: skip
+        fn_part = [common] if send_fn else []
+        self.send(Task(tid, info, Task.folding(ask) if ask is not None else ()), [entries, *oob, *fn_part])
 
     def result(self, tid: str, timeout: float = 20.0, *, ack: bool = True) -> list[tuple[int, Outcome, Any]]:
         ev = self.next(Result, timeout)
@@ -444,6 +449,32 @@ def test_a_result_that_is_its_argument_is_sent_from_it_and_kept_until_acknowledg
         # nothing was copied in the child: every result was sent from its argument's memory
         wait_until(lambda: w.stats().get("results_from_inputs", 0) >= 5, 5,
                    "the worker to count the results sent from their arguments")  # fmt: skip
+    finally:
+        w.stop()
+
+
+def test_many_functions_then_an_early_one_again(tmp_path: Path, key_file: Path) -> None:
+    # the child keeps a bounded number of function parts: the daemon must know which it
+    # dropped and send one again when a task needs it (it used to run None: TypeError)
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        for k in range(40):
+            assert isinstance(c.ask(f"t{k}"), Accept)
+            c.task(f"t{k}", pow, [(2, k)], digest=f"fn-{k}")
+            assert c.result(f"t{k}") == [(0, Outcome.OK, 2**k)]
+        for k in (0, 1, 39, 5):  # the worker has them: only their digests are named
+            assert isinstance(c.ask(f"again{k}"), Accept)
+            c.task(f"again{k}", pow, [(3, 2)], digest=f"fn-{k}", send_fn=False)
+            assert c.result(f"again{k}") == [(0, Outcome.OK, 9)]
+        # the controller may tell the worker to forget parts; naming one later is an error
+        assert isinstance(c.ask("forget"), Accept)
+        c.task("forget", pow, [(2, 2)], digest="fn-new", info_extra={"forget": ["fn-0", "fn-1"]})
+        assert c.result("forget") == [(0, Outcome.OK, 4)]
+        assert isinstance(c.ask("gone"), Accept)
+        c.task("gone", pow, [(2, 2)], digest="fn-0", send_fn=False)
+        err = c.next(Error).message
+        assert "never sent" in err.message
     finally:
         w.stop()
 

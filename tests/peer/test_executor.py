@@ -113,6 +113,34 @@ def test_large_results_do_not_share_memory_with_later_ones(on: PeerCluster) -> N
         assert [(a.min(), a.max()) for a in again] == [(5.0, 5.0), (6.0, 6.0)]
 
 
+def scaled(factor: float, x: float) -> float:
+    return factor * x
+
+
+def test_a_new_partial_per_task_neither_grows_the_workers_nor_loses_a_function(
+        on: PeerCluster, lab_workers: Workers) -> None:  # fmt: skip
+    # each task one at a time, each a partial of its own: a function part per task. The
+    # workers keep a bounded number (the controller tells them which to drop), and a part
+    # used again after its child dropped it is sent to that child again.
+    import functools
+
+    from elsewhere.peer.encoder import MAX_SENT_PARTS
+
+    parts = [functools.partial(scaled, float(k)) for k in range(2 * MAX_SENT_PARTS + 40)]
+    done_before = sum(w.stats().get("tasks", 0) for w in lab_workers)
+    with ew.Executor(on=on) as ex:
+        got = [ex.submit(p, 2.0).result(timeout=30) for p in parts]
+        assert got == [2.0 * k for k in range(len(parts))]
+        again = [ex.submit(parts[k], 3.0).result(timeout=30) for k in (0, 1, 2, len(parts) - 1)]
+        assert again == [0.0, 3.0, 6.0, 3.0 * (len(parts) - 1)]
+        total = done_before + len(parts) + 4
+        wait_until(lambda: sum(w.stats().get("tasks", 0) for w in lab_workers) >= total, 10,
+                   "the workers' counters")  # fmt: skip
+        held = [w.stats().get("function_parts", 0) for w in lab_workers]
+        assert sum(held) >= MAX_SENT_PARTS, held  # they do keep parts (the counter is live)
+    assert max(held) <= MAX_SENT_PARTS, held
+
+
 def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:
     a = np.random.default_rng(3).random((16 << 20) // 8)
     with ew.Executor(on=on) as ex:

@@ -374,10 +374,10 @@ class _Child:
         entries: list[Any] = []
         try:
             self.enter_job(job)
+            for old in header.get("forget") or ():  # the daemon bounds what is kept here
+                self.common.pop(old, None)
             if fn_parts and digest not in self.common:
                 self.common[digest] = pickle.loads(fn_parts[0], buffers=fn_parts[1:])
-                if len(self.common) > 16:
-                    self.common.pop(next(iter(self.common)))
             files = self.common.get(digest, ())[2:]
             if files:
                 self.attach_files(job, *files)

@@ -64,7 +64,7 @@ class ChildProcess:
         self.ready = False
         self.base_rss = 0
         self.run: Run | None = None
-        self.fns: set[str] = set()
+        self.fns: dict[str, None] = {}  # function parts the child holds, oldest first
         self.job_id: str | None = None
         self.dirty = False
         self.dead = False

@@ -92,6 +92,7 @@ _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements
 _MEM_CHECK_S = 0.25
 _ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
 _TICK_S = 0.1
+_CHILD_FNS = 16  # function parts (function, job data, files) a child keeps unpickled
 
 
 # ---------------------------------------------------------------- the daemon
@@ -499,6 +500,11 @@ class PeerWorker:
             self._close(peer, f"malformed TASK: {exc}")
             return
         digest = str(info.get("fn") or "")
+        forget = info.get("forget")
+        if isinstance(forget, list):  # the controller bounds what is kept for it
+            for old in forget:
+                if isinstance(old, str):
+                    peer.fns.pop(old, None)
         for buf in buffers[:ntask]:
             self.pool.claim(buf, run)
         if nfn:  # kept for later TASKs of this connection: as plain bytes, not pooled memory
@@ -585,9 +591,16 @@ class PeerWorker:
         now = time.monotonic()
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
         header, body, fds = build_run_message(run, send_fn, self.pool.fd_of)
-        child.send(header, body, fds)
         if send_fn:
-            child.fns.add(run.info["fn"])
+            child.fns[run.info["fn"]] = None
+            forget = []
+            while len(child.fns) > _CHILD_FNS:  # the child drops what it is told to, only
+                oldest = next(iter(child.fns))
+                del child.fns[oldest]
+                forget.append(oldest)
+            if forget:
+                header["forget"] = forget
+        child.send(header, body, fds)
         child.run = run
         child.job_id = run.info["job"].get("id")
         run.child = child
@@ -892,6 +905,7 @@ class PeerWorker:
             data["datagrams_dropped"] = self.listener.dropped
             data["datagrams_received"] = self.listener.received
         data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
+        data["function_parts"] = sum(len(p.fns) for p in self.peers)  # kept for controllers
         data["pid"] = os.getpid()
         data["peer_id"] = self.peer_id
         data["port"] = self.address[1]

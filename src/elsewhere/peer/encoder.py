@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["TaskEncoder"]
 
 _MAX_OOB = 1000
+MAX_SENT_PARTS = 64
+"""Function parts a worker keeps for one connection (an Executor whose tasks are each a
+new closure or partial sends one per task): the controller says which to drop."""
 
 
 class TaskEncoder:
@@ -66,7 +69,7 @@ class TaskEncoder:
         return digest, fn_parts, data, oob
 
     def encode(self, indices: list[int], attempts: list[int], prepared: Any,
-               in_memory: Mapping[int, Any], sent_fns: set[str]) -> tuple[dict[str, Any], list[Any]]:
+               in_memory: Mapping[int, Any], sent_fns: dict[str, None]) -> tuple[dict[str, Any], list[Any]]:
         """The TASK of a batch: pickled entries, plus, once per connection, the function
         part they use (the job's function and job data; or the function of tasks added one
         by one, when a batch shares it: an Executor's tasks then pickle only their inputs).
@@ -74,7 +77,8 @@ class TaskEncoder:
         ``indices`` and ``attempts``: the batch's tasks; ``prepared``: what :meth:`prepare`
         made of its one task, if it has one task and that was prepared; ``in_memory``: the
         tasks handed in memory (the others are read from the payload); ``sent_fns``: the
-        function parts the worker has (updated)."""
+        function parts the worker has, oldest first (updated: past :data:`MAX_SENT_PARTS`
+        the oldest are dropped, and the TASK's ``forget`` tells the worker to drop them too)."""
         if prepared is not None:  # pickled by the caller of put
             digest, fn_parts, data, oob = prepared
         else:
@@ -88,7 +92,12 @@ class TaskEncoder:
         if digest not in sent_fns:
             buffers += fn_parts
             info["nfn"] = len(fn_parts)
-            sent_fns.add(digest)
+            sent_fns[digest] = None
+            if len(sent_fns) > MAX_SENT_PARTS:  # the worker keeps what it is not told to drop
+                forget = list(sent_fns)[: len(sent_fns) - MAX_SENT_PARTS]
+                for old in forget:
+                    del sent_fns[old]
+                info["forget"] = forget
         return info, buffers
 
     def _pickle_batch(self, indices: list[int],

@@ -95,7 +95,7 @@ class Worker:
         self.state = "new"  # new, connecting, handshake, ready, closed
         self.since = 0.0
         self.batches: dict[str, Batch] = {}
-        self.sent_fns: set[str] = set()
+        self.sent_fns: dict[str, None] = {}  # function parts the worker holds, oldest first
         self.busy_until = 0.0
         self.unsuitable = ""  # why it cannot take this job's tasks (memory, time, not allowed)
         self.unsuitable_for: tuple[Any, ...] = ()
