@@ -126,15 +126,19 @@ class Client:
         cloudpickle.register_pickle_by_value(module)  # the worker cannot import this test file
         try:  # large arrays out of band, as the controller sends them
             entries, oob = serial.dumps([(None, a, {}) for a in args])
-            common = cloudpickle.dumps((fn, None) if files is None else (fn, None, files), protocol=5)
+            common = cloudpickle.dumps((fn, None), protocol=5)
+            job_part = [] if files is None else [pickle.dumps((None, files), protocol=5)]
         finally:
             cloudpickle.unregister_pickle_by_value(module)
         info = {"job": job or {"id": "j1", "name": "job", "seed": 1}, "diary": "always",
                 "items": [[first + i, 0] for i in range(len(args))], "ntask": 1 + len(oob),
                 "nfn": 1 if send_fn else 0, "fn": digest or "f-" + tid, "time_s": time_s,
                 **(info_extra or {})}  # fmt: skip
+        if files is not None:  # the job's files= in a job part (the job data would go there too)
+            info.update(jpart="j-" + files[0], njpart=1)
         fn_part = [common] if send_fn else []
-        self.send(Task(tid, info, Task.folding(ask) if ask is not None else ()), [entries, *oob, *fn_part])
+        self.send(Task(tid, info, Task.folding(ask) if ask is not None else ()),
+                  [entries, *oob, *fn_part, *job_part])  # fmt: skip
 
     def result(self, tid: str, timeout: float = 20.0, *, ack: bool = True) -> list[tuple[int, Outcome, Any]]:
         ev = self.next(Result, timeout)

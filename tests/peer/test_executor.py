@@ -16,6 +16,7 @@ import pytest
 from peer_procs import Workers, free_port, wait_until
 
 import elsewhere as ew
+from elsewhere import serial
 from elsewhere.clusters.peer import PeerCluster
 from elsewhere.errors import ElsewhereError
 from elsewhere.peer import controller as peer_controller
@@ -139,6 +140,49 @@ def test_a_new_partial_per_task_neither_grows_the_workers_nor_loses_a_function(
         held = [w.stats().get("function_parts", 0) for w in lab_workers]
         assert sum(held) >= MAX_SENT_PARTS, held  # they do keep parts (the counter is live)
     assert max(held) <= MAX_SENT_PARTS, held
+
+
+def with_table(factor: float, x: float) -> float:
+    return factor * x + len(ew.task().job_data)
+
+
+def test_job_data_crosses_once_per_worker_whatever_the_functions(on: PeerCluster) -> None:
+    # a new partial per task is a new function part each; the job data (2 MB) travels in
+    # a part of its own, once per connection, not inside every function part
+    import functools
+
+    table = bytes(2 << 20)
+    with ew.Executor(on=on, job_data=table) as ex:
+        got = [ex.submit(functools.partial(with_table, float(k)), 1.0).result(timeout=30) for k in range(30)]
+        sent = ex._link.counters()["bytes_sent"]
+    assert got == [float(k) + len(table) for k in range(30)]
+    assert sent < 3 * len(table), sent  # two workers: twice, not thirty times
+
+
+def test_workers_without_job_parts_get_the_job_data_in_the_function_part() -> None:
+    from elsewhere.peer.encoder import TaskEncoder
+
+    class Payload:  # the job's own function and job data, as the payload holds them
+        def common(self) -> tuple[object, object]:
+            return None, {"table": 7}
+
+        def close(self) -> None:
+            pass
+
+    enc = TaskEncoder(Payload(), {"id": "j"}, "always", 0.0)  # type: ignore[arg-type]
+    prepared = enc.prepare((square, (3,), {}))
+    new, old = {}, {}  # what each worker has: one understands job parts, one does not
+    info, bufs = enc.encode([0], [0], prepared, {}, new, job_part=True)
+    n, nfn = info["ntask"], info["nfn"]
+    fn, data = serial.loads(bufs[n], bufs[n + 1 : n + nfn])
+    assert fn(3) == 9 and data is None  # the function alone
+    assert info["njpart"] and serial.loads(bufs[n + nfn], bufs[n + nfn + 1 :]) == ({"table": 7}, None)
+    info, bufs = enc.encode([0], [0], prepared, {}, old, job_part=False)
+    n, nfn = info["ntask"], info["nfn"]
+    fn, data = serial.loads(bufs[n], bufs[n + 1 :])
+    assert "jpart" not in info and fn(3) == 9 and data == {"table": 7}
+    info, bufs = enc.encode([1], [0], enc.prepare((square, (4,), {})), {}, new, job_part=True)
+    assert info["nfn"] == info["njpart"] == 0 and len(bufs) == info["ntask"]  # both held there
 
 
 def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:

@@ -4,8 +4,8 @@ once per job by each worker's child.
 The job's ``files/`` folder travels as a tar stream (the tree code the ssh
 transport uses: member names that leave the folder and links that point out of
 it are refused when unpacked, each file is written under a temporary name and
-renamed) inside the job's *function part*, the part of a TASK a worker gets once
-per connection. The child unpacks it into the job's scratch folder on that
+renamed) inside the job's *job part* (with the job data), the part of a TASK a
+worker gets once per connection. The child unpacks it into the job's scratch folder on that
 machine, which is the tasks' working directory when the caller's does not exist
 there, and is put in front of ``sys.path``, as the job's ``files/`` folder is
 for the tasks of every other backend.

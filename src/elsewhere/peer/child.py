@@ -268,7 +268,7 @@ class _Child:
         self._dirty = False
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
-        self.common: dict[str, tuple[Any, ...]] = {}  # digest -> (fn, job_data[, files])
+        self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data) or (job_data, files)
         self.attached: set[tuple[str, str]] = set()  # (folder, digest) of files unpacked
         from .. import context, serial
         from ..jobrun import _describe_error, flush_output
@@ -366,9 +366,11 @@ class _Child:
         maps: list[tuple[int, Any, mmap.mmap]] = []
         parts = cut_parts(header["parts"], body, fds, maps=maps, cache=self.in_maps)
         ntask = int(header["ntask"])
-        task_parts, fn_parts = parts[:ntask], parts[ntask:]
+        nfn = int(header.get("nfn", len(parts) - ntask))
+        task_parts, fn_parts, job_parts = parts[:ntask], parts[ntask : ntask + nfn], parts[ntask + nfn :]
         job = header.get("job") or {}
         digest = header.get("fn") or ""
+        jdigest = header.get("jpart") or ""
         items: list[list[Any]] = header["items"]
         failure: BaseException | None = None
         entries: list[Any] = []
@@ -378,16 +380,19 @@ class _Child:
                 self.common.pop(old, None)
             if fn_parts and digest not in self.common:
                 self.common[digest] = pickle.loads(fn_parts[0], buffers=fn_parts[1:])
-            files = self.common.get(digest, ())[2:]
-            if files:
-                self.attach_files(job, *files)
+            if job_parts and jdigest not in self.common:  # (job data, files or None)
+                self.common[jdigest] = pickle.loads(job_parts[0], buffers=job_parts[1:])
+            if jdigest and self.common.get(jdigest, (None, None))[1] is not None:
+                self.attach_files(job, self.common[jdigest][1])
             entries = pickle.loads(task_parts[0], buffers=task_parts[1:])
             if not isinstance(entries, list) or len(entries) < len(items):  # items: what to run
                 raise ValueError("the batch does not match its items")
         except BaseException as exc:  # e.g. a module that is not installed here
             failure = exc
-        del task_parts, fn_parts, parts
-        common = self.common.get(digest, (None, None))[:2]
+        del task_parts, fn_parts, job_parts, parts
+        common = self.common.get(digest, (None, None))
+        if jdigest:  # the job data came in a part of its own
+            common = (common[0], self.common.get(jdigest, (None, None))[0])
         out = self._run_items(header, items, entries, common, failure, maps)
         if maps:
             out.send(last=False)  # values that share memory with the inputs are copied out now

@@ -1004,7 +1004,10 @@ class Controller:
     def _encode(self, w: Worker, b: Batch) -> tuple[dict[str, Any], list[Any]]:
         """The TASK of a batch (see :meth:`TaskEncoder.encode`)."""
         prepared = self.prepared.get(b.indices[0]) if len(b.indices) == 1 else None
-        info, buffers = self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns)
+        peer = w.conn.peer if w.conn is not None else None
+        job_part = peer is not None and "job-part" in peer.caps
+        info, buffers = self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns,
+                                            job_part)  # fmt: skip
         self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
         return info, buffers
 

@@ -492,33 +492,42 @@ class PeerWorker:
         try:
             ntask = int(info["ntask"])
             nfn = int(info.get("nfn", 0))
+            njp = int(info.get("njpart", 0))
             items = [[int(i), int(a)] for i, a in info["items"]]
-            if not (ntask >= 1 and ntask + nfn == len(buffers) and items):
+            if not (ntask >= 1 and nfn >= 0 and njp >= 0 and ntask + nfn + njp == len(buffers) and items):
                 raise ValueError("buffer counts do not match")
         except (KeyError, TypeError, ValueError) as exc:
             self._send(peer, Error("task", f"malformed TASK {msg.task_id!r}: {exc}"))
             self._close(peer, f"malformed TASK: {exc}")
             return
         digest = str(info.get("fn") or "")
+        jdigest = str(info.get("jpart") or "")
+        for buf in buffers[:ntask]:
+            self.pool.claim(buf, run)
+        # the function part and the job part: kept for later TASKs of this connection, as
+        # plain bytes, not pooled memory
+        for name, start, count, what in ((digest, ntask, nfn, "function"),
+                                         (jdigest, ntask + nfn, njp, "job part")):  # fmt: skip
+            if count:
+                part = buffers[start : start + count]
+                peer.fns[name] = tuple(bytes(b) if self.pool.fd_of(b) >= 0 else b for b in part)
+                for buf in part:
+                    self.pool.free(buf)
+            elif name and name not in peer.fns:
+                self._send(peer, Error("task", f"TASK {msg.task_id!r} names a {what} never sent"))
+                self._close(peer, f"TASK without its {what}")
+                return
         forget = info.get("forget")
         if isinstance(forget, list):  # the controller bounds what is kept for it
             for old in forget:
-                if isinstance(old, str):
+                if isinstance(old, str) and old not in (digest, jdigest):
                     peer.fns.pop(old, None)
-        for buf in buffers[:ntask]:
-            self.pool.claim(buf, run)
-        if nfn:  # kept for later TASKs of this connection: as plain bytes, not pooled memory
-            peer.fns[digest] = tuple(bytes(b) if self.pool.fd_of(b) >= 0 else b for b in buffers[ntask:])
-            for buf in buffers[ntask:]:
-                self.pool.free(buf)
-        elif digest and digest not in peer.fns:
-            self._send(peer, Error("task", f"TASK {msg.task_id!r} names a function never sent"))
-            self._close(peer, "TASK without its function")
-            return
         run.info = {"job": info.get("job") or {}, "diary": str(info.get("diary", "always")),
-                    "items": items, "fn": digest, "time_s": float(info.get("time_s") or 0.0)}  # fmt: skip
+                    "items": items, "fn": digest, "jpart": jdigest,
+                    "time_s": float(info.get("time_s") or 0.0)}  # fmt: skip
         run.buffers = tuple(buffers[:ntask])
         run.fn_buffers = peer.fns.get(digest, ()) if digest else ()
+        run.job_buffers = peer.fns.get(jdigest, ()) if jdigest else ()
         maxnum = self.options.maxnum
         if maxnum is not None:  # at most maxnum tasks run: the rest of a batch goes back
             ahead = sum(len(r.info["run"]) for r in (*self.running.values(), *self.queued))
@@ -589,17 +598,20 @@ class PeerWorker:
 
     def _start(self, run: Run, child: ChildProcess) -> None:
         now = time.monotonic()
+        used = [d for d in (run.info["fn"], run.info.get("jpart")) if d]
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
-        header, body, fds = build_run_message(run, send_fn, self.pool.fd_of)
-        if send_fn:
-            child.fns[run.info["fn"]] = None
-            forget = []
-            while len(child.fns) > _CHILD_FNS:  # the child drops what it is told to, only
-                oldest = next(iter(child.fns))
-                del child.fns[oldest]
-                forget.append(oldest)
-            if forget:
-                header["forget"] = forget
+        send_job = bool(run.info.get("jpart")) and run.info["jpart"] not in child.fns
+        header, body, fds = build_run_message(run, send_fn, send_job, self.pool.fd_of)
+        for d in used:  # the child holds them now; the last to be dropped
+            child.fns.pop(d, None)
+            child.fns[d] = None
+        forget = []
+        while len(child.fns) > _CHILD_FNS:  # the child drops what it is told to, only
+            oldest = next(iter(child.fns))
+            del child.fns[oldest]
+            forget.append(oldest)
+        if forget:
+            header["forget"] = forget
         child.send(header, body, fds)
         child.run = run
         child.job_id = run.info["job"].get("id")

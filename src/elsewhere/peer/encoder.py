@@ -43,8 +43,9 @@ class TaskEncoder:
     def __init__(self, payload: PayloadReader, job_info: dict[str, Any], diary: str,
                  time_s: float, files: Path | None = None) -> None:  # fmt: skip
         self.payload = payload
-        self.files_dir = files  # the job's files= folder: it goes in every function part
-        self._files: tuple[str, bytes] | bool | None = False  # packed when first needed
+        self.files_dir = files  # the job's files= folder: it goes in the job part
+        self._job_part: tuple[str, list[Any]] | bool | None = False  # made when first needed
+        self._combined: dict[str, tuple[str, list[Any]]] = {}  # digest -> (fn, job data) part
         self.job_info = job_info
         self.diary = diary
         self.time_s = time_s
@@ -52,6 +53,7 @@ class TaskEncoder:
         self.common: tuple[str, list[Any]] | None = None
         self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
         self._job_data: Any = None
+        self._job_fn: Any = None
         self._by_value: list[Any] = []
 
     def prepare(self, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
@@ -66,13 +68,17 @@ class TaskEncoder:
             data, oob = serial.dumps(items)
             if len(oob) > _MAX_OOB:
                 data, oob = serial.dumps_inband(items), []
-        return digest, fn_parts, data, oob
+        return digest, fn_parts, data, oob, fn
 
     def encode(self, indices: list[int], attempts: list[int], prepared: Any,
-               in_memory: Mapping[int, Any], sent_fns: dict[str, None]) -> tuple[dict[str, Any], list[Any]]:
+               in_memory: Mapping[int, Any], sent_fns: dict[str, None],
+               job_part: bool = True) -> tuple[dict[str, Any], list[Any]]:  # fmt: skip
         """The TASK of a batch: pickled entries, plus, once per connection, the function
-        part they use (the job's function and job data; or the function of tasks added one
-        by one, when a batch shares it: an Executor's tasks then pickle only their inputs).
+        part they use (the job's function; or the function of tasks added one by one, when
+        a batch shares it: an Executor's tasks then pickle only their inputs) and the job
+        part (the job data and ``files=``, once for every function: ``jpart``, ``njpart``).
+        A worker that does not understand a job part (``job_part`` false) gets function
+        parts that carry the job data themselves, as before there were job parts.
 
         ``indices`` and ``attempts``: the batch's tasks; ``prepared``: what :meth:`prepare`
         made of its one task, if it has one task and that was prepared; ``in_memory``: the
@@ -80,85 +86,118 @@ class TaskEncoder:
         function parts the worker has, oldest first (updated: past :data:`MAX_SENT_PARTS`
         the oldest are dropped, and the TASK's ``forget`` tells the worker to drop them too)."""
         if prepared is not None:  # pickled by the caller of put
-            digest, fn_parts, data, oob = prepared
+            digest, fn_parts, data, oob, fn = prepared
         else:
             with self.lock:
-                digest, fn_parts, data, oob = self._pickle_batch(indices, in_memory)
+                digest, fn_parts, data, oob, fn = self._pickle_batch(indices, in_memory)
         buffers: list[Any] = [data, *oob]
         info: dict[str, Any] = {
             "job": self.job_info, "diary": self.diary, "items": [[i, a] for i, a in zip(indices, attempts)],
             "ntask": len(buffers), "nfn": 0, "fn": digest, "time_s": self.time_s,
         }  # fmt: skip
+        if not job_part:
+            with self.lock:
+                digest, fn_parts = self._combined_part(digest, fn)
+            info["fn"] = digest
         if digest not in sent_fns:
             buffers += fn_parts
             info["nfn"] = len(fn_parts)
-            sent_fns[digest] = None
-            if len(sent_fns) > MAX_SENT_PARTS:  # the worker keeps what it is not told to drop
-                forget = list(sent_fns)[: len(sent_fns) - MAX_SENT_PARTS]
-                for old in forget:
-                    del sent_fns[old]
-                info["forget"] = forget
+        sent_fns.pop(digest, None)
+        sent_fns[digest] = None  # used now: the last to be dropped
+        jp = self.job_part() if job_part else None
+        if jp is not None:
+            info["jpart"], info["njpart"] = jp[0], 0
+            if jp[0] not in sent_fns:
+                buffers += jp[1]
+                info["njpart"] = len(jp[1])
+            sent_fns.pop(jp[0], None)
+            sent_fns[jp[0]] = None  # used now: the last to be dropped
+        if len(sent_fns) > MAX_SENT_PARTS:  # the worker keeps what it is not told to drop
+            forget = list(sent_fns)[: len(sent_fns) - MAX_SENT_PARTS]
+            for old in forget:
+                del sent_fns[old]
+            info["forget"] = forget
         return info, buffers
 
+    def job_part(self) -> tuple[str, list[Any]] | None:
+        """(digest, buffers) of the job data and ``files=``; None when there are neither."""
+        with self.lock:
+            if self._job_part is False:
+                self._common()
+                files = pack_files(self.files_dir) if self.files_dir is not None else None
+                if self._job_data is None and files is None:
+                    self._job_part = None
+                else:
+                    from .. import serial
+
+                    packed = None if files is None else (files[0], pickle.PickleBuffer(files[1]))
+                    self._job_part = _digested("j", *serial.dumps((self._job_data, packed)))
+            return self._job_part if isinstance(self._job_part, tuple) else None
+
+    def _combined_part(self, digest: str, fn: Any) -> tuple[str, list[Any]]:
+        """The function part ``digest`` of ``fn`` with the job data in it (for a worker
+        without job parts)."""
+        cached = self._combined.get(digest)
+        if cached is None:
+            from .. import serial
+
+            cached = self._combined[digest] = _digested("c", *serial.dumps((fn, self._job_data)))
+            if len(self._combined) > 256:
+                self._combined.pop(next(iter(self._combined)))
+        return cached
+
     def _pickle_batch(self, indices: list[int],
-                      in_memory: Mapping[int, Any]) -> tuple[str, list[Any], bytes, list[Any]]:
-        """The function part and the pickled entries of a batch's tasks."""
+                      in_memory: Mapping[int, Any]) -> tuple[str, list[Any], bytes, list[Any], Any]:
+        """The function part, the pickled entries of a batch's tasks, and the function."""
         from .. import serial
 
         entries = [self._entry(i, in_memory) for i in indices]
         own = {id(e[0]) for e in entries}
         if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
-            digest, fn_parts = self._fn_part(entries[0][0])
+            part_fn = entries[0][0]
+            digest, fn_parts = self._fn_part(part_fn)
             entries = [(None, args, kwargs) for _, args, kwargs in entries]
         else:
             digest, fn_parts = self._common()
+            part_fn = self._job_fn
             for fn, _, _ in entries:
                 if fn is not None:
                     self._register_by_value(fn)
         data, oob = serial.dumps(entries)
         if len(oob) > _MAX_OOB:
             data, oob = serial.dumps_inband(entries), []
-        return digest, fn_parts, data, oob
+        return digest, fn_parts, data, oob, part_fn
 
     def _entry(self, index: int, in_memory: Mapping[int, Any]) -> Any:
         entry = in_memory.get(index)
         return entry if entry is not None else self.payload.task(index)
 
     def _common(self) -> tuple[str, list[Any]]:
-        """The function part of the job's own function and job data."""
+        """The function part of the job's own function."""
         if self.common is None:
             fn, job_data = self.payload.common()
-            self._job_data = job_data
-            self.common = self._pickle_part(fn, job_data)
+            self._job_data, self._job_fn = job_data, fn
+            self.common = self._pickle_part(fn)
         return self.common
 
     def _fn_part(self, fn: Any) -> tuple[str, list[Any]]:
-        """The function part of a task's own function (with the job data), pickled once."""
+        """The function part of a task's own function, pickled once."""
         cached = self.fn_parts.get(id(fn))
         if cached is not None and cached[0] is fn:
             return cached[1]
         self._common()
-        part = self._pickle_part(fn, self._job_data)
+        part = self._pickle_part(fn)
         self.fn_parts[id(fn)] = (fn, part)  # keeps fn alive: its id cannot be reused meanwhile
         if len(self.fn_parts) > 256:
             self.fn_parts.pop(next(iter(self.fn_parts)))
         return part
 
-    def _pickle_part(self, fn: Any, job_data: Any) -> tuple[str, list[Any]]:
+    def _pickle_part(self, fn: Any) -> tuple[str, list[Any]]:
         from .. import serial
 
         if fn is not None:
             self._register_by_value(fn)
-        if self._files is False:
-            self._files = pack_files(self.files_dir) if self.files_dir is not None else None
-        part: tuple[Any, ...] = (fn, job_data)
-        if isinstance(self._files, tuple):  # (digest, tar stream), the stream out of band
-            part = (fn, job_data, (self._files[0], pickle.PickleBuffer(self._files[1])))
-        data, oob = serial.dumps(part)
-        h = hashlib.sha256(data)
-        for v in oob:
-            h.update(v)
-        return h.hexdigest()[:32], [data, *oob]
+        return _digested("f", *serial.dumps((fn, None)))
 
     def _register_by_value(self, fn: Any) -> None:
         """Send the user's own modules' code with the task (the worker may not have it)."""
@@ -190,3 +229,11 @@ class TaskEncoder:
                     cloudpickle.unregister_pickle_by_value(module)
             self._by_value.clear()
             self.payload.close()
+
+
+def _digested(kind: str, data: bytes, oob: list[Any]) -> tuple[str, list[Any]]:
+    """(digest, buffers) of a pickled part; the digest's first letter says its kind."""
+    h = hashlib.sha256(data)
+    for v in oob:
+        h.update(v)
+    return kind + h.hexdigest()[:31], [data, *oob]

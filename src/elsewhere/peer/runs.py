@@ -38,6 +38,7 @@ class Run:
     info: dict[str, Any]
     buffers: tuple[Any, ...] = ()
     fn_buffers: tuple[Any, ...] = ()
+    job_buffers: tuple[Any, ...] = ()
     started: float = 0.0
     child: ChildProcess | None = None
     outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
@@ -60,16 +61,18 @@ class Done:
     held: list[tuple[Any, bool]] = field(default_factory=list)  # input buffers results are in
 
 
-def build_run_message(run: Run, send_fn: bool,
+def build_run_message(run: Run, send_fn: bool, send_job: bool,
                       fd_of: Callable[[Any], int]) -> tuple[dict[str, Any], list[Any], list[int]]:
     """The "run" message that starts ``run`` on a child (see child.py): its header, the
     buffers of its body, and the descriptors sent with it (a buffer in a memfd, whose
     descriptor ``fd_of`` gives, -1 if none, goes as that descriptor, up to 250 of them).
-    With ``send_fn`` the function part of the batch goes too."""
+    With ``send_fn`` the function part of the batch goes too, with ``send_job`` its job
+    part."""
     body: list[Any] = []
     fds: list[int] = []
     parts: list[list[int]] = []
-    for buf in run.buffers + (run.fn_buffers if send_fn else ()):
+    fn_buffers = run.fn_buffers if send_fn else ()
+    for buf in run.buffers + fn_buffers + (run.job_buffers if send_job else ()):
         fd = fd_of(buf)
         if fd >= 0 and len(fds) < 250:
             fds.append(fd)
@@ -79,7 +82,8 @@ def build_run_message(run: Run, send_fn: bool,
             parts.append([len(buf), 0])
     header = {"op": "run", "batch": str(run.seq), "job": run.info["job"],
               "diary": run.info["diary"], "items": run.info.get("run", run.info["items"]), "fn": run.info["fn"],
-              "ntask": len(run.buffers), "parts": parts}  # fmt: skip
+              "ntask": len(run.buffers), "nfn": len(fn_buffers), "jpart": run.info.get("jpart", ""),
+              "parts": parts}  # fmt: skip
     return header, body, fds
 
 

@@ -125,12 +125,13 @@ __all__ = [
     "Role",
 ]
 
-CAPABILITIES = ("ack-many", "fold")
+CAPABILITIES = ("ack-many", "fold", "job-part")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
 lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
 task (``ask``) and a RESULT that carries ACCEPTs (``accepted``), two frames a task
-instead of four."""
+instead of four; ``job-part``, a TASK whose job data and files travel in a part of their
+own (``jpart``, ``njpart``), once per connection whatever the functions."""
 
 _MAX_SEQ = 2**64 - 1
 
