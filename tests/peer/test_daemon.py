@@ -9,12 +9,14 @@ the limits a worker offers, and the command line around it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import pickle
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -557,18 +559,78 @@ def test_shared_memory_a_task_keeps_is_never_reused(tmp_path: Path, key_file: Pa
 # ---------------------------------------------------------------- life of the daemon
 
 
-def test_sigterm_drains_the_running_task_is_delivered(tmp_path: Path, key_file: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])  # SIGHUP: its terminal closed
+def test_sigterm_drains_the_running_task_is_delivered(tmp_path: Path, key_file: Path, signum: int) -> None:
     w, port = start_worker(tmp_path, key_file, "--slots", "1")
     c = Client(port, load_key(key_file))
     assert isinstance(c.ask("d"), Accept)
     c.task("d", time.sleep, [(0.8,)])
     time.sleep(0.2)
-    w.signal(signal.SIGTERM)
+    w.signal(signum)
     r = c.ask("late")
     assert isinstance(r, Refuse) and r.reason is RefuseReason.DRAINING
     assert c.result("d") == [(0, Outcome.OK, None)]
     assert w.proc.wait(10) == 0
     w.stop()
+
+
+def _elsewhere(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    from peer_procs import env
+
+    return subprocess.run([sys.executable, "-m", "elsewhere", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env({"ELSEWHERE_HOME": str(home)}))  # fmt: skip
+
+
+def test_a_detached_worker_outlives_its_command_and_stop_drains_it(tmp_path: Path, key_file: Path) -> None:
+    import json
+
+    home = tmp_path / "home"
+    out = _elsewhere(home, "peer", "worker", "--detach", "--interface", "127.0.0.1", "--port",
+                     str(free_port()), "--key", str(key_file), "--slots", "1")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    records = list((home / "peer" / "workers").glob("[0-9]*.json"))
+    assert len(records) == 1
+    rec = json.loads(records[0].read_text())
+    pid = rec["pid"]
+    try:
+        assert f"pid {pid}" in out.stdout and "elsewhere peer stop" in out.stdout
+        assert os.getsid(pid) != os.getsid(0)  # a session of its own: the terminal's end is not its
+        c = Client(rec["port"], load_key(key_file))
+        assert isinstance(c.ask("d"), Accept)
+        c.task("d", time.sleep, [(1.0,)])
+        time.sleep(0.3)
+        from peer_procs import env
+
+        stop = subprocess.Popen([sys.executable, "-m", "elsewhere", "peer", "stop"], text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env({"ELSEWHERE_HOME": str(home)}))  # fmt: skip
+        assert c.result("d") == [(0, Outcome.OK, None)]  # it finishes and delivers its task first
+        stdout, stderr = stop.communicate(timeout=60)
+        assert stop.returncode == 0, stderr
+        assert f"pid {pid}" in stdout and "stopped" in stdout
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone, or a zombie its new parent reaps
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert not records[0].exists()
+        assert "draining" in Path(rec["log"]).read_text()
+        again = _elsewhere(home, "peer", "stop")
+        assert again.returncode == 0 and "no background peer workers" in again.stdout
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_detached_worker_that_cannot_start_says_why(tmp_path: Path, key_file: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        out = _elsewhere(tmp_path / "home", "peer", "worker", "--detach", "--interface", "127.0.0.1",
+                         "--port", str(free_port()), "--key", str(key_file),
+                         "--tcp-port", str(taken.getsockname()[1]))  # fmt: skip
+    assert out.returncode == 1
+    assert "did not start" in out.stderr and "Address already in use" in out.stderr
+    assert not list((tmp_path / "home" / "peer" / "workers").glob("[0-9]*.json"))
 
 
 def test_a_second_signal_hands_the_running_task_back(tmp_path: Path, key_file: Path) -> None:

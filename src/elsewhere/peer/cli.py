@@ -1,7 +1,9 @@
-"""``elsewhere peer worker|list|keygen``: the peer network from a shell.
+"""``elsewhere peer worker|stop|list|keygen``: the peer network from a shell.
 
     elsewhere peer worker                         offer this machine's cores (peerworker)
     elsewhere peer worker --maxtime 8h --maxidle 1h --memavail 8G --slots 4 --group lab
+    elsewhere peer worker --detach ...            the same in the background (outlives the terminal)
+    elsewhere peer stop [--now]                   stop this user's background workers (they drain)
     elsewhere peer list                           every peer seen: host, user, group, state, ...
     elsewhere peer keygen lab [--output FILE]     a new group key, mode 0600
 
@@ -12,6 +14,7 @@ sub-parsers; every handler returns an exit status.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -19,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_worker", "worker_options"]
+__all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_stop", "cmd_worker", "worker_options"]
 
 
 def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
@@ -55,7 +58,22 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                    "tiny tasks go faster, at the cost of a busy core meanwhile (0: off; default 2)")  # fmt: skip
     w.add_argument("--stats-file", help="write counters (JSON) here every second and at exit")
     w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    w.add_argument("--detach", action="store_true",
+                   help="run in the background, in a session of its own (it outlives the terminal "
+                   "and the login); its log goes to <home>/peer/workers/; stop it with "
+                   "`elsewhere peer stop`")  # fmt: skip
     w.set_defaults(func=cmd_worker)
+
+    st = sub.add_parser("stop", help="stop this user's background workers (--detach); they drain first",
+                        description="Stop the peer workers this user started here with --detach: "
+                        "each finishes (or, with --now, hands back) its running tasks, delivers "
+                        "their results, and exits.")  # fmt: skip
+    st.add_argument("pid", nargs="*", type=int, help="only these workers (default: all of them)")
+    st.add_argument("--now", action="store_true",
+                    help="hand running tasks back to their controllers instead of finishing them")  # fmt: skip
+    st.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds to wait for them to exit (default 600)")  # fmt: skip
+    st.set_defaults(func=cmd_stop)
 
     ls = sub.add_parser("list", help="list every peer seen: host, user, group, state, slots, memory")
     _group_args(ls, all_groups=True)
@@ -145,10 +163,15 @@ def worker_options(args: argparse.Namespace) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    """``elsewhere peer worker``: run the daemon in the foreground until it drains."""
+    """``elsewhere peer worker``: run the daemon in the foreground until it drains (or, with
+    ``--detach``, start it in the background and return once it listens)."""
     import logging
 
     from .daemon import PeerWorker
+
+    if getattr(args, "detach", False):
+        return _detach(args)
+    import os
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s elsewhere peer: %(message)s")  # fmt: skip
@@ -159,9 +182,141 @@ def cmd_worker(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
     worker = PeerWorker(opts)
     host, port = worker.start()
+    how = "`elsewhere peer stop`" if os.environ.get("ELSEWHERE_PEER_DETACHED") else "Ctrl-C"
     print(f"elsewhere peer worker {worker.peer_id[:8]} listening on {host}:{port} "
-          f"(discovery port {opts.discovery.port}); Ctrl-C to stop", file=sys.stderr, flush=True)  # fmt: skip
+          f"(discovery port {opts.discovery.port}); {how} to stop", file=sys.stderr, flush=True)  # fmt: skip
     return worker.serve()
+
+
+def _workers_dir() -> Path:
+    from .. import paths
+
+    return paths.home() / "peer" / "workers"
+
+
+def _detach(args: argparse.Namespace) -> int:
+    """Start ``peer worker`` (these arguments but ``--detach``) in a new session, its output in
+    a log file; wait until it listens, record it for ``peer stop``, and say where it is."""
+    import os
+    import secrets
+    import subprocess
+
+    opts = worker_options(args)  # bad arguments are reported here, before anything starts
+    argv = sys.argv[1:]
+    if "--detach" not in argv or "worker" not in argv:
+        from ..errors import ConfigError
+
+        raise ConfigError("--detach works from the command line (`elsewhere peer worker --detach ...`)")
+    folder = _workers_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    stem = folder / f"worker-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    log_path, stats = stem.with_suffix(".log"), stem.with_suffix(".stats.json")
+    argv = [a for a in argv if a != "--detach"]
+    if not args.stats_file:
+        argv += ["--stats-file", str(stats)]
+    stats = Path(args.stats_file or stats).expanduser()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "elsewhere", *argv], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                                env={**os.environ, "ELSEWHERE_PEER_DETACHED": "1"})  # fmt: skip
+    deadline = time.monotonic() + 30
+    port = None
+    while port is None:
+        try:
+            port = json.loads(stats.read_text()).get("port")
+        except (OSError, ValueError):
+            pass
+        if port is None and (proc.poll() is not None or time.monotonic() > deadline):
+            if proc.poll() is None:
+                proc.terminate()
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-10:]
+            print("elsewhere peer: the background worker did not start"
+                  + (f" (it exited with code {proc.returncode})" if proc.returncode is not None else "")
+                  + f"; its log ({log_path}) ends:\n  " + "\n  ".join(tail), file=sys.stderr)  # fmt: skip
+            return 1
+        time.sleep(0.05)
+    group = opts.key.group if opts.key is not None else "(loopback only)"
+    record = {"pid": proc.pid, "group": group, "port": port, "log": str(log_path), "stats": str(stats),
+              "started": time.time(), "argv": argv}  # fmt: skip
+    tmp = stem.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, folder / f"{proc.pid}.json")
+    print(f"elsewhere peer worker started in the background: pid {proc.pid}, group {group!r}, "
+          f"tasks on port {port}; log: {log_path}\nstop it with `elsewhere peer stop` (it finishes "
+          "its running tasks first)")  # fmt: skip
+    return 0
+
+
+def _our_worker(pid: int) -> bool:
+    """Whether ``pid`` is a running ``elsewhere ... peer worker`` of this user (not a reused pid)."""
+    import psutil
+
+    try:
+        p = psutil.Process(pid)
+        cmd = p.cmdline()
+        return p.status() != psutil.STATUS_ZOMBIE and "peer" in cmd and "worker" in cmd and any(
+            "elsewhere" in c for c in cmd)  # fmt: skip
+    except psutil.Error:
+        return False
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``elsewhere peer stop``: signal this user's background workers, wait until they exit."""
+    import os
+    import signal
+
+    folder = _workers_dir()
+    records = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if not path.stem.isdigit():
+            continue
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if args.pid and int(rec.get("pid", -1)) not in args.pid:
+            continue
+        if _our_worker(int(rec.get("pid", -1))):
+            records[path] = rec
+        else:
+            path.unlink(missing_ok=True)  # it ended on its own (maxtime, maxidle, a crash)
+    if not records:
+        which = f"pid {', '.join(map(str, args.pid))}" if args.pid else "background peer workers"
+        print(f"elsewhere peer: no {which} of this user running here (records in {folder})")
+        return 0
+    for rec in records.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(rec["pid"]), signal.SIGTERM)
+            if args.now:  # a second signal hands the running tasks back
+                time.sleep(0.2)
+                os.kill(int(rec["pid"]), signal.SIGTERM)
+    what = "handing back" if args.now else "finishing"
+    print(f"elsewhere peer: stopping {len(records)} worker(s) ({what} their running tasks): "
+          + ", ".join(f"pid {r['pid']} (group {r['group']})" for r in records.values()), flush=True)  # fmt: skip
+    deadline = time.monotonic() + args.timeout
+    last_note = time.monotonic()
+    while records:
+        for path, rec in list(records.items()):
+            if not _our_worker(int(rec["pid"])):
+                path.unlink(missing_ok=True)
+                if rec.get("stats"):
+                    Path(rec["stats"]).unlink(missing_ok=True)  # its log stays
+                del records[path]
+        if not records:
+            break
+        now = time.monotonic()
+        if now > deadline:
+            print(f"elsewhere peer: still running after {args.timeout:g} s: "
+                  + ", ".join(f"pid {r['pid']}" for r in records.values())
+                  + "; `elsewhere peer stop --now` hands their tasks back", file=sys.stderr)  # fmt: skip
+            return 1
+        if now - last_note > 10:
+            last_note = now
+            print(f"  waiting for {len(records)} worker(s) to finish their tasks "
+                  f"({now - deadline + args.timeout:.0f} s) ...", flush=True)  # fmt: skip
+        time.sleep(0.1)
+    print("elsewhere peer: stopped")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -257,6 +257,7 @@ class PeerWorker:
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGHUP, handler)  # its terminal closed: drain, as for SIGTERM
 
     def _on_wake(self) -> None:
         with contextlib.suppress(OSError):
