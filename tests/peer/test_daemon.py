@@ -719,10 +719,44 @@ def test_worker_options_from_the_command_line(tmp_path: Path, key_file: Path) ->
     assert opts.poll_s == 0.0005
     assert (opts.maxtime, opts.maxidle, opts.memavail, opts.slots) == (8 * 3600, 3600, 8 << 30, 4)
     assert (opts.timavail, opts.maxnum, opts.fair_share) == (600, 100, False)
-    assert opts.key.group == "lab"
+    assert opts.key.group == "lab" and opts.more_keys == ()
     assert opts.access.check("bob", "h", "10.1.1.1") is not None  # not on the allow list
     assert opts.access.check("ann", "h", "10.9.3.4") is not None  # refused network
     assert opts.access.check("ann", "h", "10.1.1.1") is None
+
+
+def test_one_worker_serves_several_groups(tmp_path: Path, key_file: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import json
+
+    from elsewhere.peer.cli import add_peer_commands
+
+    dept_file = write_key("dept", tmp_path / "dept.key")
+    other_file = write_key("other", tmp_path / "other.key")
+    port = free_port()
+    w = WorkerProc(["--port", str(port), "--interface", "127.0.0.1", "--key", str(key_file),
+                    "--key", str(dept_file), "--slots", "1"], tmp_path / "groups.json")  # fmt: skip
+    try:
+        tcp = int(w.wait_started()["port"])
+        for f in (key_file, dept_file):  # a member of either group runs tasks there
+            c = Client(tcp, load_key(f))
+            assert c.conn.group == load_key(f).group
+            assert isinstance(c.ask("g"), Accept)
+            c.task("g", pow, [(2, 5)])
+            assert c.result("g") == [(0, Outcome.OK, 32)]
+            c.close()
+        with pytest.raises(ProtocolError, match="serves 'dept', 'lab'"):
+            Client(tcp, load_key(other_file))
+        parser = argparse.ArgumentParser()
+        add_peer_commands(parser.add_subparsers(dest="command"))
+        for f, group in ((key_file, "lab"), (dept_file, "dept")):  # announced to each group
+            args = parser.parse_args(["peer", "list", "--key", str(f), "--port", str(port),
+                                      "--interface", "127.0.0.1", "--wait", "1.5", "--json"])  # fmt: skip
+            assert args.func(args) == 0
+            rows = json.loads(capsys.readouterr().out)
+            assert [(r["group"], r["address"]) for r in rows] == [(group, f"127.0.0.1:{tcp}")]
+    finally:
+        w.stop()
 
 
 def test_peer_list_shows_the_workers(tmp_path: Path, key_file: Path,

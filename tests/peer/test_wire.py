@@ -288,6 +288,35 @@ def test_group_mismatch_is_refused(key: GroupKey) -> None:
         b.feed(a.data_to_send()[0].tobytes())
 
 
+def test_a_responder_of_several_groups_serves_each_and_no_other(key: GroupKey) -> None:
+    import os
+
+    lab, dept, other = GroupKey("lab", os.urandom(32)), GroupKey("dept", os.urandom(32)), key
+    for group_key in (lab, dept):  # a member of either group completes the handshake
+        a = Connection(Role.INITIATOR, group_key, Identity("a"))
+        b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
+        got_a, got_b = pump(a, b)
+        assert any(isinstance(e, HandshakeComplete) for e in got_a)
+        assert any(isinstance(e, HandshakeComplete) for e in got_b)
+        assert b.group == a.group == group_key.group
+        _admit(a, b)
+        a.send(Ping(7))
+        assert [getattr(e, "message", e) for e in pump(a, b)[1]][-1] == Ping(7)
+    # a group it does not serve: refused by name
+    a = Connection(Role.INITIATOR, other, Identity("a"))
+    b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
+    with pytest.raises(ProtocolError, match="serves 'dept', 'lab'"):
+        b.feed(a.data_to_send()[0].tobytes())
+    # the right group name with the wrong secret: the handshake fails authentication
+    a = Connection(Role.INITIATOR, GroupKey("dept", os.urandom(32)), Identity("a"))
+    b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
+    b.feed(a.data_to_send()[0].tobytes())
+    with pytest.raises(ProtocolError, match="failed authentication"):
+        a.feed(b.data_to_send()[0].tobytes())
+    with pytest.raises(ValueError, match="keyed responder"):
+        Connection(Role.INITIATOR, lab, Identity("a"), more_keys=[dept])
+
+
 def test_sending_before_the_handshake_is_an_error(key: GroupKey) -> None:
     a = Connection(Role.INITIATOR, key, Identity("a"))
     with pytest.raises(PeerError, match="handshake"):

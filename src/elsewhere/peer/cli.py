@@ -35,7 +35,7 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="offer this machine's cores to a peer group (runs until stopped)",
                        description="Run a peer worker. Ctrl-C or SIGTERM drains: running tasks "
                        "finish and are delivered; a second Ctrl-C hands them back.")  # fmt: skip
-    _group_args(w)
+    _group_args(w, repeat=True)
     w.add_argument("--slots", type=int, default=None, help="tasks at once (cores on offer; default: all)")
     w.add_argument("--memavail", help="memory on offer, e.g. 8G (default: the machine's)")
     w.add_argument("--timavail", help="longest a single task may run, e.g. 2h (default: no limit)")
@@ -89,12 +89,15 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _group_args(p: argparse.ArgumentParser, *, all_groups: bool = False) -> None:
+def _group_args(p: argparse.ArgumentParser, *, all_groups: bool = False, repeat: bool = False) -> None:
     what = "listen in" if all_groups else "join"
-    p.add_argument("--group", help=f"peer group to {what} (its key: <config dir>/peer/GROUP.key)"
+    many: dict[str, Any] = {"action": "append", "default": []} if repeat else {}
+    p.add_argument("--group", **many, help=f"peer group to {what} (its key: <config dir>/peer/GROUP.key)"
                    + ("; default: every group you have a key for" if all_groups else
-                      "; default: 'default' if its key exists, else loopback only"))  # fmt: skip
-    p.add_argument("--key", help="key file (instead of the default place)")
+                      "; default: 'default' if its key exists, else loopback only")
+                   + ("; may repeat: one worker, its slots shared by the groups" if repeat else ""))  # fmt: skip
+    p.add_argument("--key", **many, help="key file (instead of the default place)"
+                   + ("; may repeat (with --group: one group per key file, in order)" if repeat else ""))  # fmt: skip
     p.add_argument("--port", type=int, default=None, help="discovery port (default 17700)")
     p.add_argument("--multicast-group", default=None, help="multicast address, or 'none'")
     p.add_argument("--interface", default=None, help="local IPv4 address of the network to use")
@@ -125,6 +128,29 @@ def _keys(args: argparse.Namespace, *, all_groups: bool) -> list[Any]:
     return [load_key(path, DEFAULT_GROUP) if path.exists() else None]
 
 
+def _worker_keys(args: argparse.Namespace) -> list[Any]:
+    """The keys of the groups a worker serves (repeated --group / --key); [None]: loopback only."""
+    from ..clusters.peer import key_path
+    from ..errors import ConfigError
+    from .keys import load_key
+
+    groups, files = list(args.group or []), list(args.key or [])
+    if files:
+        if groups and len(groups) != len(files):
+            raise ConfigError("with --key, give one --group per key file (in the same order), or none")
+        return [load_key(Path(f).expanduser(), groups[i] if groups else None) for i, f in enumerate(files)]
+    if not groups:
+        return _keys(argparse.Namespace(key=None, group=None), all_groups=False)
+    out = []
+    for group in groups:
+        path = key_path(group)
+        if not path.exists():
+            raise ConfigError(f"no key for peer group {group!r} at {path}: make one with "
+                              f"`elsewhere peer keygen {group}`")  # fmt: skip
+        out.append(load_key(path, group))
+    return out
+
+
 def _discovery(args: argparse.Namespace) -> Any:
     from ..clusters.peer import parse_peer
     from .discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
@@ -143,12 +169,12 @@ def worker_options(args: argparse.Namespace) -> Any:
     from .options import WorkerOptions
     from .units import parse_duration, parse_size
 
-    key = _keys(args, all_groups=False)[0]
+    keys = _worker_keys(args)
     extra: dict[str, Any] = {}
     if args.slots is not None:
         extra["slots"] = args.slots
     return WorkerOptions(
-        key=key, discovery=_discovery(args), bind=args.bind, port=args.tcp_port,
+        key=keys[0], more_keys=tuple(k for k in keys[1:] if k is not None), discovery=_discovery(args), bind=args.bind, port=args.tcp_port,
         memavail=parse_size(args.memavail, what="--memavail"),
         timavail=parse_duration(args.timavail, what="--timavail") or math.inf,
         maxtime=parse_duration(args.maxtime, what="--maxtime") or math.inf,
@@ -235,13 +261,13 @@ def _detach(args: argparse.Namespace) -> int:
                   + f"; its log ({log_path}) ends:\n  " + "\n  ".join(tail), file=sys.stderr)  # fmt: skip
             return 1
         time.sleep(0.05)
-    group = opts.key.group if opts.key is not None else "(loopback only)"
+    group = ", ".join(k.group for k in opts.group_keys()) or "(loopback only)"
     record = {"pid": proc.pid, "group": group, "port": port, "log": str(log_path), "stats": str(stats),
               "started": time.time(), "argv": argv}  # fmt: skip
     tmp = stem.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, folder / f"{proc.pid}.json")
-    print(f"elsewhere peer worker started in the background: pid {proc.pid}, group {group!r}, "
+    print(f"elsewhere peer worker started in the background: pid {proc.pid}, group {group}, "
           f"tasks on port {port}; log: {log_path}\nstop it with `elsewhere peer stop` (it finishes "
           "its running tasks first)")  # fmt: skip
     return 0

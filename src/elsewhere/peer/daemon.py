@@ -53,7 +53,7 @@ from .child import Outcome
 from .children import ChildProcess, describe_exit, read_capture, tree_rss
 from .discovery import Announcer, Listener
 from .fairshare import FairShare
-from .keys import LOOPBACK_HOST
+from .keys import LOOPBACK_HOST, GroupKey
 from .messages import (
     MAX_ACKS,
     Accept,
@@ -140,9 +140,9 @@ class PeerWorker:
         self._wake_w.setblocking(False)
         self._capture_fds: list[int] = []
         self.listen_sock: socket.socket | None = None
-        self.announcer: Announcer | None = None
-        self.listener: Listener | None = None
-        self._watch_thread: threading.Thread | None = None
+        self.announcers: list[Announcer] = []  # one per group served
+        self.listeners: list[Listener] = []
+        self._watch_threads: list[threading.Thread] = []
         self.address: tuple[str, int] = ("", 0)
         self._ready = threading.Event()
 
@@ -163,23 +163,29 @@ class PeerWorker:
         announced = self.address[0]
         if announced == "0.0.0.0":
             announced = opts.discovery.interface or _primary_address()
-        ann = Announcement(
-            self.peer_id, self.key.group if self.key else "", announced, self.address[1],
-            opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
-            self._mem_offer(), min(opts.timavail, opts.maxtime),
-        )  # fmt: skip
-        self.announcer = Announcer(ann, self.key, opts.discovery).start()
-        if opts.listen_for_controllers:
-            try:
-                self.listener = Listener(self.key, opts.discovery).start()
-            except OSError as exc:  # e.g. static peers on a port another peer here holds
-                log.warning("not listening for controllers (%s); announcing anyway", exc)
-            else:
-                self._watch_thread = threading.Thread(target=self._watch_controllers,
-                                                      name="elsewhere-peer-watch", daemon=True)  # fmt: skip
-                self._watch_thread.start()
+        served: list[GroupKey | None] = [*opts.group_keys()] or [None]
+        for key in served:  # each group served hears of this worker
+            ann = Announcement(
+                self.peer_id, key.group if key else "", announced, self.address[1],
+                opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
+                self._mem_offer(), min(opts.timavail, opts.maxtime),
+            )  # fmt: skip
+            announcer = Announcer(ann, key, opts.discovery).start()
+            self.announcers.append(announcer)
+            if opts.listen_for_controllers:
+                try:
+                    listener = Listener(key, opts.discovery).start()
+                except OSError as exc:  # e.g. static peers on a port another peer here holds
+                    log.warning("not listening for controllers (%s); announcing anyway", exc)
+                    continue
+                self.listeners.append(listener)
+                watch = threading.Thread(target=self._watch_controllers, args=(listener, announcer),
+                                         name="elsewhere-peer-watch", daemon=True)  # fmt: skip
+                watch.start()
+                self._watch_threads.append(watch)
         self._ready.set()
-        group = f"{self.key.group!r} (key {self.key.fingerprint})" if self.key else "(loopback only)"
+        group = (", ".join(f"{k.group!r} (key {k.fingerprint})" for k in opts.group_keys())
+                 or "(loopback only)")  # fmt: skip
         log.info("peer worker %s on %s:%d, group %s, %d slot(s), %s", self.peer_id[:8],
                  self.address[0], self.address[1], group,
                  opts.slots, "fair share" if opts.fair_share else "first come, first served")  # fmt: skip
@@ -189,10 +195,8 @@ class PeerWorker:
         """Wait until :meth:`start` has bound its socket (for callers in another thread)."""
         return self._ready.wait(timeout)
 
-    def _watch_controllers(self) -> None:
+    def _watch_controllers(self, listener: Listener, announcer: Announcer) -> None:
         """Announce at once when a new controller appears, so it finds us in milliseconds."""
-        listener, announcer = self.listener, self.announcer
-        assert listener is not None and announcer is not None
         known: set[str] = set()
 
         def controllers(peers: list[Any]) -> set[str]:
@@ -317,7 +321,7 @@ class PeerWorker:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = Peer(sock, addr[0])
-            peer.connect(Connection(Role.RESPONDER, self.key, self.identity,
+            peer.connect(Connection(Role.RESPONDER, self.key, self.identity, more_keys=self.options.more_keys,
                                     allocate=self.pool.allocator(peer)))  # fmt: skip
             self.peers.add(peer)
             self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))
@@ -891,7 +895,7 @@ class PeerWorker:
     def _announce(self, now: float) -> None:
         self._announce_due = False
         self._last_announce = now
-        if self.announcer is None:
+        if not self.announcers:
             return
         free, _ = self._free(now)
         if self.draining is not None:
@@ -905,18 +909,20 @@ class PeerWorker:
             task = f"{str(job.get('name', ''))[:200]}#{items[0][0]}"
             break
         time_offer = max(0.0, self._time_offer(now))
-        with contextlib.suppress(Exception):
-            self.announcer.update_state(state=state, slots_free=max(0, free), mem_bytes=self._mem_offer(),
-                                        time_s=time_offer, task=task)  # fmt: skip
+        mem = self._mem_offer()
+        for announcer in self.announcers:
+            with contextlib.suppress(Exception):
+                announcer.update_state(state=state, slots_free=max(0, free), mem_bytes=mem,
+                                       time_s=time_offer, task=task)  # fmt: skip
 
     def _write_stats(self) -> None:
         path = self.options.stats_file
         if not path:
             return
         data: dict[str, Any] = dict(self.stats)
-        if self.listener is not None:
-            data["datagrams_dropped"] = self.listener.dropped
-            data["datagrams_received"] = self.listener.received
+        if self.listeners:
+            data["datagrams_dropped"] = sum(x.dropped for x in self.listeners)
+            data["datagrams_received"] = sum(x.received for x in self.listeners)
         data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
         data["function_parts"] = sum(len(p.fns) for p in self.peers)  # kept for controllers
         data["pid"] = os.getpid()
@@ -950,12 +956,12 @@ class PeerWorker:
             with contextlib.suppress(OSError):
                 os.close(child.capture_fd)
         self.children.clear()
-        if self.announcer is not None:
-            self.announcer.stop()
-        if self.listener is not None:
-            self.listener.stop()
-        if self._watch_thread is not None:
-            self._watch_thread.join(2.0)
+        for announcer in self.announcers:
+            announcer.stop()
+        for listener in self.listeners:
+            listener.stop()
+        for watch in self._watch_threads:
+            watch.join(2.0)
         if self.listen_sock is not None:
             self.listen_sock.close()
         if self.options.stats_file:

@@ -39,7 +39,8 @@ def _machine_cores() -> int:
 class WorkerOptions:
     """What a worker offers, to whom, and for how long.
 
-    ``key`` None is loopback-only mode (127.0.0.1, same user only). Times are
+    ``key`` None is loopback-only mode (127.0.0.1, same user only); ``more_keys``
+    are further groups served by the same daemon (and its slots). Times are
     seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
     ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
     time without work before it exits; ``maxnum`` the tasks it runs.
@@ -52,6 +53,7 @@ class WorkerOptions:
     """
 
     key: GroupKey | None = None
+    more_keys: tuple[GroupKey, ...] = ()  # further groups served (their controllers share the slots)
     discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
     bind: str | None = None
     port: int = 0
@@ -85,8 +87,17 @@ class WorkerOptions:
             raise ConfigError(f"poll_s (--busy-poll) must be 0 to 1 s (0 to 1000 ms), got {self.poll_s!r} s")
         if self.maxnum is not None and self.maxnum < 1:
             raise ConfigError(f"maxnum must be >= 1, got {self.maxnum!r}")
+        groups = [k.group for k in self.group_keys()]
+        if len(set(groups)) != len(groups):
+            raise ConfigError(f"each group once: {', '.join(groups)}")
+        if self.more_keys and self.key is None:
+            raise ConfigError("more_keys need a key (loopback-only mode serves no group)")
         if self.key is None and self.bind not in (None, LOOPBACK_HOST):
             raise ConfigError(f"without a group key a worker listens on {LOOPBACK_HOST} only")
+
+    def group_keys(self) -> list[GroupKey]:
+        """The keys of every group served (none in loopback-only mode)."""
+        return [self.key, *self.more_keys] if self.key is not None else []
 
     def bind_address(self) -> str:
         """The TCP address to listen on."""

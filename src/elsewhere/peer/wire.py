@@ -71,7 +71,7 @@ import hashlib
 import hmac
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Union
 
@@ -229,7 +229,10 @@ class Connection:
     """One end of a peer connection: handshake, framing, MACs and admission rules.
 
     ``key`` is the group key, or ``None`` for loopback-only mode (no tags;
-    the caller must only use such a connection over 127.0.0.1). ``allocate``
+    the caller must only use such a connection over 127.0.0.1). A responder
+    that serves several groups gives the others' keys as ``more_keys``: the
+    group the initiator names in its HELLO picks the key the handshake then
+    proves (and :attr:`group` says which it was). ``allocate``
     makes the buffers that raw buffers are received into (default
     ``bytearray``). After any :class:`ProtocolError` the connection is closed;
     send what :meth:`data_to_send` still holds (perhaps an ERROR frame for the
@@ -260,20 +263,18 @@ class Connection:
         *,
         limits: Limits | None = None,
         allocate: Allocator = bytearray,
+        more_keys: Sequence[GroupKey] = (),
     ) -> None:
         self.role = role
         self.identity = identity
         self.limits = limits if limits is not None else Limits()
         self.keyed = key is not None
-        self.group = key.group if key is not None else ""
+        if more_keys and (key is None or role is not Role.RESPONDER):
+            raise ValueError("more_keys are for a keyed responder")
+        self._keys = {k.group: k for k in (*more_keys, *([key] if key is not None else []))}
         self.peer: Greeting | None = None
         self.state = ConnectionState.HANDSHAKE
-        self._secret = key.secret if key is not None else b""
-        self._hs_key = (
-            hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
-            if key is not None
-            else b""
-        )
+        self._use_key(key)
         self._allocate = allocate
         self._packer = msgpack.Packer(use_bin_type=True)
         self._outbox: list[OutgoingFrame] = []
@@ -311,6 +312,15 @@ class Connection:
             self._transcript.append(self._queue_handshake(hello, b""))
         else:
             self._expect = frozenset({MessageType.HELLO})
+
+    def _use_key(self, key: GroupKey | None) -> None:
+        self.group = key.group if key is not None else ""
+        self._secret = key.secret if key is not None else b""
+        self._hs_key = (
+            hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
+            if key is not None
+            else b""
+        )
 
     # ------------------------------------------------------------ sending
 
@@ -785,10 +795,12 @@ class Connection:
             mine = "has a group key" if self.keyed else "has no group key (loopback-only)"
             theirs = "has one" if greeting.keyed else "has none"
             raise self._fail_handshake("key", f"this peer {mine}, the other {theirs}")
+        if greeting.group != self.group and isinstance(greeting, Hello) and greeting.group in self._keys:
+            self._use_key(self._keys[greeting.group])  # a responder of several groups: this one
         if greeting.group != self.group:
-            raise self._fail_handshake(
-                "group", f"the peer is in group {greeting.group!r}, this peer in {self.group!r}"
-            )
+            mine = (f"this peer serves {', '.join(map(repr, sorted(self._keys)))}" if len(self._keys) > 1
+                    else f"this peer in {self.group!r}")  # fmt: skip
+            raise self._fail_handshake("group", f"the peer is in group {greeting.group!r}, {mine}")
         if greeting.nonce == self._nonce:
             raise self._fail_handshake("nonce", "the peer echoed our nonce")
 
