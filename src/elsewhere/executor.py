@@ -57,12 +57,20 @@ _PAYLOAD_DEFER_S = 1.0
 
 
 class _Future(cf.Future):
-    """A standard Future whose ``cancel`` also cancels the task on the cluster."""
+    """A standard Future whose ``cancel`` also cancels the task on the cluster (running
+    or not: it is stopped where it runs), and, where the cluster says so (the peer
+    network), whose ``running()`` is true while the task is on a worker."""
 
     def __init__(self, executor: Executor, index: int) -> None:
         super().__init__()
         self._ew_executor = executor
         self._ew_index = index
+
+    def running(self) -> bool:
+        if super().running():
+            return True
+        link = self._ew_executor._link
+        return link is not None and not self.done() and link.is_running(self._ew_index)
 
     def cancel(self) -> bool:
         if not super().cancel():

@@ -185,6 +185,33 @@ def test_workers_without_job_parts_get_the_job_data_in_the_function_part() -> No
     assert info["nfn"] == info["njpart"] == 0 and len(bufs) == info["ntask"]  # both held there
 
 
+def touch_and_sleep(path: str, seconds: float) -> None:
+    import time
+
+    open(path, "w").close()
+    time.sleep(seconds)
+
+
+def test_a_future_is_running_while_its_task_is_on_a_worker_and_cancel_stops_it(
+        on: PeerCluster, lab_workers: Workers, tmp_path: Path) -> None:  # fmt: skip
+    import time
+
+    marker = tmp_path / "started"
+    with ew.Executor(on=on) as ex:
+        fut = ex.submit(touch_and_sleep, str(marker), 30)
+        wait_until(fut.running, 30, "the future to be running")
+        wait_until(marker.exists, 30, "the task to start on its worker")
+        time.sleep(1.2)  # the workers' counters are written every second
+        started = sum(w.stats().get("children_started", 0) for w in lab_workers)
+        assert fut.running() and not fut.done()
+        assert fut.cancel() and fut.cancelled() and not fut.running()
+        # the worker killed the task's child (and started a fresh one)
+        wait_until(lambda: sum(w.stats().get("children_started", 0) for w in lab_workers) > started, 15,
+                   "the running task to be stopped on its worker")  # fmt: skip
+        quick = ex.submit(square, 5)
+        assert quick.result(timeout=30) == 25 and not quick.running()
+
+
 def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:
     a = np.random.default_rng(3).random((16 << 20) // 8)
     with ew.Executor(on=on) as ex:

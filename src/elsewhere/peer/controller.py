@@ -294,6 +294,10 @@ class Controller:
         with self.lock:
             return dict(self.running_view)
 
+    def is_running(self, index: int) -> bool:
+        """Whether task ``index`` is on a worker now (sent, no result yet)."""
+        return index in self.running_view  # one lookup: atomic, no copy
+
     def _command(self, *cmd: Any) -> None:
         self.commands.put(cmd)
         self._wake()
