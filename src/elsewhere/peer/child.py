@@ -549,10 +549,10 @@ class _Results:
     """
 
     def __init__(self, child: _Child, batch: str,
-                 maps: list[tuple[int, Any, mmap.mmap]] = ()) -> None:  # type: ignore[assignment]  # fmt: skip
+                 maps: list[tuple[int, Any, mmap.mmap]] | None = None) -> None:  # fmt: skip
         self.child = child
         self.batch = batch
-        self.maps = maps
+        self.maps = maps or []  # the batch's inputs in shared memory: (position, key, map)
         self._spans: list[tuple[int, int, int]] | None = None  # (position, address, size) of maps
         self.since = time.time()
         self.values: list[Any] = []

@@ -130,25 +130,13 @@ def _keys(args: argparse.Namespace, *, all_groups: bool) -> list[Any]:
 
 def _worker_keys(args: argparse.Namespace) -> list[Any]:
     """The keys of the groups a worker serves (repeated --group / --key); [None]: loopback only."""
-    from ..clusters.peer import key_path
     from ..errors import ConfigError
-    from .keys import load_key
 
     groups, files = list(args.group or []), list(args.key or [])
-    if files:
-        if groups and len(groups) != len(files):
-            raise ConfigError("with --key, give one --group per key file (in the same order), or none")
-        return [load_key(Path(f).expanduser(), groups[i] if groups else None) for i, f in enumerate(files)]
-    if not groups:
-        return _keys(argparse.Namespace(key=None, group=None), all_groups=False)
-    out = []
-    for group in groups:
-        path = key_path(group)
-        if not path.exists():
-            raise ConfigError(f"no key for peer group {group!r} at {path}: make one with "
-                              f"`elsewhere peer keygen {group}`")  # fmt: skip
-        out.append(load_key(path, group))
-    return out
+    if files and groups and len(groups) != len(files):
+        raise ConfigError("with --key, give one --group per key file (in the same order), or none")
+    pairs = zip(files, groups or [None] * len(files)) if files else ((None, g) for g in groups or [None])
+    return [_keys(argparse.Namespace(key=f, group=g), all_groups=False)[0] for f, g in pairs]
 
 
 def _discovery(args: argparse.Namespace) -> Any:

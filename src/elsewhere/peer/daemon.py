@@ -766,14 +766,10 @@ class PeerWorker:
     def _free_buffers(self, run: Run, released: list[int] | None) -> None:
         """The run's large input buffers: back to the pool, unless its child keeps a map
         (``released``: the positions the child unmapped; None: the child is gone)."""
-        for i, buf in enumerate(run.buffers):
-            reusable = released is None or i in released
-            if i in run.kept:  # a result is in it: freed when that result is acknowledged
-                run.held.append((buf, reusable))
-            elif reusable:
-                self.pool.free(buf)
-            else:
-                self.pool.discard(buf)
+        done: list[tuple[Any, bool]] = []
+        for i, buf in enumerate(run.buffers):  # a result in it: freed once acknowledged
+            (run.held if i in run.kept else done).append((buf, released is None or i in released))
+        self._free_held(done)
         run.buffers = ()
 
     def _forget_done(self, done: Done) -> None:
@@ -791,8 +787,8 @@ class PeerWorker:
         done.leases = []
 
     def _free_held(self, held: list[tuple[Any, bool]]) -> None:
-        """Input buffers that results were views of, now unused: back to the pool, unless
-        the child kept a map of one (a task holds a view of its input)."""
+        """Input buffers now unused, each with whether it may be reused: back to the pool,
+        unless the child kept a map of it (a task holds a view of its input)."""
         for buf, reusable in held:
             if reusable:
                 self.pool.free(buf)

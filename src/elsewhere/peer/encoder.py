@@ -2,9 +2,10 @@
 
 A :class:`TaskEncoder` turns the tasks of a batch into the info and buffers of
 a TASK: the pickled ``(fn, args, kwargs)`` entries, and, once per connection,
-the *function part* they use (the job's function and job data, or the function
-of tasks added one by one, and the job's ``files=``), pickled once and cached by
-digest. The user's own modules travel by value with the function. The controller
+the *function part* they use (the job's function, or the function of tasks
+added one by one) and the *job part* (the job data and the job's ``files=``),
+each pickled once and named by its digest. The user's own modules travel by
+value with the function. The controller
 (:class:`~.controller.Controller`) encodes in its loop's thread; an Executor
 prepares a task in its own thread (:meth:`TaskEncoder.prepare`), so the state
 here is under one lock.
