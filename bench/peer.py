@@ -244,30 +244,25 @@ def m_ew_big(port: int, key: str, mb: int) -> dict:
     import elsewhere as ew
 
     a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
-    echo, arg, fresh = [], [], []
+    def same(b):
+        return b.shape == a.shape and b[7] == a[7]
+
+    checks = {ident: same, arr_sum: lambda s: abs(s - float(a.sum())) < 1e-6 * abs(s), copied: same}
+    times: dict = {fn: [] for fn in checks}
     with ew.Executor(on=_peers(port, key)) as ex:
         ex.submit(noop, 1).result()
         for _ in range(3):
-            # One task at a time on a quiet machine, as on the wire: the job folder writes
-            # of the one before (payload, result, fsync: about 1 s for 200 MB) finish first.
-            time.sleep(1.5)
-            t0 = pc()
-            b = ex.submit(ident, a).result()
-            echo.append(pc() - t0)
-            assert b.shape == a.shape and b[7] == a[7]
-            del b
-            time.sleep(1.5)
-            t0 = pc()
-            s = ex.submit(arr_sum, a).result()
-            arg.append(pc() - t0)
-            assert abs(s - float(a.sum())) < 1e-6 * abs(s)
-            time.sleep(1.5)
-            t0 = pc()
-            b = ex.submit(copied, a).result()
-            fresh.append(pc() - t0)
-            assert b.shape == a.shape and b[7] == a[7]
-            del b
-    return {"echo": min(echo), "arg": min(arg), "fresh": min(fresh), "echo_first": echo[0],
+            for fn, check in checks.items():
+                # One task at a time on a quiet machine, as on the wire: the job folder writes
+                # of the one before (payload, result, fsync: about 1 s for 200 MB) finish first.
+                time.sleep(1.5)
+                t0 = pc()
+                value = ex.submit(fn, a).result()
+                times[fn].append(pc() - t0)
+                assert check(value)
+                del value
+    echo, arg = times[ident], times[arr_sum]
+    return {"echo": min(echo), "arg": min(arg), "fresh": min(times[copied]), "echo_first": echo[0],
             "arg_first": arg[0]}
 
 
