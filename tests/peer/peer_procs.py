@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,9 @@ class Workers:
 
     def __getitem__(self, i: int) -> WorkerProc:
         return self.procs[i]
+
+    def __iter__(self) -> Iterator[WorkerProc]:
+        return iter(self.procs)
 
     def __len__(self) -> int:
         return len(self.procs)

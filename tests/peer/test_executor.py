@@ -171,7 +171,8 @@ def test_workers_without_job_parts_get_the_job_data_in_the_function_part() -> No
 
     enc = TaskEncoder(Payload(), {"id": "j"}, "always", 0.0)  # type: ignore[arg-type]
     prepared = enc.prepare((square, (3,), {}))
-    new, old = {}, {}  # what each worker has: one understands job parts, one does not
+    new: dict[str, None] = {}  # what each worker has: one understands job parts,
+    old: dict[str, None] = {}  # one does not
     info, bufs = enc.encode([0], [0], prepared, {}, new, job_part=True)
     n, nfn = info["ntask"], info["nfn"]
     fn, data = serial.loads(bufs[n], bufs[n + 1 : n + nfn])
