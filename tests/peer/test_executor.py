@@ -213,6 +213,30 @@ def test_a_future_is_running_while_its_task_is_on_a_worker_and_cancel_stops_it(
         assert quick.result(timeout=30) == 25 and not quick.running()
 
 
+def test_a_task_whose_send_failed_carries_its_function_when_sent_again(
+        on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from elsewhere.errors import PeerError
+    from elsewhere.peer import wire
+    from elsewhere.peer.messages import Task
+
+    real_send = wire.Connection.send
+    failed: list[str] = []
+
+    def send_failing_once(self: wire.Connection, message: object, buffers: object = ()) -> None:
+        if isinstance(message, Task) and message.info.get("nfn") and not failed:
+            failed.append(message.task_id)
+            raise PeerError("refused here once, as a frame over a cap would be")
+        real_send(self, message, buffers)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wire.Connection, "send", send_failing_once)
+    with ew.Executor(on=on) as ex:  # the worker that missed it gets tasks of it later
+        futs = [ex.submit(touch_and_sleep, "/dev/null", 0.05) for k in range(40)]
+        assert [f.result(timeout=30) for f in futs] == [None] * 40
+        counters = ex._link.counters()
+    assert failed  # the first TASK did fail; the worker it was for took tasks of that function
+    assert counters.get("disconnections", 0) == 0, counters  # again, the function sent with them
+
+
 def test_a_large_argument_goes_and_comes_back(on: PeerCluster) -> None:
     a = np.random.default_rng(3).random((16 << 20) // 8)
     with ew.Executor(on=on) as ex:

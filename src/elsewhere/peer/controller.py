@@ -609,6 +609,7 @@ class Controller:
     def _disconnected(self, w: Worker, why: str) -> None:
         """The connection broke: ASKs are void; running batches wait for a reconnect."""
         log.debug("connection to %s lost: %s", w.host, why)
+        self.stats["disconnections"] += 1
         self._drop_connection(w)
         for b in list(w.batches.values()):
             if not b.sent:
@@ -732,8 +733,12 @@ class Controller:
             ask = Task.folding(nxt.ask)
             self.stats["asks_folded"] += 1
         if not self._send(w, Task(bid, info, ask), buffers):
+            for name, count in ((info["fn"], info["nfn"]), (info.get("jpart", ""), info.get("njpart"))):
+                if count:  # the parts this TASK carried did not reach the worker
+                    w.sent_fns.pop(name, None)
             if nxt is not None:
                 self._forget(nxt.batch)
+            self._send(w, Cancel(bid))  # the slot it admitted goes back (if the connection lives)
             self._unplace(b, requeue_front=True)
             return
         b.sent, b.sent_wall = time.monotonic(), time.time()
