@@ -595,6 +595,13 @@ def test_a_detached_worker_outlives_its_command_and_stop_drains_it(tmp_path: Pat
     try:
         assert f"pid {pid}" in out.stdout and "elsewhere peer stop" in out.stdout
         assert os.getsid(pid) != os.getsid(0)  # a session of its own: the terminal's end is not its
+        second = _elsewhere(home, "peer", "worker", "--detach", "--interface", "127.0.0.1", "--port",
+                            str(free_port()), "--key", str(key_file), "--slots", "1")  # fmt: skip
+        assert second.returncode == 0 and f"already run here (pid {pid}" in second.stderr
+        pids = [json.loads(p.read_text())["pid"] for p in (home / "peer" / "workers").glob("[0-9]*.json")]
+        other = next(p for p in pids if p != pid)
+        one = _elsewhere(home, "peer", "stop", str(other))  # by pid: that one only
+        assert one.returncode == 0 and f"pid {other}" in one.stdout and f"pid {pid}" not in one.stdout
         c = Client(rec["port"], load_key(key_file))
         assert isinstance(c.ask("d"), Accept)
         c.task("d", time.sleep, [(1.0,)])
@@ -616,9 +623,10 @@ def test_a_detached_worker_outlives_its_command_and_stop_drains_it(tmp_path: Pat
         assert "draining" in Path(rec["log"]).read_text()
         again = _elsewhere(home, "peer", "stop")
         assert again.returncode == 0 and "no background peer workers" in again.stdout
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    finally:  # whatever a failure left running
+        for left in [pid, *(int(p.stem) for p in (home / "peer" / "workers").glob("[0-9]*.json"))]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(left, signal.SIGKILL)
 
 
 def test_a_detached_worker_that_cannot_start_says_why(tmp_path: Path, key_file: Path) -> None:

@@ -221,6 +221,11 @@ def _detach(args: argparse.Namespace) -> int:
         from ..errors import ConfigError
 
         raise ConfigError("--detach works from the command line (`elsewhere peer worker --detach ...`)")
+    others = list(_running_records().values())
+    if others:  # each offers its slots: two on one machine offer its cores twice
+        print(f"elsewhere peer: note: {len(others)} background worker(s) of this user already run here ("
+              + ", ".join(f"pid {r['pid']}, group {r['group']}" for r in others)
+              + "); each offers its own slots (`elsewhere peer stop PID` stops one)", file=sys.stderr)  # fmt: skip
     folder = _workers_dir()
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     stem = folder / f"worker-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -261,6 +266,25 @@ def _detach(args: argparse.Namespace) -> int:
     return 0
 
 
+def _running_records() -> dict[Path, dict[str, Any]]:
+    """The records of this user's background workers that still run (the others are removed:
+    they ended on their own, by maxtime, maxidle or a crash)."""
+    folder = _workers_dir()
+    out = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if not path.stem.isdigit():
+            continue
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _our_worker(int(rec.get("pid", -1))):
+            out[path] = rec
+        else:
+            path.unlink(missing_ok=True)
+    return out
+
+
 def _our_worker(pid: int) -> bool:
     """Whether ``pid`` is a running ``elsewhere ... peer worker`` of this user (not a reused pid)."""
     import psutil
@@ -280,20 +304,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
     import signal
 
     folder = _workers_dir()
-    records = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        if not path.stem.isdigit():
-            continue
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if args.pid and int(rec.get("pid", -1)) not in args.pid:
-            continue
-        if _our_worker(int(rec.get("pid", -1))):
-            records[path] = rec
-        else:
-            path.unlink(missing_ok=True)  # it ended on its own (maxtime, maxidle, a crash)
+    records = {path: rec for path, rec in _running_records().items()
+               if not args.pid or int(rec["pid"]) in args.pid}  # fmt: skip
     if not records:
         which = f"pid {', '.join(map(str, args.pid))}" if args.pid else "background peer workers"
         print(f"elsewhere peer: no {which} of this user running here (records in {folder})")
