@@ -402,6 +402,18 @@ def test_files_reach_the_tasks_on_every_worker(on: PeerCluster, tmp_path: Path,
     job.purge()
 
 
+def test_files_over_the_cap_fail_the_tasks_with_the_reason(on: PeerCluster, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from elsewhere.peer import attached
+
+    monkeypatch.setattr(attached, "MAX_FILES_BYTES", 1000)
+    (tmp_path / "big.bin").write_bytes(bytes(5000))
+    job = ew.submit(square, [1, 2], on=on, files=[tmp_path / "big.bin"])
+    with pytest.raises(TaskError, match="files= weigh"):
+        job.wait(timeout=60).get()
+    job.purge()
+
+
 def test_a_cancel_from_the_shell_reaches_the_workers(lab: tuple[Path, int, Workers], on: PeerCluster,
                                                      ew_home: Path) -> None:  # fmt: skip
     # this process runs the controller; `elsewhere cancel` in another process only writes
