@@ -16,7 +16,7 @@ from contextlib import ExitStack
 import pytest
 from peer_testing import free_udp_port
 
-from elsewhere.errors import ConfigError
+from elsewhere.errors import ConfigError, PeerError
 from elsewhere.peer.announce import Announcement, PeerFilter, PeerInfo, PeerState, new_peer_id
 from elsewhere.peer.discovery import Announcer, DiscoveryConfig, Listener
 from elsewhere.peer.keys import GroupKey
@@ -91,6 +91,29 @@ def test_a_peer_with_another_key_is_never_listed(
     assert seen == {a.peer_id}
     assert intruder.sent >= 2 and keyless.sent >= 2
     assert listen_a.dropped >= 4  # the intruder's and the keyless peer's datagrams
+
+
+def test_one_listener_hears_several_groups_and_no_other(
+    key: GroupKey, other_key: GroupKey, stack: ExitStack
+) -> None:
+    import os
+
+    third = GroupKey("third", os.urandom(32))
+    # unicast to one port (no multicast): the case where one socket of a port gets a datagram
+    port, their_port = free_udp_port(), free_udp_port()
+    cfg = DiscoveryConfig(port=port, multicast_group=None, interface="127.0.0.1",
+                          static_peers=(("127.0.0.1", their_port),))  # fmt: skip
+    listener = stack.enter_context(Listener(key, cfg, more_keys=[other_key]))
+    to_it = DiscoveryConfig(port=their_port, multicast_group=None, interface="127.0.0.1",
+                            static_peers=(("127.0.0.1", port),))  # fmt: skip
+    a, b, c = _ann(key, 7001), _ann(other_key, 7002), _ann(third, 7003)
+    for ann, k in ((a, key), (b, other_key), (c, third)):
+        stack.enter_context(Announcer(ann, k, to_it))
+    assert listener.wait_for(lambda p: _ids(p) == {a.peer_id, b.peer_id}, 3.0)
+    time.sleep(1.2)  # the third group's announcements keep coming: never listed
+    assert _ids(listener.peers()) == {a.peer_id, b.peer_id} and listener.dropped >= 2
+    with pytest.raises(PeerError, match="keyed listener"):
+        Listener(None, cfg, more_keys=[key])
 
 
 def test_a_stopped_peer_expires_within_four_seconds(

@@ -141,8 +141,8 @@ class PeerWorker:
         self._capture_fds: list[int] = []
         self.listen_sock: socket.socket | None = None
         self.announcers: list[Announcer] = []  # one per group served
-        self.listeners: list[Listener] = []
-        self._watch_threads: list[threading.Thread] = []
+        self.listener: Listener | None = None  # one for every group served
+        self._watch_thread: threading.Thread | None = None
         self.address: tuple[str, int] = ("", 0)
         self._ready = threading.Event()
 
@@ -170,19 +170,16 @@ class PeerWorker:
                 opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
                 self._mem_offer(), min(opts.timavail, opts.maxtime),
             )  # fmt: skip
-            announcer = Announcer(ann, key, opts.discovery).start()
-            self.announcers.append(announcer)
-            if opts.listen_for_controllers:
-                try:
-                    listener = Listener(key, opts.discovery).start()
-                except OSError as exc:  # e.g. static peers on a port another peer here holds
-                    log.warning("not listening for controllers (%s); announcing anyway", exc)
-                    continue
-                self.listeners.append(listener)
-                watch = threading.Thread(target=self._watch_controllers, args=(listener, announcer),
-                                         name="elsewhere-peer-watch", daemon=True)  # fmt: skip
-                watch.start()
-                self._watch_threads.append(watch)
+            self.announcers.append(Announcer(ann, key, opts.discovery).start())
+        if opts.listen_for_controllers:  # one listener for every group served
+            try:
+                self.listener = Listener(self.key, opts.discovery, more_keys=opts.more_keys).start()
+            except OSError as exc:  # e.g. static peers on a port another peer here holds
+                log.warning("not listening for controllers (%s); announcing anyway", exc)
+            else:
+                self._watch_thread = threading.Thread(target=self._watch_controllers,
+                                                      name="elsewhere-peer-watch", daemon=True)  # fmt: skip
+                self._watch_thread.start()
         self._ready.set()
         group = (", ".join(f"{k.group!r} (key {k.fingerprint})" for k in opts.group_keys())
                  or "(loopback only)")  # fmt: skip
@@ -195,8 +192,10 @@ class PeerWorker:
         """Wait until :meth:`start` has bound its socket (for callers in another thread)."""
         return self._ready.wait(timeout)
 
-    def _watch_controllers(self, listener: Listener, announcer: Announcer) -> None:
+    def _watch_controllers(self) -> None:
         """Announce at once when a new controller appears, so it finds us in milliseconds."""
+        listener = self.listener
+        assert listener is not None
         known: set[str] = set()
 
         def controllers(peers: list[Any]) -> set[str]:
@@ -209,8 +208,9 @@ class PeerWorker:
             if listener.wait_for(new, timeout=1.0) and not self.stopping:
                 known.clear()
                 known.update(controllers(listener.peers()))
-                with contextlib.suppress(Exception):
-                    announcer.update_state()
+                for announcer in self.announcers:
+                    with contextlib.suppress(Exception):
+                        announcer.update_state()
 
     # -- the loop ------------------------------------------------------------------
     def serve(self, *, install_signals: bool = True) -> int:
@@ -916,9 +916,9 @@ class PeerWorker:
         if not path:
             return
         data: dict[str, Any] = dict(self.stats)
-        if self.listeners:
-            data["datagrams_dropped"] = sum(x.dropped for x in self.listeners)
-            data["datagrams_received"] = sum(x.received for x in self.listeners)
+        if self.listener is not None:
+            data["datagrams_dropped"] = self.listener.dropped
+            data["datagrams_received"] = self.listener.received
         data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
         data["function_parts"] = sum(len(p.fns) for p in self.peers)  # kept for controllers
         data["pid"] = os.getpid()
@@ -954,10 +954,10 @@ class PeerWorker:
         self.children.clear()
         for announcer in self.announcers:
             announcer.stop()
-        for listener in self.listeners:
-            listener.stop()
-        for watch in self._watch_threads:
-            watch.join(2.0)
+        if self.listener is not None:
+            self.listener.stop()
+        if self._watch_thread is not None:
+            self._watch_thread.join(2.0)
         if self.listen_sock is not None:
             self.listen_sock.close()
         if self.options.stats_file:

@@ -36,7 +36,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -348,10 +348,15 @@ class Listener:
         config: DiscoveryConfig | None = None,
         *,
         peer_filter: PeerFilter | None = None,
+        more_keys: Sequence[GroupKey] = (),
     ) -> None:
+        if more_keys and key is None:
+            raise PeerError("more_keys are for a keyed listener")
         self.config = (config if config is not None else DiscoveryConfig()).for_key(key)
         self.loopback_only = key is None
-        self._decoder = AnnouncementDecoder(key, window_s=self.config.window_s)
+        # one decoder per group heard (a worker of several groups: one socket for them all,
+        # so that a unicast datagram, which reaches one socket of a port, is never lost)
+        self._decoders = [AnnouncementDecoder(k, window_s=self.config.window_s) for k in (key, *more_keys)]
         self._table = PeerTable(expire_after_s=self.config.expire_after_s, peer_filter=peer_filter)
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -440,15 +445,21 @@ class Listener:
         if self.loopback_only and not _is_loopback(source[0]):
             self.dropped += 1
             return
-        try:
-            ann = self._decoder.decode(data, time.time())
-        except ProtocolError as exc:
+        now = time.time()
+        why: ProtocolError | None = None
+        for decoder in self._decoders:
+            try:
+                ann = decoder.decode(data, now)
+                break
+            except ProtocolError as exc:
+                why = why or exc  # the first group's reason
+            except Exception:  # a bug must not silence discovery: log it, keep listening
+                self.dropped += 1
+                log.exception("announcement from %s could not be decoded", source[0])
+                return
+        else:
             self.dropped += 1
-            log.debug("dropped announcement from %s: %s", source[0], exc)
-            return
-        except Exception:  # a bug must not silence discovery: log it, keep listening
-            self.dropped += 1
-            log.exception("announcement from %s could not be decoded", source[0])
+            log.debug("dropped announcement from %s: %s", source[0], why)
             return
         with self._cond:
             self.received += 1
