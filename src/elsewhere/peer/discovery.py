@@ -340,7 +340,8 @@ def _receiver_sockets(cfg: DiscoveryConfig) -> list[socket.socket]:
 
 
 class Listener:
-    """Receives announcements and keeps a :class:`PeerTable` of the group's peers."""
+    """Receives announcements and keeps a :class:`PeerTable` of the group's peers (of each
+    group, with ``more_keys``: a worker that serves several)."""
 
     def __init__(
         self,
