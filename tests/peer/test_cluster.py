@@ -372,13 +372,13 @@ def test_a_worker_that_refuses_this_user_is_named_with_its_reason(ew_home: Path,
         w.stop()
 
 
-def from_attached(_: int) -> tuple[str, str]:
+def from_attached(_: int) -> tuple[str, str, int]:
     import attached_helper  # only in the job's files=
 
     time.sleep(0.02)  # long enough for both workers to take some
     here = os.path.dirname(attached_helper.__file__)
     with open(os.path.join(here, "tables", "data.txt")) as f:
-        return attached_helper.VALUE, f.read()
+        return attached_helper.VALUE, f.read(), os.getppid()  # the worker daemon that ran it
 
 
 def test_files_reach_the_tasks_on_every_worker(on: PeerCluster, tmp_path: Path,
@@ -396,9 +396,10 @@ def test_files_reach_the_tasks_on_every_worker(on: PeerCluster, tmp_path: Path,
         warnings.simplefilter("error")  # no warning that files= are not sent
         job = ew.submit(from_attached, range(40), on=on,
                         files=[inputs / "attached_helper.py", inputs / "tables"])  # fmt: skip
-    assert job.wait(timeout=60).results() == [("from the files", "table contents")] * 40
-    hosts = {p.name for p in (job.path / "workers").glob("peer-*.json")}
-    assert len(hosts) == 2, hosts  # both workers got them
+    results = job.wait(timeout=60).results()
+    assert [r[:2] for r in results] == [("from the files", "table contents")] * 40
+    daemons = {r[2] for r in results}  # (a worker's info file is written when it connects:
+    assert len(daemons) == 2, daemons  # the daemons that ran tasks say who got the files)
     job.purge()
 
 

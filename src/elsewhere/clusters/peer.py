@@ -180,7 +180,7 @@ class PeerCluster(Cluster):
         return True
 
     def sends_files(self) -> bool:
-        return True  # with the job's function, once per worker connection (peer/attached.py)
+        return True  # in the job part, once per worker connection (peer/attached.py)
 
     def max_workers(self, n_tasks: int) -> int:
         return max(1, n_tasks)

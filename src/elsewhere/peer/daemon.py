@@ -92,7 +92,7 @@ _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements
 _MEM_CHECK_S = 0.25
 _ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
 _TICK_S = 0.1
-_CHILD_FNS = 16  # function parts (function, job data, files) a child keeps unpickled
+_CHILD_FNS = 16  # function and job parts a child keeps unpickled (the daemon says which go)
 
 
 # ---------------------------------------------------------------- the daemon
