@@ -237,20 +237,22 @@ class Job:
                     snap = self._snapshot(fresh=True)
                     counts = snap.counts()
                     st = derive_job_state(counts)
-                    bar.update(counts, snap.n)
+                    bar.update(counts, snap.n, snap.note)
                     if st.rank >= target.rank:
                         if snap.cancelled:  # perhaps by another process: the cluster acts on it
                             self.cluster.poll(self)  # (a peer controller here tells its workers)
                         return self
                     looked = now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    counts = self._snapshot(fresh=True).counts()  # the last word, and the message's
+                    snap = self._snapshot(fresh=True)  # the last word, and the message's
+                    counts = snap.counts()
                     st = derive_job_state(counts)
                     if st.rank >= target.rank:
                         return self
+                    held = f"; {snap.note}" if snap.note else ""
                     raise TimeoutError(
                         f"job {self.name!r} did not reach {target.value} within {timeout} s "
-                        f"(now {st.value}: {_fmt_counts(counts)}); it goes on running"
+                        f"(now {st.value}: {_fmt_counts(counts)}{held}); it goes on running"
                     )
                 if now - last_poll >= interval:
                     self.cluster.poll(self)

@@ -1,15 +1,23 @@
-"""A progress bar for long waits, on terminals only (rich, imported when needed)."""
+"""A progress bar for long waits, on terminals only (rich, imported when needed), and
+what holds a job back (the backend's note: no peer seen, a scheduler's pending reason),
+on the bar or, off a terminal (a notebook, a log), as a logged warning."""
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
 import time
 from typing import Any
 
 from .states import TaskState
 
+log = logging.getLogger("elsewhere")
+
 #: Show the bar only once a wait has lasted this long.
 SHOW_AFTER_S = 2.0
+#: Off a terminal, warn of a note once it has stood this long (the same note once per wait).
+NOTE_AFTER_S = 10.0
 
 
 class Progress:
@@ -24,10 +32,22 @@ class Progress:
         self.t0 = time.monotonic()
         self._bar: Any = None
         self._task: Any = None
+        self._note, self._note_since = "", 0.0
+        self._told: set[str] = set()
 
-    def update(self, counts: dict[TaskState, int], total: int) -> None:
-        """Show the counts (after :data:`SHOW_AFTER_S`)."""
-        if not self.enabled or time.monotonic() - self.t0 < SHOW_AFTER_S:
+    def update(self, counts: dict[TaskState, int], total: int, note: str = "") -> None:
+        """Show the counts (after :data:`SHOW_AFTER_S`), and ``note``: what the backend
+        says holds the job back, if anything."""
+        now = time.monotonic()
+        gist = re.sub(r"\d+", "#", note)  # "3 pending: Resources" stands while counts change
+        if gist != self._note:
+            self._note, self._note_since = gist, now
+        if not self.enabled:
+            if note and gist not in self._told and now - self._note_since >= NOTE_AFTER_S:
+                self._told.add(gist)
+                log.warning("job %s: %s", self.name, note)
+            return
+        if now - self.t0 < SHOW_AFTER_S:
             return
         done = sum(counts[s] for s in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED))
         failed = counts[TaskState.FAILED]
@@ -42,15 +62,25 @@ class Progress:
                 TimeRemainingColumn,
             )
             from rich.progress import Progress as Bar
+            from rich.text import Text
 
-            self._bar = Bar(
+            class WithNote(Bar):
+                note = ""
+
+                def get_renderables(self) -> Any:
+                    yield self.make_tasks_table(self.tasks)
+                    if self.note:  # on a line of its own: the bar keeps its width
+                        yield Text(self.note, style="yellow", no_wrap=True, overflow="ellipsis")
+
+            self._bar = WithNote(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), TimeRemainingColumn(),
                 console=Console(file=self.stream), transient=False,
             )
             self._bar.start()
             self._task = self._bar.add_task(self.name, total=total, extra="")
-        extra = f"{running} running" + (f", [red]{failed} failed" if failed else "")
+        extra = f"{running} running" + (f", [red]{failed} failed[/red]" if failed else "")
+        self._bar.note = f"  {note}" if note else ""
         self._bar.update(self._task, completed=done, total=total, extra=extra)
 
     def close(self) -> None:

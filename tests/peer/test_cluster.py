@@ -235,6 +235,16 @@ def test_memory_nobody_offers_is_explained_not_run(lab: tuple[Path, int, Workers
     job.purge()
 
 
+def test_a_wait_with_no_peer_says_so_and_how_to_start_one(ew_home: Path, tmp_path: Path) -> None:
+    key = write_key("nobody", tmp_path / "nobody.key")
+    port = free_port()  # no worker announces here
+    with pytest.raises(ew.TimeoutError) as err:
+        ew.map(square, [1, 2], on=peers("nobody", key=key, port=port, interface="127.0.0.1"), timeout=3)
+    message = str(err.value)
+    assert "none seen yet in group 'nobody'" in message
+    assert f"elsewhere peer worker --port {port} --group nobody" in message
+
+
 def test_a_missing_group_key_is_a_clear_error(ew_home: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))

@@ -503,13 +503,26 @@ class Controller:
                 w.listed = False
                 self._lose(w, "its announcements stopped (it expired)")
         if not self.workers:
-            group = self.settings.key.group if self.settings.key else "loopback-only"
-            self.note = f"waiting for peers: none seen yet in group {group!r} (port {self.settings.discovery.port})"
+            self.note = self._no_peer_note()
         elif self.pending and not any(w.usable(self.settings) for w in self.workers.values()):
             why = "; ".join(sorted({f"{w.host}: {w.why_not(self.settings)}" for w in self.workers.values()}))
             self.note = f"no peer can take these tasks now: {why}"[:1000]
         else:
             self.note = ""
+
+    def _no_peer_note(self) -> str:
+        """What to say while no peer was seen: where the controller listens, and the
+        command that starts a worker it would see."""
+        from .discovery import DEFAULT_PORT
+
+        port = self.settings.discovery.port
+        cmd = "elsewhere peer worker" + (f" --port {port}" if port != DEFAULT_PORT else "")
+        if self.settings.key is None:
+            return (f"waiting for peers: none seen yet on discovery port {port} (without a key: this "
+                    f"user's workers on this machine); start one with `{cmd}`")
+        group = self.settings.key.group
+        return (f"waiting for peers: none seen yet in group {group!r} on discovery port {port}; start "
+                f"one with `{cmd} --group {group}` where its key is")
 
     def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now
