@@ -32,22 +32,15 @@ class Progress:
         self.t0 = time.monotonic()
         self._bar: Any = None
         self._task: Any = None
-        self._note, self._note_since = "", 0.0
-        self._told: set[str] = set()
+        self._teller = NoteTeller(name)
 
     def update(self, counts: dict[TaskState, int], total: int, note: str = "") -> None:
         """Show the counts (after :data:`SHOW_AFTER_S`), and ``note``: what the backend
         says holds the job back, if anything."""
-        now = time.monotonic()
-        gist = re.sub(r"\d+", "#", note)  # "3 pending: Resources" stands while counts change
-        if gist != self._note:
-            self._note, self._note_since = gist, now
         if not self.enabled:
-            if note and gist not in self._told and now - self._note_since >= NOTE_AFTER_S:
-                self._told.add(gist)
-                log.warning("job %s: %s", self.name, note)
+            self._teller.see(note)
             return
-        if now - self.t0 < SHOW_AFTER_S:
+        if time.monotonic() - self.t0 < SHOW_AFTER_S:
             return
         done = sum(counts[s] for s in (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED))
         failed = counts[TaskState.FAILED]
@@ -88,3 +81,22 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+class NoteTeller:
+    """Logs what holds job ``name`` back once the same note has stood :data:`NOTE_AFTER_S`,
+    each note once: where no bar shows it (off a terminal; an Executor's futures)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._gist, self._since = "", 0.0
+        self._told: set[str] = set()
+
+    def see(self, note: str) -> None:
+        now = time.monotonic()
+        gist = re.sub(r"\d+", "#", note)  # "3 pending: Resources" stands while counts change
+        if gist != self._gist:
+            self._gist, self._since = gist, now
+        if note and gist not in self._told and now - self._since >= NOTE_AFTER_S:
+            self._told.add(gist)
+            log.warning("job %s: %s", self.name, note)

@@ -315,3 +315,24 @@ def test_a_cancelled_task_stops_and_the_executor_carries_on(on: PeerCluster) -> 
         assert all(f.cancelled() for f in slow)
         # the workers are free again: without the cancel this would wait 30 s (the timeout)
         assert [ex.submit(square, i).result(timeout=20) for i in range(3)] == [0, 1, 4]
+
+
+def test_an_executor_with_no_peer_logs_why_its_futures_wait(ew_home: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    # no progress bar shows an Executor's wait: a lasting note is logged instead
+    from elsewhere import progress
+    from elsewhere.clusters.peer import peers
+
+    monkeypatch.setattr(progress, "NOTE_AFTER_S", 0.5)
+    key = write_key("empty", tmp_path / "empty.key")
+    on = peers("empty", key=key, port=free_port(), interface="127.0.0.1")
+    with caplog.at_level("WARNING", logger="elsewhere"), ew.Executor(on=on) as ex:
+        fut = ex.submit(pow, 2, 3)
+        wait_until(lambda: any("waiting for peers" in r.getMessage() for r in caplog.records), 20,
+                   "a warning that no peer was seen")  # fmt: skip
+        assert not fut.done()
+        fut.cancel()
+        ex.shutdown(wait=False, cancel_futures=True)
+    said = [r.getMessage() for r in caplog.records if "waiting for peers" in r.getMessage()]
+    assert len(said) == 1 and "elsewhere peer worker" in said[0] and "group 'empty'" in said[0]

@@ -47,6 +47,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PeerError, ProtocolError
+from ..progress import NoteTeller
 from .access import same_user
 from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
@@ -133,6 +134,7 @@ class Controller:
         self.lock = threading.Lock()
         self.running_view: dict[int, tuple[str, float]] = {}
         self.note = ""
+        self.teller = NoteTeller(str(meta.get("name", ""))) if self.stream else None  # an Executor's
         self.reasons: dict[int, str] = {}
         self.workers: dict[str, Worker] = {}
         self.batches: dict[str, Batch] = {}
@@ -509,6 +511,8 @@ class Controller:
             self.note = f"no peer can take these tasks now: {why}"[:1000]
         else:
             self.note = ""
+        if self.teller is not None:  # no bar shows an Executor's note: it is logged if it stands
+            self.teller.see(self.note if self.pending or self.batches else "")
 
     def _no_peer_note(self) -> str:
         """What to say while no peer was seen: where the controller listens, and the
