@@ -234,6 +234,18 @@ def test_table_expires_silent_peers() -> None:
     assert table.get("02" * 16).first_seen == 100.0  # type: ignore[union-attr]
 
 
+def test_table_knows_the_groups_a_peer_is_heard_in() -> None:
+    table = PeerTable(expire_after_s=3.5)
+    pid = "03" * 16
+    table.update(_ann(peer_id=pid, group="lab"), ("127.0.0.1", 1), 100.0)
+    table.update(_ann(peer_id=pid, group="dept", counter=2), ("127.0.0.1", 1), 101.0)
+    assert len(table) == 1 and table.groups(pid, 101.5) == ["dept", "lab"]
+    table.update(_ann(peer_id=pid, group="dept", counter=3), ("127.0.0.1", 1), 104.0)
+    assert table.groups(pid, 104.0) == ["dept"]  # no longer heard in "lab"
+    assert table.update(_ann(peer_id=pid, group="dept", leaving=True, counter=4), ("127.0.0.1", 1), 104.1) is None
+    assert table.groups(pid, 104.1) == []
+
+
 def test_leaving_peer_is_dropped_at_once() -> None:
     table = PeerTable()
     table.update(_ann(), ("127.0.0.1", 1), 1.0)

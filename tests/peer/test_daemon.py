@@ -733,7 +733,7 @@ def test_worker_options_from_the_command_line(tmp_path: Path, key_file: Path) ->
     assert opts.access.check("ann", "h", "10.1.1.1") is None
 
 
-def test_one_worker_serves_several_groups(tmp_path: Path, key_file: Path,
+def test_one_worker_serves_several_groups(tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     import json
 
@@ -763,6 +763,19 @@ def test_one_worker_serves_several_groups(tmp_path: Path, key_file: Path,
             assert args.func(args) == 0
             rows = json.loads(capsys.readouterr().out)
             assert [(r["group"], r["address"]) for r in rows] == [(group, f"127.0.0.1:{tcp}")]
+        # with the keys of both groups (and another) in the config folder: one line for it
+        config = tmp_path / "cfg"
+        (config / "peer").mkdir(parents=True)
+        for f, group in ((key_file, "lab"), (dept_file, "dept"), (other_file, "other")):
+            copy = config / "peer" / f"{group}.key"
+            copy.write_bytes(f.read_bytes())
+            copy.chmod(0o600)
+        monkeypatch.setenv("ELSEWHERE_CONFIG", str(config))
+        args = parser.parse_args(["peer", "list", "--port", str(port), "--interface", "127.0.0.1",
+                                  "--wait", "2.5", "--json"])  # fmt: skip
+        assert args.func(args) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert [(r["groups"], r["address"]) for r in rows] == [(["dept", "lab"], f"127.0.0.1:{tcp}")]
     finally:
         w.stop()
 

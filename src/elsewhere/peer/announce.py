@@ -357,6 +357,7 @@ class PeerTable:
         self.expire_after_s = expire_after_s
         self.peer_filter = peer_filter if peer_filter is not None else PeerFilter()
         self._peers: dict[str, PeerInfo] = {}
+        self._groups: dict[str, dict[str, float]] = {}  # peer id -> group -> last heard in it
 
     def update(
         self, announcement: Announcement, source: tuple[str, int], now: float
@@ -368,11 +369,13 @@ class PeerTable:
         pid = announcement.peer_id
         if announcement.leaving or not self.peer_filter.allows(announcement, source[0]):
             self._peers.pop(pid, None)
+            self._groups.pop(pid, None)
             return None
         old = self._peers.get(pid)
         info = PeerInfo(announcement, (source[0], source[1]),
                         old.first_seen if old is not None else now, now)  # fmt: skip
         self._peers[pid] = info
+        self._groups.setdefault(pid, {})[announcement.group] = now
         return info
 
     def expire(self, now: float) -> list[PeerInfo]:
@@ -380,7 +383,14 @@ class PeerTable:
         gone = [p for p in self._peers.values() if now - p.last_seen > self.expire_after_s]
         for p in gone:
             del self._peers[p.peer_id]
+            self._groups.pop(p.peer_id, None)
         return gone
+
+    def groups(self, peer_id: str, now: float) -> list[str]:
+        """The groups ``peer_id`` was heard in lately (a worker may serve several); "" is
+        loopback-only mode."""
+        heard = self._groups.get(peer_id, {})
+        return sorted(g for g, t in heard.items() if now - t <= self.expire_after_s)
 
     def peers(self) -> list[PeerInfo]:
         """The listed peers, by peer id."""

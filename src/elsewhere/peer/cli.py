@@ -351,20 +351,26 @@ def cmd_list(args: argparse.Namespace) -> int:
     from .units import format_duration, format_size
 
     cfg = _discovery(args)
+    keys = _keys(args, all_groups=True)
+    keyed = [k for k in keys if k is not None]
+    # the groups of keys: one socket for them all (a unicast datagram reaches one socket of
+    # a port), so a worker of several is one line; this user's loopback-only peers apart
+    wanted = ([(keyed, keyed[0], keyed[1:])] if keyed else []) + ([([None], None, [])] if None in keys else [])
     listeners = []
-    for key in _keys(args, all_groups=True):
+    for heard, key, more in wanted:
         try:
-            listeners.append((key, Listener(key, cfg).start()))
+            listeners.append((heard, Listener(key, cfg, more_keys=more).start()))
         except OSError as exc:
             print(f"elsewhere peer: cannot listen on port {cfg.port}: {exc}", file=sys.stderr)
     time.sleep(max(0.0, args.wait))
     rows: list[dict[str, Any]] = []
     now = time.monotonic()
-    for key, listener in listeners:
+    for _heard, listener in listeners:
         for p in listener.peers():
             a = p.announcement
+            groups = [g or "(loopback)" for g in listener.groups_of(a.peer_id)] or [a.group or "(loopback)"]
             rows.append({
-                "host": a.host, "user": a.user, "group": key.group if key else "(loopback)",
+                "host": a.host, "user": a.user, "group": ",".join(groups), "groups": groups,
                 "state": a.state.name.lower(), "slots": a.slots, "free": a.slots_free,
                 "memory": a.mem_bytes, "time": a.time_s, "task": a.task or "",
                 "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
@@ -377,7 +383,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     if not rows:
         heard = [f"group {key.group!r} (key {key.fingerprint})" if key else "this user's loopback-only peers"
-                 for key, _ in listeners]  # fmt: skip
+                 for keys_heard, _ in listeners for key in keys_heard]  # fmt: skip
         print(f"no peers seen in {args.wait:g} s on discovery port {cfg.port}, listening for "
               f"{', '.join(heard) or 'nothing'}.\n"
               "A worker is listed once it announces itself with the same discovery port (--port) and "

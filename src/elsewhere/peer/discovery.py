@@ -385,6 +385,12 @@ class Listener:
         with self._cond:
             return self._table.peers()
 
+    def groups_of(self, peer_id: str) -> list[str]:
+        """The groups ``peer_id`` was heard in lately: with ``more_keys``, a worker that
+        serves several of them is listed once, in each."""
+        with self._cond:
+            return self._table.groups(peer_id, time.monotonic())
+
     def wait_for(self, predicate: Callable[[list[PeerInfo]], bool], timeout: float) -> bool:
         """Wait until ``predicate(peers)`` holds; False if ``timeout`` seconds ran out."""
         with self._cond:
