@@ -235,6 +235,32 @@ def test_memory_nobody_offers_is_explained_not_run(lab: tuple[Path, int, Workers
     job.purge()
 
 
+def nbytes_of(a: object) -> int:
+    return int(a.nbytes)  # type: ignore[attr-defined]
+
+
+def test_a_task_too_large_for_one_message_fails_at_once_and_batches_are_split(
+        on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import numpy as np
+
+    from elsewhere.peer import wire
+
+    real = wire.Limits
+    monkeypatch.setattr(wire, "Limits", lambda: real(max_body_bytes=1 << 20))  # this controller's cap
+    small, big = np.ones(40_000), np.ones(300_000)  # 320 kB, 2.4 MB
+    job = ew.submit(nbytes_of, [small, big, small], on=on)
+    job.wait(timeout=60)
+    values = job.results()
+    assert values[0] == values[2] == small.nbytes
+    assert isinstance(values[1], TaskError) and "over what one message to a worker may carry" in str(values[1])
+    # many tasks of 448 kB: batches of three or more would be over 1 MiB; they are split
+    mediums = [np.full(56_000, float(i)) for i in range(60)]  # each its own (no shared pickle)
+    job = ew.submit(nbytes_of, mediums, on=on)
+    job.wait(timeout=120)
+    assert job.results() == [56_000 * 8] * 60
+    assert on.counters(job).get("batches_split", 0) > 0
+
+
 def test_a_wait_with_no_peer_says_so_and_how_to_start_one(ew_home: Path, tmp_path: Path) -> None:
     key = write_key("nobody", tmp_path / "nobody.key")
     port = free_port()  # no worker announces here

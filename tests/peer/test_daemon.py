@@ -833,3 +833,46 @@ def test_sizes_and_durations() -> None:
             parse_duration(bad)
     assert format_size(8 << 30) == "8.0 GiB" and format_duration(5400) == "1h30m"
     assert format_duration(math.inf) == "unlimited"
+
+
+# ---------------------------------------------------------------- results too large to send
+
+_SMALL_CAP_WORKER = (  # a worker whose frames may carry 4 MiB (not 4 GiB): big results, cheaply
+    "import sys\n"
+    "from elsewhere.peer import wire\n"
+    "real = wire.Limits\n"
+    "wire.Limits = lambda: real(max_body_bytes=4 << 20)\n"
+    "from elsewhere.peer.cli import main\n"
+    "sys.exit(main(['peer', 'worker', *sys.argv[1:]]))\n"
+)
+
+
+def make_bytes(n: int) -> bytes:
+    return bytes(n)
+
+
+def test_a_result_too_large_to_send_comes_back_as_an_error_not_never(tmp_path: Path, key_file: Path) -> None:
+    port = free_port()
+    w = WorkerProc(["--port", str(port), "--interface", "127.0.0.1", "--key", str(key_file), "--slots", "1"],
+                   tmp_path / "cap.json", launcher=[sys.executable, "-c", _SMALL_CAP_WORKER])  # fmt: skip
+    try:
+        c = Client(int(w.wait_started()["port"]), load_key(key_file))
+        assert isinstance(c.ask("big"), Accept)
+        # quick tasks, whose values would travel in one group: the child sends them in parts
+        # of at most a quarter of the frame; the one too large alone becomes an error; the
+        # last, which fits alone but not with the others, is handed back to run again
+        sizes = [1_500_000, 6_000_000, 10, 1_500_000, 1_500_000]
+        c.task("big", make_bytes, [(n,) for n in sizes])
+        got = c.result("big")
+        assert [(i, fate) for i, fate, _ in got] == [(0, Outcome.OK), (1, Outcome.ERROR), (2, Outcome.OK),
+                                                     (3, Outcome.OK), (4, Outcome.REQUEUE)]  # fmt: skip
+        assert got[0][2] == got[3][2] == bytes(1_500_000) and got[2][2] == bytes(10)
+        err = got[1][2]
+        assert err["type"] == "ResultTooLarge" and "(5.7 MiB) is over what one message from a worker may carry (4.0 MiB)" in err["message"]
+        assert isinstance(c.ask("next"), Accept)  # the worker goes on
+        c.task("next", make_bytes, [(5,)])
+        assert c.result("next") == [(0, Outcome.OK, bytes(5))]
+        c.close()
+        wait_until(lambda: w.stats().get("results_too_large") == 1, 10, "the worker to count it")
+    finally:
+        w.stop()

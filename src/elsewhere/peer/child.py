@@ -75,6 +75,8 @@ LOG_CAP = 4 << 20
 _MAX_FDS = 253  # SCM_MAX_FD
 _FLUSH_S = 0.01
 _MAX_RESULT_OOB = 1000  # RESULT frames carry at most 1024 buffers: 2 + these
+GROUP_BYTES = 64 << 20
+"""The largest group of values sent together (unless the daemon says less: ``group_bytes``)."""
 _RESET_LOG_AT = 16 << 20
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _KEEP_OUT = 4  # warm result memfds a child keeps for the next large result
@@ -461,6 +463,7 @@ class _Child:
                           host=self.host, _job_data=lambda: common[1])  # fmt: skip
         token = context.set_current(ctx)
         out = _Results(self, header["batch"], maps)
+        out.group_bytes = int(header.get("group_bytes") or GROUP_BYTES)
         try:
             for pos, (index, attempt) in enumerate(items):
                 seed = job_seed + index
@@ -560,6 +563,7 @@ class _Results:
         self.logs: list[bytes] = []
         self.oob = 0
         self.released: list[int] = []
+        self.group_bytes = GROUP_BYTES
 
     def add(self, index: int, attempt: int, ok: bool, value: Any, t0: float, t1: float,
             log: bytes) -> None:  # fmt: skip
@@ -606,12 +610,42 @@ class _Results:
         return None
 
     def send(self, *, last: bool) -> None:
+        pickled = self._pickle() if self.items else None
+        if pickled is None or len(self.items) < 2 or _size(pickled) <= self.group_bytes:
+            self._send_group(pickled, last=last)
+            return
+        # A large group goes in parts of at most group_bytes (a value larger goes alone):
+        # the daemon replaces a group that cannot travel (a RESULT is one frame) by errors,
+        # and then only for the values too large themselves.
+        items, values, logs = self.items, self.values, self.logs
+        sizes = []
+        for value in values:
+            try:
+                sizes.append(_size(self.child.serial.dumps_plain([value])))
+            except Exception:
+                sizes.append(0)  # it fails again below, and becomes an error there
+        parts: list[list[int]] = [[]]
+        total = 0
+        for k, size in enumerate(sizes):
+            if parts[-1] and total + size > self.group_bytes:
+                parts.append([])
+                total = 0
+            parts[-1].append(k)
+            total += size
+        for n, part in enumerate(parts):
+            self.items, self.values, self.logs = [items[k] for k in part], [values[k] for k in part], [
+                logs[k] for k in part]  # fmt: skip
+            for pos, item in enumerate(self.items):
+                item[3] = pos
+            self._send_group(self._pickle(), last=last and n == len(parts) - 1)
+
+    def _send_group(self, pickled: tuple[bytes, list[memoryview]] | None, *, last: bool) -> None:
         header: dict[str, Any] = {"op": "results", "batch": self.batch, "items": self.items,
                                   "last": last, "group": None}  # fmt: skip
         body: list[Any] = []
         fds: list[int] = []
-        if self.items:
-            data, bufs = self._pickle()
+        if pickled is not None:
+            data, bufs = pickled
             parts: list[list[int]] = []
             body.append(data)
             for b in bufs:
@@ -637,6 +671,10 @@ class _Results:
         send_message(self.child.sock, header, body, fds)
         self.values, self.items, self.logs = [], [], []
         self.since = time.time()
+
+
+def _size(pickled: tuple[bytes, list[memoryview]]) -> int:
+    return len(pickled[0]) + sum(memoryview(b).nbytes for b in pickled[1])
 
 
 def _address(data: Any) -> int | None:

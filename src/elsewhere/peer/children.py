@@ -144,9 +144,13 @@ class ChildProcess:
 def error_value(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> bytes:
     """A group of one pickled error description in the worker's format (pickling is safe;
     the daemon never loads anything)."""
-    value = {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
-             "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
-    return pickle.dumps([value], protocol=5)
+    return pickle.dumps([error_dict(kind, message, host, index, seed, pid)], protocol=5)
+
+
+def error_dict(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> dict[str, Any]:
+    """An error description in the worker's format (see :func:`error_value`)."""
+    return {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
+            "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
 
 
 def describe_exit(code: int | None) -> str:

@@ -80,7 +80,7 @@ from .placement import (
 )
 from .recorder import GroupWriter, Recorder
 from .stream import Closed, ConnectionPump, ReusableBuffers
-from .wire import Connection, HandshakeComplete, Received, Role
+from .wire import Connection, HandshakeComplete, Limits, Received, Role
 
 if TYPE_CHECKING:
     from ..job import Job
@@ -133,6 +133,7 @@ class Controller:
         self.commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.lock = threading.Lock()
         self.running_view: dict[int, tuple[str, float]] = {}
+        self.result_bytes_per_task = 0.0  # the mean size of a result, for batch sizes
         self.note = ""
         self.teller = NoteTeller(str(meta.get("name", ""))) if self.stream else None  # an Executor's
         self.reasons: dict[int, str] = {}
@@ -721,7 +722,7 @@ class Controller:
             total = sum(max(1, x.info.announcement.slots // self.settings.cores)
                         for x in self.workers.values() if x.state == "ready")  # fmt: skip
             k = batch_size(self.settings, b.worker, max(1, total), len(self.pending), self.mean_s,
-                           self.n_measured)
+                           self.n_measured, self.result_bytes_per_task)  # fmt: skip
         while self.pending and len(b.indices) < k:
             i = self.pending.popleft()
             if i in self.final or i in self.cancelled:
@@ -739,7 +740,10 @@ class Controller:
         """Send the TASK of an admitted batch."""
         bid = b.bid
         try:
-            info, buffers = self._encode(w, b)
+            while True:
+                info, buffers = self._encode(w, b)
+                if self._fits(w, b, info, buffers):
+                    break
         except Exception as exc:
             self._withdraw(b)
             self._fail_tasks(b.indices, exc)
@@ -750,9 +754,7 @@ class Controller:
             ask = Task.folding(nxt.ask)
             self.stats["asks_folded"] += 1
         if not self._send(w, Task(bid, info, ask), buffers):
-            for name, count in ((info["fn"], info["nfn"]), (info.get("jpart", ""), info.get("njpart"))):
-                if count:  # the parts this TASK carried did not reach the worker
-                    w.sent_fns.pop(name, None)
+            self._unsent_parts(w, info)
             if nxt is not None:
                 self._forget(nxt.batch)
             self._send(w, Cancel(bid))  # the slot it admitted goes back (if the connection lives)
@@ -763,6 +765,46 @@ class Controller:
         with self.lock:
             for i in b.indices:
                 self.running_view[i] = (w.wid, b.sent_wall)
+
+    @staticmethod
+    def _unsent_parts(w: Worker, info: dict[str, Any]) -> None:
+        """The function and job parts a TASK would have carried did not reach ``w``."""
+        for name, count in ((info["fn"], info["nfn"]), (info.get("jpart", ""), info.get("njpart"))):
+            if count:
+                w.sent_fns.pop(name, None)
+
+    def _fits(self, w: Worker, b: Batch, info: dict[str, Any], buffers: list[Any]) -> bool:
+        """Whether the TASK of ``b`` fits in one frame (at most 4 GiB in at most 1024
+        buffers). If not, a batch of several tasks keeps the first half (the others go back
+        to the front of the queue) and is encoded again; a task alone raises why: it can
+        never be sent, and would otherwise be placed again and again."""
+        limits = w.conn.limits if w.conn is not None else Limits()
+        size = sum(memoryview(x).nbytes for x in buffers)
+        if size <= limits.max_body_bytes and len(buffers) <= limits.max_buffers:
+            self.stats["payload_bytes"] += size
+            return True
+        self._unsent_parts(w, info)
+        if len(b.indices) == 1:
+            from .units import format_size
+
+            raise PeerError(
+                f"its data with its function ({format_size(size)} in {len(buffers)} buffers) is over "
+                f"what one message to a worker may carry ({format_size(limits.max_body_bytes)} in "
+                f"{limits.max_buffers} buffers): pass a smaller argument, or a file path the task reads")
+        keep = len(b.indices) // 2
+        back, b.indices, b.attempts = b.indices[keep:], b.indices[:keep], b.attempts[:keep]
+        with self.lock:
+            for i in back:
+                bids = self.inflight.get(i)
+                if bids is not None:
+                    bids.discard(b.bid)
+                    if not bids:
+                        del self.inflight[i]
+        for i in reversed(back):
+            if i not in self.pending:
+                self.pending.appendleft(i)
+        self.stats["batches_split"] += 1
+        return False
 
     def _on_refuse(self, w: Worker, msg: Refuse) -> None:
         b = self.batches.get(msg.task_id)
@@ -808,7 +850,8 @@ class Controller:
         writes them to the job folder; the worker is acknowledged once they are durable."""
         pickles = memoryview(buffers[0]).cast("B")
         logs = memoryview(buffers[1]).cast("B")
-        self.stats["result_bytes"] += sum(len(memoryview(b).cast("B")) for b in buffers)
+        nbytes = sum(memoryview(b).nbytes for b in buffers)
+        self.stats["result_bytes"] += nbytes
         groups: list[tuple[memoryview, list[Any]]] = []
         ppos, opos = 0, 2
         for plen, noob in info.get("groups", []):
@@ -819,6 +862,10 @@ class Controller:
             per_task = float(info["seconds"]) / len(items)
             self.mean_s = per_task if not self.n_measured else 0.7 * self.mean_s + 0.3 * per_task
             self.n_measured += len(items)
+        if items:  # batches are sized to bring back at most placement.BATCH_BYTES
+            per_task = nbytes / len(items)
+            mean = self.result_bytes_per_task
+            self.result_bytes_per_task = per_task if not mean else 0.7 * mean + 0.3 * per_task
         lpos = 0
         rows: dict[int, list[tuple[Any, ...]]] = {}  # group -> rows to write
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
@@ -954,7 +1001,8 @@ class Controller:
             best = choose_worker(ready, s, self.local_addresses, depth, now)
             if best is None:
                 return
-            k = batch_size(s, best, total_slots, len(self.pending), self.mean_s, self.n_measured)
+            k = batch_size(s, best, total_slots, len(self.pending), self.mean_s, self.n_measured,
+                           self.result_bytes_per_task)  # fmt: skip
             self._ask(best, k, now)
 
     def _fold_standing(self, w: Worker) -> Standing | None:
@@ -1032,10 +1080,7 @@ class Controller:
         prepared = self.prepared.get(b.indices[0]) if len(b.indices) == 1 else None
         peer = w.conn.peer if w.conn is not None else None
         job_part = peer is not None and "job-part" in peer.caps
-        info, buffers = self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns,
-                                            job_part)  # fmt: skip
-        self.stats["payload_bytes"] += sum(len(memoryview(x).cast("B")) for x in buffers)
-        return info, buffers
+        return self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns, job_part)
 
     def _unplace(self, b: Batch, *, requeue_front: bool, resubmit: bool = False) -> None:
         """Take a batch back from its worker; its unfinished tasks wait to be placed again."""

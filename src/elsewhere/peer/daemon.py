@@ -76,11 +76,12 @@ from .runs import (
     Run,
     build_result,
     build_run_message,
+    cap_result,
     fill_unfinished,
     take_results,
 )
 from .stream import Closed, SharedBuffers
-from .wire import Connection, HandshakeComplete, Received, Role
+from .wire import Connection, HandshakeComplete, Limits, Received, Role
 
 __all__ = ["PeerWorker"]
 
@@ -606,7 +607,7 @@ class PeerWorker:
         used = [d for d in (run.info["fn"], run.info.get("jpart")) if d]
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
         send_job = bool(run.info.get("jpart")) and run.info["jpart"] not in child.fns
-        header, body, fds = build_run_message(run, send_fn, send_job, self.pool.fd_of)
+        header, body, fds = build_run_message(run, send_fn, send_job, self.pool.fd_of, self._max_result(run))
         for d in used:  # the child holds them now; the last to be dropped
             child.fns.pop(d, None)
             child.fns[d] = None
@@ -627,6 +628,11 @@ class PeerWorker:
         self.last_busy = now
         self._announce_due = True
         self._flush_child(child)
+
+    def _max_result(self, run: Run) -> int:
+        """The largest RESULT frame that can go to the controller of ``run``."""
+        peer = self.by_controller.get(run.controller)
+        return peer.conn.limits.max_body_bytes if peer is not None else Limits().max_body_bytes
 
     def _flush_child(self, child: ChildProcess) -> None:
         try:
@@ -735,11 +741,12 @@ class PeerWorker:
             run.held = []
             self._after_batch()
             return
+        self.stats["results_too_large"] += cap_result(run, self._max_result(run), self.options.host)
+        peer = self.by_controller.get(run.controller)
         info, buffers = build_result(run, self.options.host, charged)
         self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases,
                                                                         run.held)  # fmt: skip
         run.held = []
-        peer = self.by_controller.get(run.controller)
         # The RESULT and what the freed slot brings (an ACCEPT of a held ASK, often of the
         # same controller) leave together: one send, one wake-up of the controller. To a
         # controller that said ``fold`` its ACCEPTs ride inside the RESULT: the slot is

@@ -147,17 +147,24 @@ class Worker:
 
 
 def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pending: int,
-               mean_s: float, n_measured: int) -> int:
+               mean_s: float, n_measured: int, bytes_per_task: float = 0.0) -> int:  # fmt: skip
     """How many tasks to ask ``w`` to take at once: ``settings.batch_target_s`` of work at
     the mean task time (``mean_s`` of ``n_measured`` tasks; one task until one was
     measured), at most half a fair share of the ``pending`` tasks over ``total_slots``,
-    and no more than ``w`` offers the time for."""
+    no more than ``w`` offers the time for, and no more than :data:`BATCH_BYTES` of
+    results at the mean ``bytes_per_task`` (a RESULT is one frame, at most 4 GiB)."""
     k = 1 if n_measured == 0 else int(settings.batch_target_s / max(mean_s, 1e-6))
     k = min(k, max(1, math.ceil(pending / (2 * total_slots))), _MAX_BATCH)
+    if bytes_per_task > 0:
+        k = min(k, int(BATCH_BYTES / bytes_per_task))
     offer = w.info.announcement.time_s
     if settings.time_s > 0 and offer != math.inf:
         k = min(k, max(1, int(offer / settings.time_s)))
     return max(1, k)
+
+
+BATCH_BYTES = 1 << 30
+"""The results a batch is sized to bring back at most (their mean so far per task)."""
 
 
 def choose_worker(ready: list[Worker], settings: ControllerSettings, local_addresses: frozenset[str],

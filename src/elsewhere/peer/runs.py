@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import mmap
 import os
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .child import Outcome
-from .children import ChildProcess, error_value
+from .child import GROUP_BYTES, Outcome
+from .children import ChildProcess, error_dict, error_value
 from .messages import Ask
 
-__all__ = ["Done", "Run", "build_result", "build_run_message", "fill_unfinished", "take_results"]
+__all__ = ["Done", "Run", "build_result", "build_run_message", "cap_result", "fill_unfinished", "take_results"]
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_NO_VALUES = pickle.dumps([], protocol=5)
 
 
 @dataclass
@@ -61,13 +63,13 @@ class Done:
     held: list[tuple[Any, bool]] = field(default_factory=list)  # input buffers results are in
 
 
-def build_run_message(run: Run, send_fn: bool, send_job: bool,
-                      fd_of: Callable[[Any], int]) -> tuple[dict[str, Any], list[Any], list[int]]:
+def build_run_message(run: Run, send_fn: bool, send_job: bool, fd_of: Callable[[Any], int],
+                      max_result: int = 4 << 30) -> tuple[dict[str, Any], list[Any], list[int]]:  # fmt: skip
     """The "run" message that starts ``run`` on a child (see child.py): its header, the
     buffers of its body, and the descriptors sent with it (a buffer in a memfd, whose
     descriptor ``fd_of`` gives, -1 if none, goes as that descriptor, up to 250 of them).
     With ``send_fn`` the function part of the batch goes too, with ``send_job`` its job
-    part."""
+    part. ``max_result``: the largest RESULT frame; the child groups values well under it."""
     body: list[Any] = []
     fds: list[int] = []
     parts: list[list[int]] = []
@@ -84,6 +86,8 @@ def build_run_message(run: Run, send_fn: bool, send_job: bool,
               "diary": run.info["diary"], "items": run.info.get("run", run.info["items"]), "fn": run.info["fn"],
               "ntask": len(run.buffers), "nfn": len(fn_buffers), "jpart": run.info.get("jpart", ""),
               "parts": parts}  # fmt: skip
+    if max_result < GROUP_BYTES * 4:
+        header["group_bytes"] = max(1, max_result // 4)
     return header, body, fds
 
 
@@ -163,6 +167,55 @@ def fill_unfinished(run: Run, culprit_index: int, culprit: Outcome | None, why: 
         else:
             row = [index, attempt, int(Outcome.REQUEUE), -1, -1, t, t, 0, 0]
             run.outcomes[index] = (row, b"")
+
+
+def cap_result(run: Run, max_bytes: int, host: str) -> int:
+    """Make the RESULT of ``run`` fit in one frame of at most ``max_bytes``, so that its
+    controller hears of every task rather than waiting for a RESULT that can never be
+    sent. Groups of values are kept in order while they fit (a group holds the values of
+    tasks that ended together; the child keeps groups well under the frame); a group too
+    large even alone becomes errors that say so, one that only does not fit with the
+    others is handed back (its tasks run again, in a smaller batch). Returns how many
+    tasks lost their value to the first."""
+    logs = sum(len(log) for _row, log in run.outcomes.values())
+    sizes = [len(pickled) + sum(memoryview(b).nbytes for b in oob) for pickled, oob in run.groups]
+    room = max_bytes - logs - len(sizes) * 4096  # (an error value takes well under 4 kB)
+    if sum(sizes) <= room:
+        return 0
+    from .units import format_size
+
+    used = 0
+    alone: dict[int, int] = {}  # group -> its size: too large even alone
+    later: set[int] = set()  # fits alone, not with the others
+    for g, size in enumerate(sizes):
+        if size > room:
+            alone[g] = size
+        elif used + size > room:
+            later.add(g)
+        else:
+            used += size
+    job = run.info.get("job", {})
+    seed0 = int(job.get("seed") or 0)
+    pid = run.child.pid if run.child else 0
+    for row, _log in run.outcomes.values():
+        if row[3] in later:
+            row[2], row[3], row[4] = int(Outcome.REQUEUE), -1, -1
+    for g in later:
+        run.groups[g] = (_NO_VALUES, [])
+    lost = 0
+    for g, size in alone.items():
+        mine = sorted((row for row, _log in run.outcomes.values() if row[3] == g), key=lambda r: r[4])
+        values = [error_dict("ResultTooLarge",
+                             f"task {row[0]}: its result ({format_size(size)}"
+                             + (f", with {len(mine) - 1} others that ended with it" if len(mine) > 1 else "")
+                             + f") is over what one message from a worker may carry ({format_size(max_bytes)}): "
+                             "write it to a file, or return it in parts", host, row[0], seed0 + row[0], pid)
+                  for row in mine]  # fmt: skip
+        for k, row in enumerate(mine):
+            row[2], row[4] = int(Outcome.ERROR), k
+        run.groups[g] = (pickle.dumps(values, protocol=5), [])
+        lost += len(mine)
+    return lost
 
 
 def build_result(run: Run, host: str, charged: float) -> tuple[dict[str, Any], list[Any]]:

@@ -1,0 +1,34 @@
+"""How many tasks a controller asks a worker to take at once."""
+
+from __future__ import annotations
+
+import math
+
+from elsewhere.peer.announce import Announcement, PeerInfo, PeerState
+from elsewhere.peer.placement import BATCH_BYTES, ControllerSettings, Worker, batch_size
+
+
+def _worker(time_s: float = math.inf) -> Worker:
+    ann = Announcement(peer_id="ab" * 16, group="lab", address="10.0.0.5", port=7001, user="u", host="h",
+                       state=PeerState.IDLE, slots=2, slots_free=2, mem_bytes=8 << 30, time_s=time_s,
+                       task=None, timestamp=0.0, counter=1)  # fmt: skip
+    return Worker(ann.peer_id, PeerInfo(ann, ("10.0.0.5", 17700), 0.0, 0.0))
+
+
+def test_one_task_until_one_was_measured_then_a_batch_of_the_target_time() -> None:
+    s = ControllerSettings(batch_target_s=0.02)
+    w = _worker()
+    assert batch_size(s, w, total_slots=2, pending=10_000, mean_s=0.0, n_measured=0) == 1
+    assert batch_size(s, w, total_slots=2, pending=10_000, mean_s=0.001, n_measured=5) == 20
+    # at most half a fair share of what is left
+    assert batch_size(s, w, total_slots=2, pending=40, mean_s=0.001, n_measured=5) == 10
+
+
+def test_batches_bring_back_at_most_a_gigabyte_of_results() -> None:
+    s = ControllerSettings(batch_target_s=0.02)
+    w = _worker()
+    # quick tasks with 300 MB results: three to a batch, not twenty (a RESULT is one frame)
+    assert batch_size(s, w, 2, 10_000, 0.001, 5, bytes_per_task=300e6) == BATCH_BYTES // int(300e6) == 3
+    # a result larger than that alone: one task at a time
+    assert batch_size(s, w, 2, 10_000, 0.001, 5, bytes_per_task=2e9) == 1
+    assert batch_size(s, w, 2, 10_000, 0.001, 5, bytes_per_task=100.0) == 20  # tiny results: no limit
