@@ -641,6 +641,17 @@ def test_a_detached_worker_that_cannot_start_says_why(tmp_path: Path, key_file: 
     assert not list((tmp_path / "home" / "peer" / "workers").glob("[0-9]*.json"))
 
 
+def test_a_worker_whose_port_is_taken_says_so_without_a_traceback(tmp_path: Path, key_file: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        tcp = taken.getsockname()[1]
+        out = _elsewhere(tmp_path / "home", "peer", "worker", "--interface", "127.0.0.1", "--port",
+                         str(free_port()), "--key", str(key_file), "--tcp-port", str(tcp))  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert f"cannot listen for tasks on 127.0.0.1:{tcp} (Address already in use): the port is taken" in out.stderr
+
+
 def test_a_second_signal_hands_the_running_task_back(tmp_path: Path, key_file: Path) -> None:
     w, port = start_worker(tmp_path, key_file, "--slots", "1")
     c = Client(port, load_key(key_file))

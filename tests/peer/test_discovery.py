@@ -267,3 +267,17 @@ def test_config_is_validated(kwargs: dict[str, object], match: str) -> None:
 def test_announcement_of_another_group_is_refused(key: GroupKey) -> None:
     with pytest.raises(ConfigError, match="group"):
         Announcer(_ann(None), key)
+
+
+def test_an_interface_that_is_not_here_is_named_as_the_cause() -> None:
+    import errno
+
+    from elsewhere.peer.discovery import DiscoveryConfig, _not_here
+
+    cfg = DiscoveryConfig(port=17700, interface="192.0.2.7")  # (nothing is bound or sent here)
+    for code, text in ((errno.ENODEV, "No such device"), (errno.EADDRNOTAVAIL, "Cannot assign requested address")):
+        with pytest.raises(ConfigError, match=r"cannot listen for peers on interface 192\.0\.2\.7 .*an IPv4 "
+                                              r"address of this machine"):  # fmt: skip
+            _not_here(OSError(code, text), cfg, "listen for peers")
+    _not_here(OSError(errno.EACCES, "Permission denied"), cfg, "announce")  # other causes: as they are
+    _not_here(OSError(errno.ENODEV, "No such device"), DiscoveryConfig(port=17700), "announce")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -45,7 +46,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import PeerError, ProtocolError
+from ..errors import ConfigError, PeerError, ProtocolError
 from .access import same_user
 from .admission import Admission, Peer
 from .announce import Announcement, PeerState, new_peer_id
@@ -153,7 +154,16 @@ class PeerWorker:
         opts = self.options
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((opts.bind_address(), opts.port))
+        try:
+            sock.bind((opts.bind_address(), opts.port))
+        except OSError as exc:
+            sock.close()
+            where = f"{opts.bind_address()}:{opts.port}" if opts.port else opts.bind_address()
+            hint = {errno.EADDRINUSE: "the port is taken (another worker? --tcp-port chooses another, 0 any)",
+                    errno.EADDRNOTAVAIL: "it must be an address of this machine (`ip -4 addr` lists them)",
+                    errno.EACCES: "ports below 1024 need privileges (--tcp-port 0: any free port)"}  # fmt: skip
+            raise ConfigError(f"cannot listen for tasks on {where} ({exc.strerror})"
+                              + (f": {hint[exc.errno]}" if exc.errno in hint else "")) from exc  # fmt: skip
         sock.listen(128)
         sock.setblocking(False)
         self.listen_sock = sock

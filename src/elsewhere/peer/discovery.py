@@ -28,6 +28,7 @@ wait has a timeout.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import logging
 import random
@@ -301,10 +302,19 @@ def _sender_socket(cfg: DiscoveryConfig) -> socket.socket:
                 socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(cfg.interface)
             )
             sock.bind((cfg.interface, 0))  # unicast leaves from this address too
-    except OSError:
+    except OSError as exc:
         sock.close()
+        _not_here(exc, cfg, "announce")
         raise
     return sock
+
+
+def _not_here(exc: OSError, cfg: DiscoveryConfig, what: str) -> None:
+    """Raise a ConfigError that names the cause when ``exc`` says ``cfg.interface`` is not
+    an address of this machine (the usual reason a socket cannot be set up on it)."""
+    if cfg.interface is not None and exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL):
+        raise ConfigError(f"cannot {what} on interface {cfg.interface} ({exc.strerror}): it must be an "
+                          "IPv4 address of this machine (`ip -4 addr` lists them)") from exc  # fmt: skip
 
 
 def _receiver_sockets(cfg: DiscoveryConfig) -> list[socket.socket]:
@@ -330,9 +340,10 @@ def _receiver_sockets(cfg: DiscoveryConfig) -> list[socket.socket]:
             with contextlib.suppress(OSError):  # else group datagrams arrive here twice
                 u.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
             u.bind((cfg.interface or "0.0.0.0", cfg.port))
-    except OSError:
+    except OSError as exc:
         for s in socks:
             s.close()
+        _not_here(exc, cfg, "listen for peers")
         raise
     for s in socks:
         s.setblocking(False)
