@@ -143,7 +143,7 @@ def _discovery(args: argparse.Namespace) -> Any:
     from ..clusters.peer import parse_peer
     from .discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
 
-    port = args.port or DEFAULT_PORT
+    port = DEFAULT_PORT if args.port is None else args.port
     group = args.multicast_group or DEFAULT_MULTICAST_GROUP
     return DiscoveryConfig(
         port=port, multicast_group=None if group.lower() == "none" else group,

@@ -197,7 +197,8 @@ def load_key(path: str | os.PathLike[str], group: str | None = None) -> GroupKey
     try:
         fd = os.open(p, os.O_RDONLY)
     except FileNotFoundError:
-        raise ConfigError(f"no peer key file at {p} (create one with write_key)")
+        raise ConfigError(f"no peer key file at {p} (make one with `elsewhere peer keygen GROUP --output {p}`, "
+                          "or ew.peer.write_key)")  # fmt: skip
     try:
         st = os.fstat(fd)  # the file actually opened, not a name that could change
         if not stat.S_ISREG(st.st_mode):
