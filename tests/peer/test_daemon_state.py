@@ -61,3 +61,18 @@ def test_expiring_admissions_of_a_connection_that_breaks_does_not_stop_the_worke
     # which drops "z" too, before the loop comes to it
     worker._tick(time.monotonic())
     assert broken.closed and worker.admission.reserved == {} and worker.admission.held == []
+
+
+def test_controllers_gone_for_good_are_forgotten(worker: PeerWorker) -> None:
+    # a worker up for weeks meets a controller per notebook session: it keeps none of them
+    now = time.monotonic()
+    for i in range(500):
+        c = f"c{i}"
+        worker.fair.started(c, i, now - 3600)
+        worker.fair.finished(i, now - 3590)
+        worker.gone_since[c] = now - 3590
+    worker.fair.started("busy", 1000, now - 10)  # still running: kept
+    worker.gone_since["recent"] = now - 5  # left a moment ago: its runs may still be orphaned
+    worker._tick(now)
+    assert set(worker.fair.snapshot(now)) == {"busy"}
+    assert set(worker.gone_since) == {"recent"}

@@ -123,6 +123,7 @@ class PeerWorker:
         self.children: list[ChildProcess] = []
         self.unacked: dict[str, dict[str, Done]] = {}
         self.gone_since: dict[str, float] = {}
+        self._last_prune = 0.0
         self.stats: collections.Counter[str] = collections.Counter()
         self.started = time.monotonic()
         self.last_busy = self.started
@@ -859,9 +860,21 @@ class PeerWorker:
             gone = self.gone_since.get(run.controller)
             if run.controller not in self.by_controller and gone is not None and now - gone > _ORPHAN_S:
                 self._kill_run(run, None, "its controller is gone")
+        if now - self._last_prune > 60.0:  # a worker up for weeks meets thousands of controllers
+            self._last_prune = now
+            self._prune(now)
         if opts.stats_file and now - self._last_stats > 1.0:
             self._write_stats()
             self._last_stats = now
+
+    def _prune(self, now: float) -> None:
+        """Forget the controllers gone for good: their fair-share use decayed to nothing,
+        their departure (kept to stop their orphaned runs) long past."""
+        self.fair.prune(now)
+        running = {r.controller for r in self.running.values()}
+        for controller, since in list(self.gone_since.items()):
+            if now - since > 2 * _ORPHAN_S and controller not in running:
+                del self.gone_since[controller]
 
     def _check_limits(self, now: float) -> None:
         opts = self.options
