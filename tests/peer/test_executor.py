@@ -7,6 +7,7 @@ Real worker daemons on loopback (two, one slot each), a real controller in this 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -336,3 +337,36 @@ def test_an_executor_with_no_peer_logs_why_its_futures_wait(ew_home: Path, tmp_p
         ex.shutdown(wait=False, cancel_futures=True)
     said = [r.getMessage() for r in caplog.records if "waiting for peers" in r.getMessage()]
     assert len(said) == 1 and "elsewhere peer worker" in said[0] and "group 'empty'" in said[0]
+
+
+def note_daemon_and_sleep(path: str, seconds: float) -> int:
+    import os
+    import time
+
+    with open(path, "a") as f:
+        f.write(f"{os.getppid()}\n")  # the worker daemon running it
+    time.sleep(seconds)
+    return os.getppid()
+
+
+def test_a_future_whose_worker_is_killed_gets_its_result_from_another(
+        ew_home: Path, tmp_path: Path) -> None:  # fmt: skip
+    import signal
+
+    from elsewhere.clusters.peer import peers
+
+    key = write_key("kill", tmp_path / "kill.key")
+    port = free_port()
+    with Workers(tmp_path, 2, port=port, key=key) as workers:
+        on = peers("kill", key=key, port=port, interface="127.0.0.1")
+        with ew.Executor(on=on) as ex:
+            assert ex.submit(square, 3).result(timeout=30) == 9  # both connect meanwhile
+            marker = tmp_path / "ran-on"
+            fut = ex.submit(note_daemon_and_sleep, str(marker), 2.0)
+            wait_until(marker.exists, 30, "the task to start")
+            first = int(marker.read_text().split()[0])
+            assert first in {w.pid for w in workers}
+            os.kill(first, signal.SIGKILL)
+            other = fut.result(timeout=60)  # run again on the other worker
+            assert other != first and other in {w.pid for w in workers}
+            assert [int(p) for p in marker.read_text().split()] == [first, other]
