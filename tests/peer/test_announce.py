@@ -17,6 +17,7 @@ from elsewhere.peer.announce import (
     MAX_DATAGRAM,
     Announcement,
     AnnouncementDecoder,
+    ClockSkew,
     PeerFilter,
     PeerState,
     PeerTable,
@@ -118,7 +119,8 @@ def test_dropped_before_the_body_is_parsed(key: GroupKey, monkeypatch: pytest.Mo
 @pytest.mark.parametrize("skew", [-31.0, 31.0, -1e6])
 def test_time_window(key: GroupKey, skew: float) -> None:
     data = encode_announcement(_ann(timestamp=max(NOW + skew, 0)), key)
-    with pytest.raises(ProtocolError, match="off"):
+    way = "ahead of" if skew > 0 else "behind"
+    with pytest.raises(ClockSkew, match=f"its clock is {abs(max(NOW + skew, 0) - NOW):.0f} s {way} this machine's"):
         AnnouncementDecoder(key).decode(data, NOW)
     AnnouncementDecoder(key, window_s=1e7).decode(data, NOW)
 

@@ -887,3 +887,42 @@ def test_a_result_too_large_to_send_comes_back_as_an_error_not_never(tmp_path: P
         wait_until(lambda: w.stats().get("results_too_large") == 1, 10, "the worker to count it")
     finally:
         w.stop()
+
+
+# ---------------------------------------------------------------- a member whose clock is off
+
+_CLOCK_AHEAD_WORKER = (  # a worker on a machine whose clock is two minutes ahead
+    "import sys, time\n"
+    "real = time.time\n"
+    "time.time = lambda: real() + 120.0\n"
+    "from elsewhere.peer.cli import main\n"
+    "sys.exit(main(['peer', 'worker', *sys.argv[1:]]))\n"
+)
+
+
+def test_a_worker_whose_clock_is_off_is_named_with_the_reason(tmp_path: Path, key_file: Path,
+                                                              capsys: pytest.CaptureFixture[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import elsewhere as ew
+    from elsewhere.clusters.peer import peers
+    from elsewhere.peer.cli import add_peer_commands
+
+    monkeypatch.setenv("ELSEWHERE_HOME", str(tmp_path / "home"))
+    port = free_port()
+    w = WorkerProc(["--port", str(port), "--interface", "127.0.0.1", "--key", str(key_file), "--slots", "1"],
+                   tmp_path / "ahead.json", launcher=[sys.executable, "-c", _CLOCK_AHEAD_WORKER])  # fmt: skip
+    try:
+        w.wait_started()
+        parser = argparse.ArgumentParser()
+        add_peer_commands(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(["peer", "list", "--key", str(key_file), "--port", str(port),
+                                  "--interface", "127.0.0.1", "--wait", "2.5"])  # fmt: skip
+        assert args.func(args) == 0
+        out = capsys.readouterr().out
+        assert "no peers seen" in out
+        assert "refused the announcements of 127.0.0.1" in out and "a member of the group" in out
+        assert "its clock is 120 s ahead of this machine's, more than the 30 s allowed" in out
+        with pytest.raises(ew.TimeoutError, match=r"refused the announcements of 127\.0\.0\.1: its clock is 120 s ahead"):
+            ew.map(pow, [2], [3], on=peers("lab", key=key_file, port=port, interface="127.0.0.1"), timeout=4)
+    finally:
+        w.stop()

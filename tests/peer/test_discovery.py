@@ -91,6 +91,20 @@ def test_a_peer_with_another_key_is_never_listed(
     assert seen == {a.peer_id}
     assert intruder.sent >= 2 and keyless.sent >= 2
     assert listen_a.dropped >= 4  # the intruder's and the keyless peer's datagrams
+    # where they came from is kept, as not authentic: `peer list` names them apart
+    assert {src: authentic for src, (n, _why, authentic) in listen_a.refusals().items() if n >= 2} == {
+        "127.0.0.1": False}  # fmt: skip
+
+
+def test_refused_sources_are_bounded() -> None:
+    from elsewhere.errors import ProtocolError
+    from elsewhere.peer import discovery
+
+    listener = Listener(GroupKey("g", b"k" * 32), DiscoveryConfig(port=17700))  # not started: no socket
+    for i in range(3 * discovery._MAX_REFUSED):  # forged sources cannot grow it
+        listener._note_refusal(f"127.1.{i // 250}.{i % 250}", ProtocolError("failed authentication"))
+    refused = listener.refusals()
+    assert len(refused) == discovery._MAX_REFUSED and "127.1.0.191" in refused
 
 
 def test_one_listener_hears_several_groups_and_no_other(

@@ -55,6 +55,7 @@ __all__ = [
     "MAX_DATAGRAM",
     "Announcement",
     "AnnouncementDecoder",
+    "ClockSkew",
     "PeerFilter",
     "PeerInfo",
     "PeerState",
@@ -194,6 +195,11 @@ def encode_announcement(announcement: Announcement, key: GroupKey | None) -> byt
     return signed + hmac.new(announce_key(key), signed, hashlib.sha256).digest()
 
 
+class ClockSkew(ProtocolError):
+    """An authentic announcement whose time is outside the window: a member of the group
+    whose clock is off (or an old announcement replayed)."""
+
+
 class AnnouncementDecoder:
     """Checks and parses datagrams of one group; remembers counters to refuse replays.
 
@@ -236,9 +242,11 @@ class AnnouncementDecoder:
             raise ProtocolError("announcement failed authentication (another group key?)")
         stamp = stamp_ms / 1000
         if abs(stamp - now) > self.window_s:
-            raise ProtocolError(
-                f"announcement time is {stamp - now:+.1f} s off (clock skew or replay)"
-            )
+            off = stamp - now
+            where = "ahead of" if off > 0 else "behind"
+            replay = "" if off > 0 else " (or an old announcement was replayed)"
+            raise ClockSkew(f"its clock is {abs(off):.0f} s {where} this machine's, more than the "
+                            f"{self.window_s:.0f} s allowed{replay}: synchronise the clocks (NTP)")  # fmt: skip
         last = self._last.get(pid)
         if last is not None and counter <= last[0]:
             raise ProtocolError("announcement replayed (counter not increasing)")

@@ -381,7 +381,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
         return 0
+    listed = {r["address"].rsplit(":", 1)[0] for r in rows}
+    refused: dict[str, tuple[int, str, bool]] = {}
+    for _heard, listener in listeners:  # (one listener's refusal may be the other's peer)
+        for src, got in listener.refusals(within_s=args.wait + 1.0).items():
+            if src not in listed and (src not in refused or got[2]):
+                refused[src] = got
+    notes = refusal_lines(refused)
     if not rows:
+        for text in notes:
+            print(text)
         heard = [f"group {key.group!r} (key {key.fingerprint})" if key else "this user's loopback-only peers"
                  for keys_heard, _ in listeners for key in keys_heard]  # fmt: skip
         print(f"no peers seen in {args.wait:g} s on discovery port {cfg.port}, listening for "
@@ -399,7 +408,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(str(line[i])) for line in [header, *table]) for i in range(len(header))]
     for line in [header, *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    for text in notes:
+        print(text)
     return 0
+
+
+def refusal_lines(refused: dict[str, tuple[int, str, bool]]) -> list[str]:
+    """What to say of the sources whose announcements were refused (see
+    :meth:`.discovery.Listener.refusals`): each member of the group by name and reason,
+    the others in one line."""
+    lines = [f"refused the announcements of {src} ({n}), a member of the group: {why}"
+             for src, (n, why, authentic) in sorted(refused.items()) if authentic]  # fmt: skip
+    others = [f"{src} ({n})" for src, (n, _why, authentic) in sorted(refused.items()) if not authentic]
+    if others:
+        lines.append("heard announcements that no key here authenticates (another group, or another "
+                     f"key for this one) from {', '.join(others)}")  # fmt: skip
+    return lines
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:

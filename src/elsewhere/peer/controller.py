@@ -522,6 +522,11 @@ class Controller:
 
         port = self.settings.discovery.port
         cmd = "elsewhere peer worker" + (f" --port {port}" if port != DEFAULT_PORT else "")
+        assert self.listener is not None
+        skewed = [f"{src}: {why}" for src, (_n, why, authentic) in sorted(self.listener.refusals().items())
+                  if authentic]  # fmt: skip
+        if skewed:  # members of the group are there, but refused
+            return f"waiting for peers: refused the announcements of {'; '.join(skewed)}"[:1000]
         if self.settings.key is None:
             return (f"waiting for peers: none seen yet on discovery port {port} (without a key: this "
                     f"user's workers on this machine); start one with `{cmd}`")

@@ -47,6 +47,7 @@ from .announce import (
     MAX_DATAGRAM,
     Announcement,
     AnnouncementDecoder,
+    ClockSkew,
     PeerFilter,
     PeerInfo,
     PeerTable,
@@ -69,6 +70,7 @@ DEFAULT_MULTICAST_GROUP = "239.255.77.77"
 DEFAULT_PORT = 17700
 _IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux; absent from Python's table
 _POLL_S = 0.2
+_MAX_REFUSED = 64  # sources of refused announcements remembered (for `peer list`, notes)
 
 
 def _is_loopback(host: str) -> bool:
@@ -378,6 +380,7 @@ class Listener:
         self._wake_w: socket.socket | None = None
         self.dropped = 0
         """Datagrams dropped: not authentic, stale, replayed, malformed, or not from loopback."""
+        self._refused: dict[str, tuple[int, str, float, bool]] = {}  # source -> (count, why, when, authentic)
         self.received = 0
         """Datagrams accepted."""
 
@@ -395,6 +398,22 @@ class Listener:
         """The peers listed now."""
         with self._cond:
             return self._table.peers()
+
+    def _note_refusal(self, source: str, why: ProtocolError | None) -> None:
+        with self._cond:
+            count = self._refused.get(source, (0, "", 0.0, False))[0]
+            if count == 0 and len(self._refused) >= _MAX_REFUSED:  # bounded: sources can be forged
+                del self._refused[min(self._refused, key=lambda s: self._refused[s][2])]
+            self._refused[source] = (count + 1, str(why or "dropped"), time.monotonic(), isinstance(why, ClockSkew))
+
+    def refusals(self, *, within_s: float = 10.0) -> dict[str, tuple[int, str, bool]]:
+        """Sources whose announcements were refused lately: address -> (how many, why the
+        last one was, whether it was authentic, i.e. of a member of the group whose clock
+        is off). A wrong key's, another group's and garbage are not authentic."""
+        now = time.monotonic()
+        with self._cond:
+            return {src: (n, why, authentic) for src, (n, why, when, authentic) in self._refused.items()
+                    if now - when <= within_s}  # fmt: skip
 
     def groups_of(self, peer_id: str) -> list[str]:
         """The groups ``peer_id`` was heard in lately: with ``more_keys``, a worker that
@@ -469,6 +488,8 @@ class Listener:
             try:
                 ann = decoder.decode(data, now)
                 break
+            except ClockSkew as exc:
+                why = exc  # authentic, of this group: the reason that matters
             except ProtocolError as exc:
                 why = why or exc  # the first group's reason
             except Exception:  # a bug must not silence discovery: log it, keep listening
@@ -478,6 +499,7 @@ class Listener:
         else:
             self.dropped += 1
             log.debug("dropped announcement from %s: %s", source[0], why)
+            self._note_refusal(source[0], why)
             return
         with self._cond:
             self.received += 1
