@@ -325,6 +325,28 @@ def test_results_are_kept_until_acknowledged(tmp_path: Path, key_file: Path) -> 
         w.stop()
 
 
+def test_a_controller_away_is_given_its_grace_then_its_running_tasks_stop(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "2", "--grace", "3s")
+    key = load_key(key_file)
+    try:
+        c = Client(port, key)
+        assert isinstance(c.ask("back"), Accept) and isinstance(c.ask("gone"), Accept)
+        c.task("back", time.sleep, [(1.5,)])
+        c.task("gone", time.sleep, [(60,)])
+        time.sleep(0.3)
+        c.close()  # away (a laptop asleep): within the grace, both go on
+        time.sleep(2.0)
+        again = Client(port, key, peer_id=c.peer_id)  # back: the finished one is there
+        assert again.result("back") == [(0, Outcome.OK, None)]
+        again.close()  # away again, for longer than the grace: the other one is stopped
+        wait_until(lambda: w.stats().get("orphans_stopped") == 1 and w.stats().get("running") == 0, 20,
+                   "the orphaned task to be stopped")  # fmt: skip
+        third = Client(port, key, peer_id=c.peer_id)
+        assert [type(getattr(e, "message", e)) for e in third.quiet(0.5)] == []  # no RESULT for it
+    finally:
+        w.stop()
+
+
 def test_one_ack_acknowledges_several_results(tmp_path: Path, key_file: Path) -> None:
     w, port = start_worker(tmp_path, key_file)
     key = load_key(key_file)

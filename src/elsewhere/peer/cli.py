@@ -42,6 +42,10 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--maxtime", help="stop (draining) after this long, e.g. 8h")
     w.add_argument("--maxidle", help="stop after this long without tasks, e.g. 1h")
     w.add_argument("--maxnum", type=int, default=None, help="stop after this many tasks")
+    w.add_argument("--grace", default="10min",
+                   help="how long a controller may be away (its connection lost: a laptop asleep, a "
+                   "network cut) before its running tasks are stopped and its finished results "
+                   "dropped (default 10min)")  # fmt: skip
     w.add_argument("--allow-user", action="append", default=[], metavar="USER")
     w.add_argument("--refuse-user", action="append", default=[], metavar="USER")
     w.add_argument("--allow-host", action="append", default=[], metavar="HOST",
@@ -168,12 +172,23 @@ def worker_options(args: argparse.Namespace) -> Any:
         maxtime=parse_duration(args.maxtime, what="--maxtime") or math.inf,
         maxidle=parse_duration(args.maxidle, what="--maxidle") or math.inf,
         maxnum=args.maxnum,
+        orphan_s=_grace(args.grace), keep_results_s=_grace(args.grace),
         access=AccessRules(tuple(args.allow_user), tuple(args.refuse_user),
                            tuple(args.allow_host), tuple(args.refuse_host)),
         fair_share=not args.fcfs, half_life_s=args.half_life, stats_file=args.stats_file,
         poll_s=args.busy_poll / 1000.0,
         **extra,
     )  # fmt: skip
+
+
+def _grace(text: str) -> float:
+    from ..errors import ConfigError
+    from .units import parse_duration
+
+    seconds = parse_duration(text, what="--grace")
+    if not seconds:
+        raise ConfigError(f"--grace must be a duration above 0, such as '10min', got {text!r}")
+    return seconds
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

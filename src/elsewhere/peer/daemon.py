@@ -92,7 +92,6 @@ _MAX_PEERS = 256
 _HANDSHAKE_S = 10.0
 _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements a second
 _MEM_CHECK_S = 0.25
-_ORPHAN_S = 60.0  # a run whose controller is gone this long is stopped
 _TICK_S = 0.1
 _CHILD_FNS = 16  # function and job parts a child keeps unpickled (the daemon says which go)
 
@@ -858,7 +857,8 @@ class PeerWorker:
                 del self.unacked[controller]
         for run in list(self.running.values()):
             gone = self.gone_since.get(run.controller)
-            if run.controller not in self.by_controller and gone is not None and now - gone > _ORPHAN_S:
+            if run.controller not in self.by_controller and gone is not None and now - gone > opts.orphan_s:
+                self.stats["orphans_stopped"] += 1
                 self._kill_run(run, None, "its controller is gone")
         if now - self._last_prune > 60.0:  # a worker up for weeks meets thousands of controllers
             self._last_prune = now
@@ -873,7 +873,7 @@ class PeerWorker:
         self.fair.prune(now)
         running = {r.controller for r in self.running.values()}
         for controller, since in list(self.gone_since.items()):
-            if now - since > 2 * _ORPHAN_S and controller not in running:
+            if now - since > 2 * self.options.orphan_s and controller not in running:
                 del self.gone_since[controller]
 
     def _check_limits(self, now: float) -> None:
@@ -955,6 +955,7 @@ class PeerWorker:
         data["peer_id"] = self.peer_id
         data["port"] = self.address[1]
         data["children"] = [c.pid for c in self.children]
+        data["running"] = len(self.running)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(data, f)

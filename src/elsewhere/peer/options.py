@@ -69,6 +69,7 @@ class WorkerOptions:
     hold_s: float = 5.0
     poll_s: float = 0.002
     keep_results_s: float = 600.0
+    orphan_s: float = 600.0  # a run whose controller is gone (no connection) this long is stopped
     listen_for_controllers: bool = True
     python: str = sys.executable
     host: str = field(default_factory=socket.gethostname)
@@ -80,7 +81,7 @@ class WorkerOptions:
 
         if not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")
-        for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s"):
+        for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s", "orphan_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.poll_s <= 1:
