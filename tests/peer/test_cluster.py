@@ -371,6 +371,82 @@ def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Worker
     job.purge()
 
 
+DETACH_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import elsewhere as ew
+    from elsewhere.clusters.peer import peers
+    on = peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1", detach=True)
+    job = ew.submit(time.sleep, [float(sys.argv[3])] * 6, name=sys.argv[4], on=on)
+    print(os.getpid())  # and ends at once: the job goes on without it
+""")
+
+
+def _background_controller(job: ew.Job) -> int:
+    return int(job.cluster.get_job_cluster_data(job)["controller"]["pid"])
+
+
+def _ended(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # (its parent is gone)
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_detached_job_goes_on_after_the_process_that_submitted_it(lab: tuple[Path, int, Workers],
+                                                                    ew_home: Path, tmp_path: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    script = tmp_path / "submit.py"
+    script.write_text(DETACH_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), str(key), str(port), "0", "detached"], check=True,
+                         timeout=30, capture_output=True, text=True, env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
+    submitter = int(out.stdout.split()[-1])
+    job = ew.recover("detached")
+    runner = _background_controller(job)
+    assert runner not in (submitter, os.getpid())
+    job.wait(timeout=60)  # no controller here: this process watches the job folder
+    assert job.cluster.controller(job) is None
+    assert job.results() == [None] * 6
+    wait_until(lambda: _ended(runner), 30, "the background controller to end with its job")
+    assert "finished" in (job.store.path / "controller.log").read_text()
+    job.purge()
+
+
+def test_map_on_a_detached_cluster_leaves_no_result_unacknowledged(lab: tuple[Path, int, Workers],
+                                                                  ew_home: Path) -> None:  # fmt: skip
+    key, port, workers = lab
+    on = peers("lab", key=key, port=port, interface="127.0.0.1", detach=True)
+
+    def tasks() -> int:
+        return sum(int(w.stats().get("tasks", 0)) for w in workers)
+
+    before = tasks()
+    assert ew.map(pow, [1, 2, 3], [2, 2, 2], on=on) == [1, 4, 9]
+    wait_until(lambda: tasks() >= before + 3, 10, "the workers' counters to show the tasks")
+    # the background controller was stopped as its process ended, not cut off: its last
+    # results were acknowledged (else the workers keep them for their grace, 10 minutes)
+    wait_until(lambda: all(w.stats().get("unacked") == 0 for w in workers), 10, "no result left unacknowledged")
+
+
+def test_a_detached_job_can_be_cancelled_from_anywhere(lab: tuple[Path, int, Workers], ew_home: Path,
+                                                       tmp_path: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    script = tmp_path / "submit.py"
+    script.write_text(DETACH_SCRIPT)
+    subprocess.run([sys.executable, str(script), str(key), str(port), "30", "long"], check=True, timeout=30,
+                   capture_output=True, env=env({"ELSEWHERE_HOME": str(ew_home)}))  # fmt: skip
+    job = ew.recover("long")
+    runner = _background_controller(job)
+    wait_until(lambda: job.check().running == 2, 30, "two tasks to run")
+    job.cancel()
+    wait_until(lambda: _ended(runner), 30, "the background controller to end")
+    assert job.state.value == "cancelled"
+    # both workers dropped the running sleeps: a new job runs on them at once
+    on = peers("lab", key=key, port=port, interface="127.0.0.1")
+    assert ew.map(square, [3, 4], on=on, timeout=20) == [9, 16]
+
+
 def test_static_peers_where_multicast_is_not_allowed(ew_home: Path, tmp_path: Path) -> None:
     from peer_procs import WorkerProc
 

@@ -15,13 +15,19 @@ new controller from ``poll``, which carries on where the old one stopped.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import paths
 from ..errors import ConfigError
 from .base import Cluster
 
@@ -37,6 +43,7 @@ __all__ = ["PeerCluster", "key_path", "peers"]
 
 _DIARY = ("always", "warning", "error", "never")
 _carry_on_here = True
+_IN_BACKGROUND = "ELSEWHERE_PEER_BACKGROUND_CONTROLLER"  # set in a detached job's controller process
 
 
 def carry_on_here(allowed: bool) -> None:
@@ -94,6 +101,11 @@ class PeerCluster(Cluster):
             (if it warned or failed), "error" (if it failed), "never".
         prefer_local: place tasks on workers of this machine first.
         cores_per_task: cores each task needs (a worker with fewer refuses it).
+        detach: run a submitted job's controller in a background process of its own
+            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``),
+            so that the job goes on after this process ends, as jobs of the other
+            backends do. ``ew.map`` then waits on the job folder; an ``ew.Executor``
+            keeps its controller in its own process.
     """
 
     kind = "peer"
@@ -112,6 +124,7 @@ class PeerCluster(Cluster):
         diary: str = "always",
         prefer_local: bool = True,
         cores_per_task: int = 1,
+        detach: bool = False,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
     ) -> None:
@@ -127,8 +140,10 @@ class PeerCluster(Cluster):
         self.interface = interface
         self.diary = diary
         self.prefer_local = prefer_local
+        self.detach = bool(detach)
         self._lock = threading.Lock()
         self._controllers: dict[str, Controller] = {}
+        self._spawned: dict[str, tuple[subprocess.Popen[bytes], float]] = {}  # job id -> background controller
         self.post_construct()
 
     def settings(self) -> dict[str, Any]:
@@ -136,7 +151,7 @@ class PeerCluster(Cluster):
             "group": self.group, "key": self.key_file, "memory": self.memory, "time": self.time,
             "peers": self.peers, "port": self.port, "multicast_group": self.multicast_group,
             "interface": self.interface, "diary": self.diary, "prefer_local": self.prefer_local,
-            **super().settings(),
+            "detach": self.detach, **super().settings(),
         }  # fmt: skip
 
     def post_construct(self) -> None:
@@ -224,6 +239,7 @@ class PeerCluster(Cluster):
             settings = self.controller_settings(job)
             c = Controller(job, settings).start()
             self._controllers[job.id] = c
+        _stop_at_exit(self)
         data = self.get_job_cluster_data(job)
         data["controller"] = {"host": socket.gethostname(), "pid": os.getpid(),
                               "create_time": _create_time(os.getpid())}  # fmt: skip
@@ -232,6 +248,9 @@ class PeerCluster(Cluster):
 
     def _other_controller(self, job: Job) -> dict[str, Any] | None:
         """Where the job's controller runs (host, pid), if in another live process here."""
+        spawned = self._spawned.get(job.id)
+        if spawned is not None:
+            spawned[0].poll()  # (a background controller of ours that ended is reaped)
         info = self.get_job_cluster_data(job).get("controller") or {}
         pid = info.get("pid")
         if not isinstance(pid, int) or pid == os.getpid() or info.get("host") != socket.gethostname():
@@ -239,21 +258,74 @@ class PeerCluster(Cluster):
         ct = _create_time(pid)
         return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
 
+    def _shown_elsewhere(self, job: Job) -> dict[str, Any]:
+        """What the job's controller in another live process says runs (see
+        ``Controller._show``); {} if none runs it."""
+        import json
+
+        from ..peer.controller import RUNNING_FILE
+
+        info = self._other_controller(job)
+        if info is None:
+            return {}
+        try:
+            shown = json.loads((job.store.path / RUNNING_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return shown if isinstance(shown, dict) and isinstance(shown.get("running"), dict) else {}
+
+    def _runs_here(self, job: Job) -> bool:
+        """Whether this process runs the job's controller (else a background one does:
+        ``detach``; an Executor's always runs in its own process)."""
+        return not self.detach or os.environ.get(_IN_BACKGROUND) == "1" or bool(job._meta.get("stream"))
+
+    def _carry_on(self, job: Job) -> None:
+        """Start the job's controller: here, or in a background process (``detach``; not
+        again within a minute of the last, whose log then says why it ended)."""
+        if self._runs_here(job):
+            self._start_controller(job)
+            return
+        last = self._spawned.get(job.id)
+        if last is not None and time.monotonic() - last[1] < 60.0:
+            return
+        # It reads the tasks from the payload, which names the user's modules: it runs
+        # where the job was made, with its sys.path, as the workers' children do.
+        meta = job._meta
+        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) and os.path.isdir(meta["cwd"]) else None
+        found = [p for p in meta.get("sys_path") or [] if isinstance(p, str) and p and os.path.isdir(p)]
+        env = {**os.environ, _IN_BACKGROUND: "1", "ELSEWHERE_HOME": str(paths.home()),
+               "PYTHONPATH": os.pathsep.join([*found, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+        log_path = job.store.path / "controller.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "elsewhere", "wait", job.name, "--no-progress"],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
+                                    start_new_session=True)  # fmt: skip
+        self._spawned[job.id] = (proc, time.monotonic())
+        data = self.get_job_cluster_data(job)  # it is the job's controller from now on
+        data["controller"] = {"host": socket.gethostname(), "pid": proc.pid,
+                              "create_time": _create_time(proc.pid), "log": str(log_path)}  # fmt: skip
+        self.set_job_cluster_data(job, data)
+
     def _no_controller_note(self, job: Job) -> str:
         """What runs an unfinished, submitted job that has no controller in this process."""
         info = self._other_controller(job)
         if info is not None:
-            return f"its controller runs in process {info.get('pid')} on {info.get('host')}"
+            where = f" (its log: {info['log']})" if info.get("log") else ""
+            return f"its controller runs in process {info.get('pid')} on {info.get('host')}{where}"
+        spawned = self._spawned.get(job.id)
+        if spawned is not None:
+            return (f"its background controller ended ({spawned[0].returncode}); its log: "
+                    f"{job.store.path / 'controller.log'}")  # fmt: skip
         return (f"no controller runs it now (the process that ran it ended): `elsewhere wait {job.name}` "
                 f"or ew.recover({job.name!r}).wait() carries it on; workers keep finished results "
-                "for 10 minutes")
+                "for 10 minutes (ew.peers(..., detach=True) runs a job's controller in the background)")
 
     # -- the plugin operations ---------------------------------------------------------
     def submit_independent(self, job: Job) -> None:
         with job.store.locked_queue() as q:
             q["submitted"] = True
             q["max_workers"] = max(1, int(q.get("n", 0)))
-        self._start_controller(job)
+        self._carry_on(job)
 
     def poll(self, job: Job) -> None:
         c = self.controller(job)
@@ -274,7 +346,7 @@ class PeerCluster(Cluster):
         snap = job._snapshot(fresh=True)
         unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
         if unfinished and _carry_on_here and self._other_controller(job) is None:
-            self._start_controller(job)
+            self._carry_on(job)
 
     def _cancelled_elsewhere(self, job: Job, c: Controller) -> bool:
         """If another process (``elsewhere cancel``) cancelled the job, stop its controller
@@ -289,7 +361,10 @@ class PeerCluster(Cluster):
         c = self.controller(job)
         if c is None:
             if len(snapshot.final) < snapshot.n and not snapshot.note:
-                snapshot.note = self._no_controller_note(job)
+                shown = self._shown_elsewhere(job)
+                snapshot.running = {int(i): (str(v[0]), float(v[1])) for i, v in shown.get("running", {}).items()
+                                    if int(i) not in snapshot.final}  # fmt: skip
+                snapshot.note = str(shown.get("note") or "") or self._no_controller_note(job)
             return snapshot
         final = snapshot.final
         snapshot.running = {i: v for i, v in c.running().items() if i not in final}
@@ -341,21 +416,55 @@ class PeerCluster(Cluster):
             if c.alive() and not job.state.done:
                 c.cancel()
             c.stop()
+        spawned = self._spawned.pop(job.id, None)
+        if spawned is not None:  # our background controller: it ends with the job (cancelled
+            proc = spawned[0]  # by now if unfinished), acknowledging its last results first
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Stop every controller of this cluster object (results so far are kept)."""
         with self._lock:
             controllers = list(self._controllers.values())
             self._controllers.clear()
         for c in controllers:
-            c.stop()
+            c.stop(timeout)
+
+
+_AT_EXIT: weakref.WeakSet[PeerCluster] = weakref.WeakSet()
+_registered = False
+
+
+def _stop_at_exit(cluster: PeerCluster) -> None:
+    """Stop ``cluster``'s controllers when the interpreter exits, rather than cut them off:
+    the results they stored are acknowledged (else the workers keep them for their grace,
+    and a worker that is stopping waits for them) and the workers hear them leave."""
+    global _registered
+    if not _registered:
+        atexit.register(_stop_all)
+        _registered = True
+    _AT_EXIT.add(cluster)
+
+
+def _stop_all() -> None:
+    for cluster in list(_AT_EXIT):
+        with contextlib.suppress(Exception):
+            cluster.stop(timeout=2.0)
+    _AT_EXIT.clear()
 
 
 def _create_time(pid: int) -> float | None:
+    """When process ``pid`` started; None if there is none, or only its zombie."""
     import psutil
 
     with contextlib.suppress(psutil.Error):
-        return float(psutil.Process(pid).create_time())
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return float(proc.create_time())
     return None
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import getpass
+import json
 import logging
 import os
 import pickle
@@ -91,6 +92,8 @@ log = logging.getLogger(__name__)
 
 MAX_RESUBMITS = 5
 """How often one task is placed again because its worker vanished (not its own fault)."""
+RUNNING_FILE = "peer-running.json"
+"""In the job folder: the tasks on workers now and the controller's note (see ``_show``)."""
 _ACK_S = 0.02
 """How soon the loop looks for results the recorder made durable, to acknowledge them."""
 _SHORT_S = 0.005
@@ -134,6 +137,8 @@ class Controller:
         self.lock = threading.Lock()
         self.running_view: dict[int, tuple[str, float]] = {}
         self.result_bytes_per_task = 0.0  # the mean size of a result, for batch sizes
+        self._last_shown = 0.0
+        self._shown: dict[str, Any] = {}
         self.note = ""
         self.teller = NoteTeller(str(meta.get("name", ""))) if self.stream else None  # an Executor's
         self.reasons: dict[int, str] = {}
@@ -419,6 +424,8 @@ class Controller:
             self._refresh_workers(now)
             self._timers(now)
             self._last_refresh = now
+            if now - self._last_shown >= 1.0:
+                self._show(now)
         if self.stream and now - self._last_queue > 0.5:
             self._read_queue()
             self._last_queue = now
@@ -1149,6 +1156,23 @@ class Controller:
         del tasks
 
     # -- timers -------------------------------------------------------------------------
+    def _show(self, now: float) -> None:
+        """What runs, and the note, for other processes (``elsewhere status`` of a job whose
+        controller runs elsewhere): ``peer-running.json`` in the job folder, when it changed."""
+        self._last_shown = now
+        with self.lock:
+            shown = {"running": {str(i): list(v) for i, v in self.running_view.items()}, "note": self.note}
+        if shown == self._shown:
+            return
+        self._shown = shown
+        path = self.store.path / RUNNING_FILE
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps({**shown, "pid": os.getpid()}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.debug("cannot write %s: %s", path, exc)
+
     def _timers(self, now: float) -> None:
         s = self.settings
         spare = any(w.state == "ready" and w.usable(self.settings) and not w.batches for w in self.workers.values())
