@@ -27,6 +27,22 @@ def _pids_with_home(home: Path) -> list[int]:
     return pids
 
 
+def _background_controllers(home: Path) -> list[int]:
+    """Peer jobs' background controllers (``detach=True``) started for this home."""
+    pids = []
+    want = (b"ELSEWHERE_PEER_BACKGROUND_CONTROLLER=1", b"ELSEWHERE_HOME=" + str(home).encode())
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            if all(w in env for w in want):
+                pids.append(int(d))
+    return pids
+
+
 @pytest.fixture
 def ew_home(tmp_path, monkeypatch):
     """A private ELSEWHERE_HOME; stops the workers started under it afterwards."""
@@ -42,7 +58,7 @@ def ew_home(tmp_path, monkeypatch):
         except Exception:
             pass
         time.sleep(0.05)
-    for pid in _pids_with_home(home):  # only workers of this test's own home
+    for pid in _pids_with_home(home) + _background_controllers(home):  # only this test's own home's
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -234,6 +234,8 @@ class Job:
                     self._reader.refresh()
                     look = len(self._reader.final) >= n_known
                 if look:
+                    if not self.store.path.is_dir():  # purged meanwhile (by another process)
+                        raise JobError(f"job {self.name!r} was deleted while it was waited for")
                     snap = self._snapshot(fresh=True)
                     counts = snap.counts()
                     st = derive_job_state(counts)

@@ -109,6 +109,17 @@ def test_wait_ends_when_another_process_cancels(ew_home):
     assert job.state is ew.JobState.CANCELLED
 
 
+def test_wait_ends_when_another_process_purges_the_job(ew_home):
+    job = ew.submit(time.sleep, [30] * 2, name="purged-elsewhere", on=ew.local(cores=2))
+    timer = threading.Timer(0.5, lambda: ew.recover("purged-elsewhere").purge())
+    timer.start()
+    try:
+        with pytest.raises(ew.JobError, match="was deleted while it was waited for"):
+            job.wait(timeout=20)  # not a wait for ever on a folder that is gone
+    finally:
+        timer.cancel()
+
+
 def test_submit_check_wait_results_get_log(ew_home):
     def fit(x):
         print(f"fitting {x}")
