@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -416,15 +417,20 @@ class PeerCluster(Cluster):
             if c.alive() and not job.state.done:
                 c.cancel()
             c.stop()
+        if self._other_controller(job) is not None:  # a background controller: it ends with
+            if not job.state.done:  # the job (cancelled first), acknowledging its results
+                with job.store.locked_queue() as q:
+                    q["cancelled"] = True
+                    q["retry"] = []
+                job.store.notify()
+            deadline = time.monotonic() + 10.0
+            while self._other_controller(job) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
         spawned = self._spawned.pop(job.id, None)
-        if spawned is not None:  # our background controller: it ends with the job (cancelled
-            proc = spawned[0]  # by now if unfinished), acknowledging its last results first
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.terminate()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(5)
+        if spawned is not None and spawned[0].poll() is None:  # ours, and deaf: interrupted
+            spawned[0].send_signal(signal.SIGINT)  # (its controller still stops, at exit)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spawned[0].wait(5)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop every controller of this cluster object (results so far are kept)."""
