@@ -219,64 +219,73 @@ class Job:
         deadline = None if timeout is None else time.monotonic() + timeout
         fd = _open_notify(self.store)
         bar = Progress(self.name, enabled=progress)
-        last_poll = time.monotonic()
-        interval = poll_interval_s
         # Waiting for the end of a job of known size, a wake-up that leaves tasks
         # without an outcome cannot end the wait: only the journals are read then,
         # the whole state (queue, running tasks, the bar) at most every _LOOK_S.
         n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
         looked = time.monotonic() if n_known else 0.0  # just submitted: the journals first
         try:
-            while True:
-                now = time.monotonic()
-                look = True
-                if n_known and now - looked < _LOOK_S:
-                    self._reader.refresh()
-                    look = len(self._reader.final) >= n_known
-                if look:
-                    if not self.store.path.is_dir():  # purged meanwhile (by another process)
-                        raise JobError(f"job {self.name!r} was deleted while it was waited for")
-                    snap = self._snapshot(fresh=True)
-                    counts = snap.counts()
-                    st = derive_job_state(counts)
-                    bar.update(counts, snap.n, snap.note)
-                    if st.rank >= target.rank:
-                        if snap.cancelled:  # perhaps by another process: the cluster acts on it
-                            self.cluster.poll(self)  # (a peer controller here tells its workers)
-                        return self
-                    looked = now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    snap = self._snapshot(fresh=True)  # the last word, and the message's
-                    counts = snap.counts()
-                    st = derive_job_state(counts)
-                    if st.rank >= target.rank:
-                        return self
-                    held = f"; {snap.note}" if snap.note else ""
-                    raise TimeoutError(
-                        f"job {self.name!r} did not reach {target.value} within {timeout} s "
-                        f"(now {st.value}: {_fmt_counts(counts)}{held}); it goes on running"
-                    )
-                if now - last_poll >= interval:
-                    self.cluster.poll(self)
-                    last_poll = now
-                    # Results from other machines arrive by polling: poll often there.
-                    interval = min(interval * 1.5, 5.0 if self.cluster.shares_filesystem() else 1.0)
-                left = interval - (now - last_poll)
-                if n_known:
-                    left = min(left, looked + _LOOK_S - now)
-                if deadline is not None:
-                    left = min(left, deadline - now)
-                if fd >= 0:
-                    r, _, _ = select.select([fd], [], [], max(0.0, left))
-                    if r:
-                        _drain(fd)
-                        interval = poll_interval_s
-                else:
-                    time.sleep(min(max(0.0, left), 0.05))
+            return self._wait_loop(target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s)
+        except FileNotFoundError:
+            if self.store.path.is_dir():
+                raise
+            raise JobError(f"job {self.name!r} was deleted while it was waited for") from None
         finally:
             bar.close()
             if fd >= 0:
                 os.close(fd)
+
+    def _wait_loop(self, target: JobState, timeout: float | None, deadline: float | None, fd: int,
+                   bar: Any, n_known: int, looked: float, poll_interval_s: float) -> Job:  # fmt: skip
+        """The loop of :meth:`wait`."""
+        last_poll = time.monotonic()
+        interval = poll_interval_s
+        while True:
+            now = time.monotonic()
+            look = True
+            if n_known and now - looked < _LOOK_S:
+                self._reader.refresh()
+                look = len(self._reader.final) >= n_known
+            if look:
+                if not self.store.path.is_dir():  # purged meanwhile (by another process)
+                    raise JobError(f"job {self.name!r} was deleted while it was waited for")
+                snap = self._snapshot(fresh=True)
+                counts = snap.counts()
+                st = derive_job_state(counts)
+                bar.update(counts, snap.n, snap.note)
+                if st.rank >= target.rank:
+                    if snap.cancelled:  # perhaps by another process: the cluster acts on it
+                        self.cluster.poll(self)  # (a peer controller here tells its workers)
+                    return self
+                looked = now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                snap = self._snapshot(fresh=True)  # the last word, and the message's
+                counts = snap.counts()
+                st = derive_job_state(counts)
+                if st.rank >= target.rank:
+                    return self
+                held = f"; {snap.note}" if snap.note else ""
+                raise TimeoutError(
+                    f"job {self.name!r} did not reach {target.value} within {timeout} s "
+                    f"(now {st.value}: {_fmt_counts(counts)}{held}); it goes on running"
+                )
+            if now - last_poll >= interval:
+                self.cluster.poll(self)
+                last_poll = now
+                # Results from other machines arrive by polling: poll often there.
+                interval = min(interval * 1.5, 5.0 if self.cluster.shares_filesystem() else 1.0)
+            left = interval - (now - last_poll)
+            if n_known:
+                left = min(left, looked + _LOOK_S - now)
+            if deadline is not None:
+                left = min(left, deadline - now)
+            if fd >= 0:
+                r, _, _ = select.select([fd], [], [], max(0.0, left))
+                if r:
+                    _drain(fd)
+                    interval = poll_interval_s
+            else:
+                time.sleep(min(max(0.0, left), 0.05))
 
     # -- results ------------------------------------------------------------------
     def _value(self, index: int) -> Any:
