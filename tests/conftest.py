@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# A test process that ends leaves its unfinished peer jobs as they are, rather than handing
+# them to background controllers that would outlive the test run (tests of the hand-off
+# set it to "1" in the process they start).
+os.environ.setdefault("ELSEWHERE_PEER_HAND_OFF", "0")
+
 
 def _pids_with_home(home: Path) -> list[int]:
     """Worker processes started for this home (found by their pool path argument)."""

@@ -453,6 +453,34 @@ def test_a_detached_job_can_be_cancelled_from_anywhere(lab: tuple[Path, int, Wor
     assert ew.map(square, [3, 4], on=on, timeout=20) == [9, 16]
 
 
+HAND_OFF_SCRIPT = textwrap.dedent("""
+    import sys, time
+    import elsewhere as ew
+    from elsewhere.clusters.peer import peers
+    job = ew.submit(time.sleep, [0.3] * 6, name="handed-off",
+                    on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
+    while job.check().finished < 1:
+        time.sleep(0.02)
+    # and the script ends (a notebook closed): its controller hands the job on
+""")
+
+
+def test_a_process_that_ends_hands_its_unfinished_job_to_a_background_controller(
+        lab: tuple[Path, int, Workers], ew_home: Path, tmp_path: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    script = tmp_path / "submit.py"
+    script.write_text(HAND_OFF_SCRIPT)
+    subprocess.run([sys.executable, str(script), str(key), str(port)], check=True, timeout=30,
+                   env=env({"ELSEWHERE_HOME": str(ew_home), "ELSEWHERE_PEER_HAND_OFF": "1"}))  # fmt: skip
+    job = ew.recover("handed-off")
+    runner = _background_controller(job)
+    assert runner != os.getpid() and not _ended(runner)  # it runs the job, not this process
+    job.wait(timeout=60)
+    assert job.cluster.controller(job) is None and job.results() == [None] * 6
+    wait_until(lambda: _ended(runner), 30, "the background controller to end with its job")
+    job.purge()
+
+
 def test_static_peers_where_multicast_is_not_allowed(ew_home: Path, tmp_path: Path) -> None:
     from peer_procs import WorkerProc
 

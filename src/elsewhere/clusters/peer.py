@@ -45,6 +45,7 @@ __all__ = ["PeerCluster", "key_path", "peers"]
 _DIARY = ("always", "warning", "error", "never")
 _carry_on_here = True
 _IN_BACKGROUND = "ELSEWHERE_PEER_BACKGROUND_CONTROLLER"  # set in a detached job's controller process
+_HAND_OFF = "ELSEWHERE_PEER_HAND_OFF"  # "0": a process that ends leaves its peer jobs waiting (tests)
 
 
 def carry_on_here(allowed: bool) -> None:
@@ -102,11 +103,14 @@ class PeerCluster(Cluster):
             (if it warned or failed), "error" (if it failed), "never".
         prefer_local: place tasks on workers of this machine first.
         cores_per_task: cores each task needs (a worker with fewer refuses it).
-        detach: run a submitted job's controller in a background process of its own
-            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``),
-            so that the job goes on after this process ends, as jobs of the other
-            backends do. ``ew.map`` then waits on the job folder; an ``ew.Executor``
-            keeps its controller in its own process.
+        detach: where a submitted job's controller runs. None (default): in this
+            process while it lives; when it ends (normally: not killed) each unfinished
+            job is handed to a background controller, so that it goes on as jobs of the
+            other backends do. True: in a background process of its own from the start
+            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``;
+            ``ew.map`` then waits on the job folder). False: in this process only; the
+            job waits when it ends. An ``ew.Executor`` keeps its controller in its own
+            process whatever this says.
     """
 
     kind = "peer"
@@ -125,7 +129,7 @@ class PeerCluster(Cluster):
         diary: str = "always",
         prefer_local: bool = True,
         cores_per_task: int = 1,
-        detach: bool = False,
+        detach: bool | None = None,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
     ) -> None:
@@ -141,7 +145,9 @@ class PeerCluster(Cluster):
         self.interface = interface
         self.diary = diary
         self.prefer_local = prefer_local
-        self.detach = bool(detach)
+        if detach not in (None, True, False):
+            raise ConfigError(f"detach must be True, False or None, not {detach!r}")
+        self.detach = detach
         self._lock = threading.Lock()
         self._controllers: dict[str, Controller] = {}
         self._spawned: dict[str, tuple[subprocess.Popen[bytes], float]] = {}  # job id -> background controller
@@ -289,6 +295,10 @@ class PeerCluster(Cluster):
         last = self._spawned.get(job.id)
         if last is not None and time.monotonic() - last[1] < 60.0:
             return
+        self._spawn_controller(job)
+
+    def _spawn_controller(self, job: Job) -> None:
+        """Run the job's controller in a background process: ``elsewhere wait NAME``."""
         # It reads the tasks from the payload, which names the user's modules: it runs
         # where the job was made, with its sys.path, as the workers' children do.
         meta = job._meta
@@ -440,6 +450,25 @@ class PeerCluster(Cluster):
         for c in controllers:
             c.stop(timeout)
 
+    def _leave(self, timeout: float = 2.0) -> None:
+        """This process ends: stop its controllers, and (``detach`` left at None) hand
+        each unfinished job to a background controller, so that it goes on as jobs of the
+        other backends do. An Executor's job ends with its Executor."""
+        with self._lock:
+            controllers = list(self._controllers.values())
+            self._controllers.clear()
+        hand_off = (self.detach is None and os.environ.get(_HAND_OFF, "1") != "0"
+                    and os.environ.get(_IN_BACKGROUND) != "1")  # fmt: skip
+        for c in controllers:
+            c.stop(timeout)
+            job = c.job
+            if not hand_off or job._meta.get("stream"):
+                continue
+            with contextlib.suppress(Exception):
+                q = job.store.queue()
+                if q.get("submitted") and not q.get("cancelled") and not job.state.done:
+                    self._spawn_controller(job)
+
 
 _AT_EXIT: weakref.WeakSet[PeerCluster] = weakref.WeakSet()
 _registered = False
@@ -459,7 +488,7 @@ def _stop_at_exit(cluster: PeerCluster) -> None:
 def _stop_all() -> None:
     for cluster in list(_AT_EXIT):
         with contextlib.suppress(Exception):
-            cluster.stop(timeout=2.0)
+            cluster._leave(timeout=2.0)
     _AT_EXIT.clear()
 
 
