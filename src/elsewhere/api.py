@@ -159,6 +159,7 @@ def create_job(
     _stream: bool = False,
     _n_tasks: int = 0,
     _submitting: bool = False,
+    _waited: bool = False,
 ) -> Job:
     """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
 
@@ -196,6 +197,8 @@ def create_job(
     if _submitting:  # ew.submit: written once, whole (the payload follows at once)
         meta["n_tasks"] = _n_tasks
         meta["submitted"] = time.time()
+    if _waited:  # ew.map: its caller waits for the end (a peer controller then runs there)
+        meta["waited"] = True
     if not cl.shares_filesystem():
         # Paths of this machine mean nothing over there (even where they happen
         # to exist): tasks run in the job's files folder, code travels by value.
@@ -323,6 +326,7 @@ def submit(
     *iterables: Iterable[Any],
     on: Cluster | str | None = None,
     name: str | None = None,
+    _waited: bool = False,
     **options: Any,
 ) -> Job:
     """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
@@ -348,7 +352,8 @@ def submit(
         tasks, form = tasks_from_inputs(iterables)
         if not tasks:  # a job without tasks would wait for ever
             raise _NoTasks("nothing to run: the inputs are empty (ew.map returns [] for them)")
-        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, **options)
+        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
+                         **options)  # fmt: skip
         _write_and_submit(job, fn, tasks, form)
     return job
 
@@ -392,7 +397,7 @@ def map(
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
     try:
-        job = submit(fn, *iterables, on=on, **options)
+        job = submit(fn, *iterables, on=on, _waited=True, **options)
     except _NoTasks:
         return []  # as the built-in map: nothing in, nothing out
     ok = False

@@ -413,8 +413,8 @@ def test_a_detached_job_goes_on_after_the_process_that_submitted_it(lab: tuple[P
     job.purge()
 
 
-def test_map_on_a_detached_cluster_leaves_no_result_unacknowledged(lab: tuple[Path, int, Workers],
-                                                                  ew_home: Path) -> None:  # fmt: skip
+def test_a_background_controller_leaves_no_result_unacknowledged(lab: tuple[Path, int, Workers],
+                                                                 ew_home: Path) -> None:  # fmt: skip
     key, port, workers = lab
     on = peers("lab", key=key, port=port, interface="127.0.0.1", detach=True)
 
@@ -422,11 +422,24 @@ def test_map_on_a_detached_cluster_leaves_no_result_unacknowledged(lab: tuple[Pa
         return sum(int(w.stats().get("tasks", 0)) for w in workers)
 
     before = tasks()
-    assert ew.map(pow, [1, 2, 3], [2, 2, 2], on=on) == [1, 4, 9]
+    job = ew.submit(pow, [1, 2, 3], [2, 2, 2], on=on)
+    runner = _background_controller(job)
+    job.wait(timeout=60)
+    assert job.results() == [1, 4, 9]
+    wait_until(lambda: _ended(runner), 30, "the background controller to end with its job")
     wait_until(lambda: tasks() >= before + 3, 10, "the workers' counters to show the tasks")
-    # the background controller was stopped as its process ended, not cut off: its last
-    # results were acknowledged (else the workers keep them for their grace, 10 minutes)
+    # it was stopped as its process ended, not cut off: its last results were acknowledged
+    # (else the workers keep them for their grace, 10 minutes)
     wait_until(lambda: all(w.stats().get("unacked") == 0 for w in workers), 10, "no result left unacknowledged")
+    job.purge()
+
+
+def test_map_keeps_its_controller_here_whatever_detach_says(on: PeerCluster) -> None:
+    detached = peers(on.group, key=on.key_file, port=on.port, interface="127.0.0.1", detach=True)
+    assert ew.map(pow, [2, 3], [2, 2], on=detached, keep=True, name="kept") == [4, 9]  # it waits anyway
+    job = ew.recover("kept")
+    assert job.cluster.get_job_cluster_data(job)["controller"]["pid"] == os.getpid()
+    job.purge()
 
 
 @pytest.mark.parametrize("how", ["cancel", "purge"])

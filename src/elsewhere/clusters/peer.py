@@ -107,9 +107,9 @@ class PeerCluster(Cluster):
             process while it lives; when it ends (normally: not killed) each unfinished
             job is handed to a background controller, so that it goes on as jobs of the
             other backends do. True: in a background process of its own from the start
-            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``;
-            ``ew.map`` then waits on the job folder). False: in this process only; the
-            job waits when it ends. An ``ew.Executor`` keeps its controller in its own
+            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``).
+            False: in this process only; the job waits when it ends. ``ew.map`` and
+            ``ew.Executor``, whose callers wait, keep their controllers in their own
             process whatever this says.
     """
 
@@ -283,8 +283,10 @@ class PeerCluster(Cluster):
 
     def _runs_here(self, job: Job) -> bool:
         """Whether this process runs the job's controller (else a background one does:
-        ``detach``; an Executor's always runs in its own process)."""
-        return not self.detach or os.environ.get(_IN_BACKGROUND) == "1" or bool(job._meta.get("stream"))
+        ``detach``; an Executor's and ``ew.map``'s, whose callers wait, always run here)."""
+        meta = job._meta
+        return (not self.detach or os.environ.get(_IN_BACKGROUND) == "1" or bool(meta.get("stream"))
+                or bool(meta.get("waited")))  # fmt: skip
 
     def _carry_on(self, job: Job) -> None:
         """Start the job's controller: here, or in a background process (``detach``; not
