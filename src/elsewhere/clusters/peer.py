@@ -266,15 +266,12 @@ class PeerCluster(Cluster):
         return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
 
     def _shown_elsewhere(self, job: Job) -> dict[str, Any]:
-        """What the job's controller in another live process says runs (see
-        ``Controller._show``); {} if none runs it."""
+        """What the job's controller in another live process (there is one) says runs
+        (see ``Controller._show``)."""
         import json
 
         from ..peer.controller import RUNNING_FILE
 
-        info = self._other_controller(job)
-        if info is None:
-            return {}
         try:
             shown = json.loads((job.store.path / RUNNING_FILE).read_text())
         except (OSError, ValueError):
@@ -319,9 +316,9 @@ class PeerCluster(Cluster):
                               "create_time": _create_time(proc.pid), "log": str(log_path)}  # fmt: skip
         self.set_job_cluster_data(job, data)
 
-    def _no_controller_note(self, job: Job) -> str:
-        """What runs an unfinished, submitted job that has no controller in this process."""
-        info = self._other_controller(job)
+    def _no_controller_note(self, job: Job, info: dict[str, Any] | None) -> str:
+        """What runs an unfinished, submitted job that has no controller in this process
+        (``info``: :meth:`_other_controller`'s)."""
         if info is not None:
             where = f" (its log: {info['log']})" if info.get("log") else ""
             return f"its controller runs in process {info.get('pid')} on {info.get('host')}{where}"
@@ -374,10 +371,11 @@ class PeerCluster(Cluster):
         c = self.controller(job)
         if c is None:
             if len(snapshot.final) < snapshot.n and not snapshot.note:
-                shown = self._shown_elsewhere(job)
+                info = self._other_controller(job)  # (cluster.json and the process: once a look)
+                shown = self._shown_elsewhere(job) if info is not None else {}
                 snapshot.running = {int(i): (str(v[0]), float(v[1])) for i, v in shown.get("running", {}).items()
                                     if int(i) not in snapshot.final}  # fmt: skip
-                snapshot.note = str(shown.get("note") or "") or self._no_controller_note(job)
+                snapshot.note = str(shown.get("note") or "") or self._no_controller_note(job, info)
             return snapshot
         final = snapshot.final
         snapshot.running = {i: v for i, v in c.running().items() if i not in final}
@@ -444,25 +442,23 @@ class PeerCluster(Cluster):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spawned[0].wait(5)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop every controller of this cluster object (results so far are kept)."""
+    def stop(self, timeout: float = 5.0) -> list[Controller]:
+        """Stop every controller of this cluster object (results so far are kept); returns
+        them."""
         with self._lock:
             controllers = list(self._controllers.values())
             self._controllers.clear()
         for c in controllers:
             c.stop(timeout)
+        return controllers
 
     def _leave(self, timeout: float = 2.0) -> None:
         """This process ends: stop its controllers, and (``detach`` left at None) hand
         each unfinished job to a background controller, so that it goes on as jobs of the
         other backends do. An Executor's job ends with its Executor."""
-        with self._lock:
-            controllers = list(self._controllers.values())
-            self._controllers.clear()
         hand_off = (self.detach is None and os.environ.get(_HAND_OFF, "1") != "0"
                     and os.environ.get(_IN_BACKGROUND) != "1")  # fmt: skip
-        for c in controllers:
-            c.stop(timeout)
+        for c in self.stop(timeout):
             job = c.job
             if not hand_off or job._meta.get("stream"):
                 continue

@@ -165,6 +165,7 @@ def worker_options(args: argparse.Namespace) -> Any:
     extra: dict[str, Any] = {}
     if args.slots is not None:
         extra["slots"] = args.slots
+    grace = _grace(args.grace)  # running tasks and kept results: one wait
     return WorkerOptions(
         key=keys[0], more_keys=tuple(k for k in keys[1:] if k is not None), discovery=_discovery(args), bind=args.bind, port=args.tcp_port,
         memavail=parse_size(args.memavail, what="--memavail"),
@@ -172,7 +173,7 @@ def worker_options(args: argparse.Namespace) -> Any:
         maxtime=parse_duration(args.maxtime, what="--maxtime") or math.inf,
         maxidle=parse_duration(args.maxidle, what="--maxidle") or math.inf,
         maxnum=args.maxnum,
-        orphan_s=_grace(args.grace), keep_results_s=_grace(args.grace),
+        orphan_s=grace, keep_results_s=grace,
         access=AccessRules(tuple(args.allow_user), tuple(args.refuse_user),
                            tuple(args.allow_host), tuple(args.refuse_host)),
         fair_share=not args.fcfs, half_life_s=args.half_life, stats_file=args.stats_file,

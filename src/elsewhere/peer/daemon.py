@@ -617,7 +617,8 @@ class PeerWorker:
         used = [d for d in (run.info["fn"], run.info.get("jpart")) if d]
         send_fn = bool(run.info["fn"]) and run.info["fn"] not in child.fns
         send_job = bool(run.info.get("jpart")) and run.info["jpart"] not in child.fns
-        header, body, fds = build_run_message(run, send_fn, send_job, self.pool.fd_of, self._max_result(run))
+        header, body, fds = build_run_message(run, send_fn, send_job, self.pool.fd_of,
+                                              self._max_result(self.by_controller.get(run.controller)))  # fmt: skip
         for d in used:  # the child holds them now; the last to be dropped
             child.fns.pop(d, None)
             child.fns[d] = None
@@ -639,9 +640,10 @@ class PeerWorker:
         self._announce_due = True
         self._flush_child(child)
 
-    def _max_result(self, run: Run) -> int:
-        """The largest RESULT frame that can go to the controller of ``run``."""
-        peer = self.by_controller.get(run.controller)
+    @staticmethod
+    def _max_result(peer: Peer | None) -> int:
+        """The largest RESULT frame that can go to the controller on ``peer`` (None: not
+        connected now; the default cap)."""
         return peer.conn.limits.max_body_bytes if peer is not None else Limits().max_body_bytes
 
     def _flush_child(self, child: ChildProcess) -> None:
@@ -751,8 +753,8 @@ class PeerWorker:
             run.held = []
             self._after_batch()
             return
-        self.stats["results_too_large"] += cap_result(run, self._max_result(run), self.options.host)
         peer = self.by_controller.get(run.controller)
+        self.stats["results_too_large"] += cap_result(run, self._max_result(peer), self.options.host)
         info, buffers = build_result(run, self.options.host, charged)
         self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases,
                                                                         run.held)  # fmt: skip
