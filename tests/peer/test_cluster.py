@@ -307,7 +307,7 @@ def test_a_crashing_task_is_retried_and_the_worker_survives(on: PeerCluster) -> 
     out = ew.map(crash_first_time, range(3), on=on, retries=0, errors="return")
     assert out[0] == 0 and out[2] == 2
     assert isinstance(out[1], TaskError) and out[1].reason == "lost"
-    assert "SIGSEGV" in out[1].message
+    assert "task 1 was lost: its process was killed by SIGSEGV" in out[1].message
     assert ew.map(square, [5], on=on) == [25]  # the daemons carried on
 
 
@@ -335,6 +335,18 @@ def test_a_task_past_its_memory_is_stopped(lab: tuple[Path, int, Workers], ew_ho
                                       memory="64M"), errors="return")  # fmt: skip
     assert isinstance(out[0], TaskError) and out[0].type_name == "TaskKilled"
     assert "MiB" in out[0].message
+
+
+def test_a_task_that_declared_no_memory_is_held_to_what_the_worker_offers(ew_home: Path, tmp_path: Path) -> None:
+    key = write_key("lab", tmp_path / "k.key")
+    port = free_port()
+    with Workers(tmp_path, 1, port=port, key=key, args=["--memavail", "200M"]) as workers:
+        out = ew.map(hog, [10, 400], on=peers("lab", key=key, port=port, interface="127.0.0.1"),
+                     errors="return")  # fmt: skip
+        assert out[0] == 10 << 20
+        assert isinstance(out[1], TaskError) and out[1].type_name == "TaskKilled"
+        assert "200 MiB this worker offers" in out[1].message and "ew.peers(memory=" in out[1].message
+        wait_until(lambda: workers[0].stats().get("memory_kills") == 1, 10, "the kill counted")
 
 
 RECOVER_SCRIPT = textwrap.dedent("""

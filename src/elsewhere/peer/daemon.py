@@ -710,7 +710,7 @@ class PeerWorker:
             self._free_buffers(run, None)  # its maps died with it
             run.leases = [(c, i) for c, i in run.leases if c is not child]
             culprit, why = run.kill if run.kill is not None else (
-                Outcome.LOST, f"the process running it {describe_exit(code)}")  # fmt: skip
+                Outcome.LOST, f"its process {describe_exit(code)}")  # fmt: skip
             tail = b""
             if culprit is not Outcome.REQUEUE:
                 tail = read_capture(child.capture_fd, log_off)
@@ -892,14 +892,21 @@ class PeerWorker:
                                f"task {idx} ran past the time it was admitted under ({limit:.1f} s) "
                                "and was stopped")  # fmt: skip
                 continue
+            if idx < 0 or now - child.last_mem_check <= _MEM_CHECK_S:
+                continue
+            child.last_mem_check = now
             mem = run.ask.mem_bytes
-            if mem > 0 and now - child.last_mem_check > _MEM_CHECK_S:
-                child.last_mem_check = now
-                rss = tree_rss(child.pid)
-                if rss - child.base_rss > mem * 1.1 + (16 << 20):
-                    self._kill_run(run, Outcome.KILLED,
-                                   f"task {idx} used {rss >> 20} MiB, more than the "
-                                   f"{mem >> 20} MiB it was admitted with, and was stopped")  # fmt: skip
+            # A batch that declared no memory may use what this worker offers and the
+            # others running have not declared.
+            cap = mem or max(0, self.mem_total - sum(r.ask.mem_bytes for r in self.running.values()))
+            used = tree_rss(child.pid) - child.base_rss
+            if used > cap * 1.1 + (16 << 20):
+                self.stats["memory_kills"] += 1
+                what = (f"the {mem >> 20} MiB it was admitted with" if mem else
+                        f"the {cap >> 20} MiB this worker offers (declare what a task needs: "
+                        "ew.peers(memory=...))")  # fmt: skip
+                self._kill_run(run, Outcome.KILLED,
+                               f"task {idx} used {used >> 20} MiB, more than {what}, and was stopped")
 
     def _free(self, now: float) -> tuple[int, int]:
         used_slots, committed = self.admission.in_use(now)

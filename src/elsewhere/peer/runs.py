@@ -160,7 +160,7 @@ def fill_unfinished(run: Run, culprit_index: int, culprit: Outcome | None, why: 
         t = since or time.time()
         if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
             kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
-            msg = f"task {index} {why}" if culprit is Outcome.LOST else why
+            msg = f"task {index} was lost: {why}" if culprit is Outcome.LOST else why
             run.groups.append((error_value(kind, msg, host, index, seed0 + index, pid), []))
             row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
             run.outcomes[index] = (row, tail)
