@@ -383,6 +383,42 @@ def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Worker
     job.purge()
 
 
+OWN_MODULE_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import elsewhere as ew
+    from elsewhere.clusters.peer import peers
+    import labcode  # the user's own module, in the folder the script runs in
+    job = ew.submit(labcode.slow_cube, range(6), name="own-module",
+                    on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
+    while job.check().finished < 1:
+        time.sleep(0.05)
+    os._exit(0)  # the controller dies with this process, mid-job
+""")
+
+
+def test_a_job_of_the_users_own_module_is_carried_on_from_another_folder(
+        lab: tuple[Path, int, Workers], ew_home: Path, tmp_path: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "labcode.py").write_text("import time\ndef slow_cube(x):\n    time.sleep(0.3)\n    return x ** 3\n")
+    (project / "submit.py").write_text(OWN_MODULE_SCRIPT)
+    run_env = env({"ELSEWHERE_HOME": str(ew_home)})
+    subprocess.run([sys.executable, "submit.py", str(key), str(port)], check=True, timeout=30, cwd=project,
+                   env=run_env)  # fmt: skip
+    assert not ew.recover("own-module").state.done
+    # `elsewhere wait` from a shell elsewhere, where `labcode` cannot be imported: its
+    # controller reads the remaining tasks from the payload, which names the module
+    elsewhere_ = tmp_path / "elsewhere"
+    elsewhere_.mkdir()
+    done = subprocess.run([sys.executable, "-m", "elsewhere", "wait", "own-module", "--no-progress"],
+                          capture_output=True, text=True, timeout=60, cwd=elsewhere_, env=run_env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = ew.recover("own-module")
+    assert job.results() == [x**3 for x in range(6)]
+    job.purge()
+
+
 DETACH_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import elsewhere as ew
