@@ -685,6 +685,7 @@ def test_a_second_signal_hands_the_running_task_back(tmp_path: Path, key_file: P
     w.signal(signal.SIGINT)
     assert c.result("h", timeout=10) == [(0, Outcome.REQUEUE, None)]
     assert w.proc.wait(10) == 0
+    assert "stopping now: running batches are handed back" in w.log()  # the user hears the second
     w.stop()
 
 

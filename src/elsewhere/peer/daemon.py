@@ -305,6 +305,8 @@ class PeerWorker:
     def _drain(self, why: str) -> None:
         if self.draining is None:
             log.info("draining: %s", why)
+        elif why != self.draining:  # a second Ctrl-C: say that it was heard
+            log.info("%s", why)
         self.draining = why
         for h in self.admission.take_held():
             self._refuse(h.peer, h.ask, RefuseReason.DRAINING, "the worker is stopping")
