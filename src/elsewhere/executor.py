@@ -72,6 +72,30 @@ class _Future(cf.Future):
         link = self._ew_executor._link
         return link is not None and not self.done() and link.is_running(self._ew_index)
 
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return super().result(timeout)
+        except cf.TimeoutError:
+            raise cf.TimeoutError(self._late(timeout)) from None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            return super().exception(timeout)
+        except cf.TimeoutError:
+            raise cf.TimeoutError(self._late(timeout)) from None
+
+    def _late(self, timeout: float | None) -> str:
+        """What a timeout says: where the task is, and what holds it back (the backend's note)."""
+        ex = self._ew_executor
+        where = "running" if self.running() else "not started"
+        note = ""
+        try:
+            note = ex._job.check().note or ""
+        except Exception:  # the message must not fail
+            pass
+        return (f"task {self._ew_index} of job {ex._job.name!r} did not finish within {timeout} s "
+                f"({where}{'; ' + note if note else ''})")  # fmt: skip
+
     def cancel(self) -> bool:
         if not super().cancel():
             return False

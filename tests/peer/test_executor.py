@@ -370,3 +370,21 @@ def test_a_future_whose_worker_is_killed_gets_its_result_from_another(
             other = fut.result(timeout=60)  # run again on the other worker
             assert other != first and other in {w.pid for w in workers}
             assert [int(p) for p in marker.read_text().split()] == [first, other]
+
+
+def test_a_result_that_times_out_says_what_holds_the_task_back(lab: tuple[Path, int, Workers],
+                                                               ew_home: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    ex = ew.Executor(on=ew.peers("lab", key=key, port=port, interface="127.0.0.1", memory="100T"))
+    try:
+        fut = ex.submit(square, 3)
+        wait_until(lambda: "memory" in ex.job.check().note, 30, "the controller's note")
+        with pytest.raises(cf.TimeoutError) as caught:
+            fut.result(timeout=0.2)
+        text = str(caught.value)
+        assert f"task 0 of job {ex.job.name!r} did not finish within 0.2 s (not started" in text
+        assert "the tasks need 100.0 TiB" in text
+        with pytest.raises(cf.TimeoutError, match="did not finish within 0.1 s"):
+            fut.exception(timeout=0.1)
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
