@@ -82,6 +82,29 @@ def new_job_meta(
     }
 
 
+def import_from_job(meta: dict[str, Any]) -> bool:
+    """Make the modules a job's pickles name importable in this process: append to
+    ``sys.path`` the folders of the job's ``sys.path`` and working directory (as recorded
+    in ``meta``) that exist here and are not on it yet. Appended, they shadow nothing this
+    process imports already. For a process other than the job's (``elsewhere results`` or
+    ``ew.recover(NAME)`` from another folder) that meets a module of the user's it cannot
+    import. True if any folder was added."""
+    import importlib
+    import logging
+
+    cwd = meta.get("cwd")
+    wanted = [*(meta.get("sys_path") or []), *([cwd] if isinstance(cwd, str) else [])]
+    added = [p for p in dict.fromkeys(wanted) if isinstance(p, str) and p and p not in sys.path
+             and os.path.isdir(p)]  # fmt: skip
+    if not added:
+        return False
+    logging.getLogger(__name__).info("importing job %r's modules from its folders: %s", meta.get("name"),
+                                     ", ".join(added))  # fmt: skip
+    sys.path.extend(added)
+    importlib.invalidate_caches()
+    return True
+
+
 def _user() -> str:
     """The user's login name (looked up once: without $USER it reads the password file)."""
     global _user_name

@@ -300,7 +300,14 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
         pickled, bufs = records.unpack_body(buf)
         from . import serial
 
-        value = serial.loads(pickled, bufs)
+        try:
+            value = serial.loads(pickled, bufs)
+        except ImportError:  # a module of the user's, importable where the job was made
+            from .jobfolder import import_from_job
+
+            if not import_from_job(store.meta()):
+                raise
+            value = serial.loads(pickled, bufs)
         if rec.flags & FLAG_SINGLE:
             return value
         values = cache[key] = value

@@ -66,3 +66,36 @@ def test_cli_cancel(ew_home):
 def test_demo_runs(ew_home):
     out = run("demo", "--tasks", "4", "--samples", "20000").stdout
     assert "pi estimate" in out and "speed-up" in out
+
+
+FIT_MODULE = """
+from dataclasses import dataclass
+
+@dataclass
+class Fit:
+    x: int
+    chi2: float
+
+def fit(x):
+    return Fit(x, x * 0.5)
+"""
+
+
+def test_results_of_the_users_own_classes_are_read_from_any_folder(ew_home, tmp_path):
+    project, other = tmp_path / "project", tmp_path / "other"
+    project.mkdir()
+    other.mkdir()
+    (project / "labfits.py").write_text(FIT_MODULE)
+    submit = ("import elsewhere as ew, labfits\n"
+              "ew.submit(labfits.fit, range(3), name='fits', on=ew.local(cores=2)).wait(timeout=60)\n")
+    subprocess.run([sys.executable, "-c", submit], cwd=project, check=True, timeout=90, env=dict(os.environ))
+    # the results are pickles of labfits.Fit: read where labfits is not on sys.path
+    shown = subprocess.run([sys.executable, "-m", "elsewhere", "results", "fits"], cwd=other, capture_output=True,
+                           text=True, timeout=90, env=dict(os.environ))
+    assert shown.returncode == 0, shown.stderr
+    assert "Fit(x=2, chi2=1.0)" in shown.stdout
+    read = "import elsewhere as ew\nprint([f.chi2 for f in ew.recover('fits').results()])\n"
+    got = subprocess.run([sys.executable, "-c", read], cwd=other, capture_output=True, text=True, timeout=90,
+                         env=dict(os.environ))
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.strip() == "[0.0, 0.5, 1.0]"

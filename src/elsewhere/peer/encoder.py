@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import logging
-import os
 import pickle
 import threading
 from collections.abc import Callable, Mapping
@@ -29,8 +27,6 @@ if TYPE_CHECKING:
     from ..payload import PayloadReader
 
 __all__ = ["TaskEncoder"]
-
-log = logging.getLogger(__name__)
 
 _MAX_OOB = 1000
 MAX_SENT_PARTS = 64
@@ -180,32 +176,14 @@ class TaskEncoder:
     def _read(self, read: Callable[..., Any], *args: Any) -> Any:
         """``read(*args)`` from the payload, which names the user's modules: if one cannot
         be imported here, once more with the job's folders on ``sys.path``."""
+        from ..jobfolder import import_from_job
+
         try:
             return read(*args)
         except ImportError:
-            if not self._add_job_paths():
+            if not import_from_job(self.job_info):
                 raise
             return read(*args)
-
-    def _add_job_paths(self) -> bool:
-        """Append to ``sys.path`` the folders of the job's ``sys.path`` and its working
-        directory that exist here and are not on it yet (a controller started in another
-        process than the job's, ``elsewhere wait NAME`` in a shell, imports the modules
-        the payload names as the workers do). Appended, they shadow nothing this process
-        imports already. True if any was added."""
-        import importlib
-        import sys
-
-        cwd = self.job_info.get("cwd")
-        wanted = [*self.job_info.get("sys_path", []), *([cwd] if isinstance(cwd, str) else [])]
-        added = [p for p in dict.fromkeys(wanted) if isinstance(p, str) and p and p not in sys.path
-                 and os.path.isdir(p)]  # fmt: skip
-        if not added:
-            return False
-        log.info("importing the job's modules from its own folders: %s", ", ".join(added))
-        sys.path.extend(added)
-        importlib.invalidate_caches()
-        return True
 
     def _common(self) -> tuple[str, list[Any]]:
         """The function part of the job's own function."""
