@@ -349,6 +349,57 @@ def test_a_task_that_declared_no_memory_is_held_to_what_the_worker_offers(ew_hom
         wait_until(lambda: workers[0].stats().get("memory_kills") == 1, 10, "the kill counted")
 
 
+HELPER_TASK = """
+import os
+
+def value(_):
+    import lab_helper  # the user's own module, imported by the task
+    return lab_helper.VALUE, os.getpid(), os.environ.get("ROUND", "")
+"""
+
+
+def test_children_that_imported_user_modules_serve_later_jobs_of_the_same_folder_until_a_file_changes(
+        ew_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "lab_tasks.py").write_text(HELPER_TASK)
+    helper = project / "lab_helper.py"
+    helper.write_text("VALUE = 1\n")
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    import lab_tasks  # type: ignore[import-not-found]
+
+    key = write_key("lab", tmp_path / "k.key")
+    port = free_port()
+    with Workers(tmp_path, 1, port=port, key=key, slots=2) as workers:
+        on = peers("lab", key=key, port=port, interface="127.0.0.1")
+
+        def started() -> int:
+            time.sleep(1.2)  # the stats are written every second
+            return int(workers[0].stats()["children_started"])
+
+        first = ew.map(lab_tasks.value, range(6), on=on)
+        assert {v for v, _, _ in first} == {1}
+        before = started()
+        # a later job (each ew.map is one) of the same folder: the same processes, no new ones
+        again = ew.map(lab_tasks.value, range(6), on=on)
+        assert {v for v, _, _ in again} == {1}
+        assert {p for _, p, _ in again} & {p for _, p, _ in first}
+        assert started() == before
+        # the module edited (a notebook's user changes it and maps again): fresh processes
+        # that import the new version
+        helper.write_text("VALUE = 22\n")
+        edited = ew.map(lab_tasks.value, range(6), on=on)
+        assert {v for v, _, _ in edited} == {22}
+        assert not {p for _, p, _ in edited} & {p for _, p, _ in first + again}
+        before = started()
+        # another environment is another context: fresh processes again
+        other = ew.map(lab_tasks.value, range(6), on=on, env={"ROUND": "2"})
+        assert {(v, r) for v, _, r in other} == {(22, "2")}
+        assert not {p for _, p, _ in other} & {p for _, p, _ in edited}
+        assert started() > before
+
+
 RECOVER_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import elsewhere as ew

@@ -268,6 +268,7 @@ class _Child:
         self.base_modules = set(sys.modules)
         self._n_modules = len(sys.modules)
         self._dirty = False
+        self.new_files: list[list[Any]] = []  # user modules' [file, mtime_ns, size] not yet reported
         self.job_id: str | None = None
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data) or (job_data, files)
@@ -360,6 +361,11 @@ class _Child:
             f = getattr(sys.modules.get(name), "__file__", None)
             if f and not _is_system_path(f) and "elsewhere" not in name:
                 self._dirty = True
+                try:
+                    st = os.stat(f)
+                    self.new_files.append([os.path.abspath(f), st.st_mtime_ns, st.st_size])
+                except OSError:
+                    self.new_files.append([os.path.abspath(f), -1, -1])  # never found unchanged
         self._n_modules = len(sys.modules)
         return self._dirty
 
@@ -667,6 +673,8 @@ class _Results:
             body.extend(self.logs)
         if last:
             header["dirty"] = self.child.dirty()
+            if self.child.new_files:
+                header["user_files"], self.child.new_files = self.child.new_files, []
             header["released"] = self.released
         send_message(self.child.sock, header, body, fds)
         self.values, self.items, self.logs = [], [], []

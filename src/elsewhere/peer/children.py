@@ -66,7 +66,10 @@ class ChildProcess:
         self.run: Run | None = None
         self.fns: dict[str, None] = {}  # function parts the child holds, oldest first
         self.job_id: str | None = None
-        self.dirty = False
+        self.dirty = False  # it imported user modules: see PeerWorker._may_run
+        self.context: tuple[Any, ...] | None = None  # of the job it imported them for
+        self.user_files: list[tuple[str, int, int]] = []  # (file, mtime_ns, size) of those modules
+        self.retiring = False
         self.dead = False
         self.last_mem_check = 0.0
         self.maps: dict[int, mmap.mmap] = {}

@@ -79,6 +79,7 @@ from .runs import (
     build_run_message,
     cap_result,
     fill_unfinished,
+    job_context,
     take_results,
 )
 from .stream import Closed, SharedBuffers
@@ -543,6 +544,7 @@ class PeerWorker:
         run.info = {"job": info.get("job") or {}, "diary": str(info.get("diary", "always")),
                     "items": items, "fn": digest, "jpart": jdigest,
                     "time_s": float(info.get("time_s") or 0.0)}  # fmt: skip
+        run.context = job_context(peer.user, peer.host, run.info["job"])
         run.buffers = tuple(buffers[:ntask])
         run.fn_buffers = peer.fns.get(digest, ()) if digest else ()
         run.job_buffers = peer.fns.get(jdigest, ()) if jdigest else ()
@@ -597,22 +599,56 @@ class PeerWorker:
             busy = sum(r.ask.cores for r in self.running.values())
             if busy and busy + run.ask.cores > self.options.slots:
                 return  # over-admitted (an unused admission lost its slot): wait for one
-            child = next((c for c in self.children if c.ready and c.run is None and not c.dead
-                          and not (c.dirty and c.job_id != run.info["job"].get("id"))), None)  # fmt: skip
+            idle = [c for c in self.children if c.ready and c.run is None and not c.dead and not c.retiring]
+            child = next((c for c in idle if self._may_run(c, run)), None)
             if child is None:
-                for c in self.children:  # a dirty idle child would run another job's code
-                    if c.ready and c.run is None and c.dirty:
-                        self._retire(c)
-                        break
-                starting = sum(1 for c in self.children if not c.ready and not c.dead)
-                if starting == 0 and len(self.children) < self.options.slots + 1:
-                    self._spawn_child()
+                self._replace_children(idle, busy)
                 return
             self.queued.popleft()
             self._start(run, child)
-        spare = [c for c in self.children if c.run is None and not c.dead]
-        if not spare and len(self.children) < self.options.slots:
+        live = [c for c in self.children if not c.dead and not c.retiring]
+        if not any(c.run is None for c in live) and len(live) < self.options.slots:
             self._spawn_child()  # keep one warm for the next batch
+
+    def _may_run(self, child: ChildProcess, run: Run) -> bool:
+        """Whether ``child`` may run ``run``: a child that imported user modules runs only
+        its job, or a later job of the same context (:func:`~.runs.job_context`: the same
+        user, folder, ``sys.path`` and environment) while those modules' files, all in that
+        job's folders, are unchanged; so no job ever runs code another left loaded, nor an
+        old version of its own (a notebook's user who edits a module and maps again)."""
+        if not child.dirty or child.job_id == run.info["job"].get("id"):
+            return True
+        if child.context != run.context or not child.user_files:
+            return False
+        folders = tuple(os.path.join(p, "") for p in (run.context[2], *run.context[3]) if p)
+        for path, mtime_ns, size in child.user_files:
+            if not path.startswith(folders):  # a job's own scratch or files= folder
+                return False
+            try:
+                st = os.stat(path)
+            except OSError:
+                return False
+            if st.st_mtime_ns != mtime_ns or st.st_size != size:
+                return False
+        return True
+
+    def _replace_children(self, idle: list[ChildProcess], busy: int) -> None:
+        """Queued runs wait and no idle child may run the first: start as many children as
+        the free slots can use, at once (one after the other, a job of eight tasks after
+        another's would wait for eight interpreters in turn), retiring idle children that
+        imported another job's modules to make room."""
+        want = min(len(self.queued), max(1, self.options.slots - busy))
+        starting = sum(1 for c in self.children if not c.ready and not c.dead and not c.retiring)
+        dirty = [c for c in idle if c.dirty]
+        while starting < want:
+            live = sum(1 for c in self.children if not c.dead and not c.retiring)
+            if live >= self.options.slots + 1:
+                if not dirty:
+                    return
+                self._retire(dirty.pop())  # a dirty idle child would run another job's code
+                continue
+            self._spawn_child()
+            starting += 1
 
     def _start(self, run: Run, child: ChildProcess) -> None:
         now = time.monotonic()
@@ -693,8 +729,15 @@ class PeerWorker:
         take_results(child, header, body, fds)
         if run is not None and len(run.kept) > kept:
             self.stats["results_from_inputs"] += len(run.kept) - kept
+        files = header.get("user_files")
+        if isinstance(files, list):
+            for f in files:
+                with contextlib.suppress(TypeError, ValueError):
+                    child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
+            if child.dirty and child.context is None:
+                child.context = run.context
             child.run = None
             self._free_buffers(run, [int(i) for i in header.get("released", [])])
             self._complete(run)
@@ -720,11 +763,12 @@ class PeerWorker:
             self._complete(run)
         with contextlib.suppress(OSError):
             os.close(child.capture_fd)
-        if not self.stopping and not self.hand_back:
-            self._spawn_child()
+        if not self.stopping and not self.hand_back and not child.retiring:
+            self._spawn_child()  # (a retired child's successor was started with its retirement)
         self._dispatch()
 
     def _retire(self, child: ChildProcess) -> None:
+        child.retiring = True
         child.send({"op": "exit"}, [], [])
         self._flush_child(child)
         child.kill()

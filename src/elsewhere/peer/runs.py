@@ -50,6 +50,17 @@ class Run:
     leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
     kept: set[int] = field(default_factory=set)  # positions of inputs a result is a view of
     held: list[tuple[Any, bool]] = field(default_factory=list)  # those buffers, reusable after?
+    context: tuple[Any, ...] = ()  # who sent it and the job's surroundings: see job_context
+
+
+def job_context(user: str, host: str, job: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides which code a task's imports load: the controller's authenticated user
+    and host, and the job's working directory, ``sys.path`` and environment. A child that
+    imported user modules for one job may run a later job of the same context (as long
+    as those modules' files are unchanged), not another's."""
+    env = job.get("env") or {}
+    return (user, host, str(job.get("cwd")), tuple(str(p) for p in job.get("sys_path") or ()),
+            tuple(sorted((str(k), str(v)) for k, v in env.items()) if isinstance(env, dict) else ()))  # fmt: skip
 
 
 @dataclass
