@@ -381,11 +381,13 @@ def test_children_that_imported_user_modules_serve_later_jobs_of_the_same_folder
         first = ew.map(lab_tasks.value, range(6), on=on)
         assert {v for v, _, _ in first} == {1}
         before = started()
-        # a later job (each ew.map is one) of the same folder: the same processes, no new ones
+        there = set(workers[0].stats()["children"])  # those that ran it, and a clean spare
+        assert {p for _, p, _ in first} <= there
+        # a later job (each ew.map is one) of the same folder: in the processes there were
         again = ew.map(lab_tasks.value, range(6), on=on)
         assert {v for v, _, _ in again} == {1}
+        assert {p for _, p, _ in again} <= there
         assert {p for _, p, _ in again} & {p for _, p, _ in first}
-        assert started() == before
         # the module edited (a notebook's user changes it and maps again): fresh processes
         # that import the new version
         helper.write_text("VALUE = 22\n")

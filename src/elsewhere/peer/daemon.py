@@ -93,6 +93,8 @@ _MAX_PEERS = 256
 _HANDSHAKE_S = 10.0
 _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements a second
 _MEM_CHECK_S = 0.25
+_MAX_STARTING = max(1, (os.cpu_count() or 1) // 2)
+"""Children started at once to replace others (each start keeps a core busy a while)."""
 _TICK_S = 0.1
 _CHILD_FNS = 16  # function and job parts a child keeps unpickled (the daemon says which go)
 
@@ -600,15 +602,19 @@ class PeerWorker:
             if busy and busy + run.ask.cores > self.options.slots:
                 return  # over-admitted (an unused admission lost its slot): wait for one
             idle = [c for c in self.children if c.ready and c.run is None and not c.dead and not c.retiring]
-            child = next((c for c in idle if self._may_run(c, run)), None)
+            # a child that has the job's modules loaded first: the clean one stays clean
+            child = next((c for c in sorted(idle, key=lambda c: not c.dirty) if self._may_run(c, run)), None)
             if child is None:
                 self._replace_children(idle, busy)
                 return
             self.queued.popleft()
             self._start(run, child)
+        # Keep one child warm and clean (it has imported no user module: it can run any
+        # job at once, another member's, or one after a module was edited).
         live = [c for c in self.children if not c.dead and not c.retiring]
-        if not any(c.run is None for c in live) and len(live) < self.options.slots:
-            self._spawn_child()  # keep one warm for the next batch
+        if (not any(c.run is None and not c.dirty for c in live) and len(live) <= self.options.slots
+                and all(c.ready for c in live)):  # fmt: skip
+            self._spawn_child()
 
     def _may_run(self, child: ChildProcess, run: Run) -> bool:
         """Whether ``child`` may run ``run``: a child that imported user modules runs only
@@ -634,10 +640,12 @@ class PeerWorker:
 
     def _replace_children(self, idle: list[ChildProcess], busy: int) -> None:
         """Queued runs wait and no idle child may run the first: start as many children as
-        the free slots can use, at once (one after the other, a job of eight tasks after
-        another's would wait for eight interpreters in turn), retiring idle children that
-        imported another job's modules to make room."""
-        want = min(len(self.queued), max(1, self.options.slots - busy))
+        the free slots can use, several at once (one after the other, a job of eight tasks
+        after another's would wait for eight interpreters in turn) but no more than half
+        the machine's cores (a start is a core busy for a while: more at once delay the
+        first that is ready), retiring idle children that imported another job's modules
+        to make room."""
+        want = min(len(self.queued), max(1, self.options.slots - busy), _MAX_STARTING)
         starting = sum(1 for c in self.children if not c.ready and not c.dead and not c.retiring)
         dirty = [c for c in idle if c.dirty]
         while starting < want:
