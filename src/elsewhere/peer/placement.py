@@ -52,7 +52,7 @@ class ControllerSettings:
     cores: int = 1
     diary: str = "always"
     prefer_local: bool = True
-    batch_target_s: float = 0.02
+    batch_target_s: float = 0.1
     start_timeout_s: float = 5.0
     connect_timeout_s: float = 3.0
     peer_id: str = ""
