@@ -949,3 +949,33 @@ def test_a_worker_whose_clock_is_off_is_named_with_the_reason(tmp_path: Path, ke
             ew.map(pow, [2], [3], on=peers("lab", key=key_file, port=port, interface="127.0.0.1"), timeout=4)
     finally:
         w.stop()
+
+
+def test_the_memory_of_a_task_counts_its_subprocesses() -> None:
+    from elsewhere.peer.children import tree_rss
+
+    grandchild = ("import time\nb = bytearray(96 << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+                  "print('ready', flush=True)\ntime.sleep(30)\n")  # fmt: skip
+    task = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {grandchild!r}], stdout=sys.stdout)\n"
+        "time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert task.stdout is not None and task.stdout.readline().strip() == "ready"
+        got = tree_rss([task.pid, 999_999_999])
+        assert got[task.pid] >= 96 << 20  # the grandchild's 96 MiB, and both interpreters
+        assert got[999_999_999] == 0  # no such process
+    finally:
+        for p in _descendants(task.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        task.kill()
+        task.wait(10)
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    return []

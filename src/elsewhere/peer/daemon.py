@@ -139,6 +139,7 @@ class PeerWorker:
         self._poll_until = 0.0  # see WorkerOptions.poll_s
         self._last_tick = 0.0
         self._last_stats = 0.0
+        self._last_mem_check = 0.0
         self._signals = 0
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -934,6 +935,7 @@ class PeerWorker:
 
     def _check_limits(self, now: float) -> None:
         opts = self.options
+        measure: list[tuple[Run, ChildProcess, int]] = []
         for run in list(self.running.values()):
             child = run.child
             if child is None or run.kill is not None:
@@ -946,14 +948,19 @@ class PeerWorker:
                                f"task {idx} ran past the time it was admitted under ({limit:.1f} s) "
                                "and was stopped")  # fmt: skip
                 continue
-            if idx < 0 or now - child.last_mem_check <= _MEM_CHECK_S:
-                continue
-            child.last_mem_check = now
+            if idx >= 0:
+                measure.append((run, child, idx))
+        if not measure or now - self._last_mem_check < _MEM_CHECK_S:
+            return
+        self._last_mem_check = now
+        rss = tree_rss([c.pid for _, c, _ in measure])  # one pass over /proc for all
+        declared = sum(r.ask.mem_bytes for r in self.running.values())
+        for run, child, idx in measure:
             mem = run.ask.mem_bytes
             # A batch that declared no memory may use what this worker offers and the
             # others running have not declared.
-            cap = mem or max(0, self.mem_total - sum(r.ask.mem_bytes for r in self.running.values()))
-            used = tree_rss(child.pid) - child.base_rss
+            cap = mem or max(0, self.mem_total - declared)
+            used = rss.get(child.pid, 0) - child.base_rss
             if used > cap * 1.1 + (16 << 20):
                 self.stats["memory_kills"] += 1
                 what = (f"the {mem >> 20} MiB it was admitted with" if mem else
