@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from peer_procs import Workers, env, free_port, wait_until
@@ -374,14 +375,13 @@ def test_children_that_imported_user_modules_serve_later_jobs_of_the_same_folder
     with Workers(tmp_path, 1, port=port, key=key, slots=2) as workers:
         on = peers("lab", key=key, port=port, interface="127.0.0.1")
 
-        def started() -> int:
+        def stats() -> dict[str, Any]:
             time.sleep(1.2)  # the stats are written every second
-            return int(workers[0].stats()["children_started"])
+            return workers[0].stats()
 
         first = ew.map(lab_tasks.value, range(6), on=on)
         assert {v for v, _, _ in first} == {1}
-        before = started()
-        there = set(workers[0].stats()["children"])  # those that ran it, and a clean spare
+        there = set(stats()["children"])  # those that ran it, and a clean spare
         assert {p for _, p, _ in first} <= there
         # a later job (each ew.map is one) of the same folder: in the processes there were
         again = ew.map(lab_tasks.value, range(6), on=on)
@@ -394,12 +394,12 @@ def test_children_that_imported_user_modules_serve_later_jobs_of_the_same_folder
         edited = ew.map(lab_tasks.value, range(6), on=on)
         assert {v for v, _, _ in edited} == {22}
         assert not {p for _, p, _ in edited} & {p for _, p, _ in first + again}
-        before = started()
+        before = stats()["children_started"]
         # another environment is another context: fresh processes again
         other = ew.map(lab_tasks.value, range(6), on=on, env={"ROUND": "2"})
         assert {(v, r) for v, _, r in other} == {(22, "2")}
         assert not {p for _, p, _ in other} & {p for _, p, _ in edited}
-        assert started() > before
+        assert stats()["children_started"] > before
 
 
 RECOVER_SCRIPT = textwrap.dedent("""
