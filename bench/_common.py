@@ -112,6 +112,20 @@ class ChildFailed(RuntimeError):
 _compiled = False
 
 
+def stop_procs(procs: Iterable[subprocess.Popen[Any]], timeout_s: float = 15.0) -> None:
+    """SIGTERM each of ``procs`` (ours: peer workers drain on it), then wait; SIGKILL the
+    ones still there after ``timeout_s``."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def compile_bytecode() -> None:
     """Write the bytecode of elsewhere and of the benchmarks' task module, once.
 

@@ -543,8 +543,9 @@ CHILDREN = {
 # -- the parent: daemons, rounds, tables --------------------------------------------------------
 
 
-def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0):
-    """``n`` warm worker daemons on loopback with a fresh key: (procs, discovery port, key).
+def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 1):
+    """``n`` warm worker daemons on loopback with a fresh key, ``slots`` each: (procs,
+    discovery port, key, their TCP ports); their counters in ``tmp/w<i>.json``.
     ``busy_poll_ms``: their ``--busy-poll`` (the default, 2 ms, unless asked)."""
     import json
     import socket
@@ -563,7 +564,7 @@ def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0):
         stats = os.path.join(tmp, f"w{i}.json")
         procs.append((subprocess.Popen(
             [venv_python(), "-m", "elsewhere.peer.cli", "peer", "worker", "--key", key,
-             "--port", str(port), "--interface", "127.0.0.1", "--slots", "1",
+             "--port", str(port), "--interface", "127.0.0.1", "--slots", str(slots),
              "--busy-poll", str(busy_poll_ms),
              "--log-level", "warning", "--stats-file", stats],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -585,7 +586,7 @@ def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0):
 
 def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
             busy_poll_ms: float = 2.0) -> tuple[dict, float]:  # fmt: skip
-    from _common import ChildFailed, have, run_child
+    from _common import ChildFailed, have, run_child, stop_procs
 
     script = os.path.abspath(__file__)
     procs, port, key, tcp_ports = start_workers(tmp, busy_poll_ms=busy_poll_ms)
@@ -628,13 +629,7 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
                     res = None
                 got.setdefault(name, []).append(res)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except Exception:
-                p.kill()
+        stop_procs(procs)
     return got, time.monotonic() - t0
 
 

@@ -35,7 +35,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _common import venv_python
+from _common import stop_procs, venv_python
 
 TASK_MODULE = textwrap.dedent("""
     import time
@@ -107,32 +107,17 @@ def main() -> int:
         print("RESULT " + json.dumps(res))
         return 0
 
-    import socket
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    from elsewhere.peer.keys import write_key
+    from peer import start_workers
 
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "project"
         project.mkdir()
         (project / "loop_task.py").write_text(TASK_MODULE)
         (project / "loop_model.py").write_text("VERSION = 1\n")
-        key = str(write_key("bench", Path(tmp) / "bench.key"))
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = u.getsockname()[1]
+        workers, port, key, _ = start_workers(tmp, args.workers, slots=args.slots)
         stats = [str(Path(tmp) / f"w{i}.json") for i in range(args.workers)]
-        workers = [subprocess.Popen(
-            [venv_python(), "-m", "elsewhere", "peer", "worker", "--key", key, "--port", str(port),
-             "--interface", "127.0.0.1", "--slots", str(args.slots), "--log-level", "warning",
-             "--stats-file", s], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True) for s in stats]  # fmt: skip
         try:
-            deadline = time.monotonic() + 30
-            while not all(os.path.exists(s) for s in stats):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the peer workers did not start")
-                time.sleep(0.05)
             env = {**os.environ, "ELSEWHERE_HOME": str(Path(tmp) / "home")}
             out = subprocess.run(
                 [venv_python(), __file__, "--workers", str(args.workers), "--slots", str(args.slots),
@@ -140,13 +125,7 @@ def main() -> int:
                  "--child", str(project), key, str(port), json.dumps(stats)],
                 cwd=project, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
         finally:
-            for w in workers:
-                w.terminate()
-            for w in workers:
-                try:
-                    w.wait(15)
-                except subprocess.TimeoutExpired:
-                    w.kill()
+            stop_procs(workers)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         print(out.stdout[-3000:], out.stderr[-3000:], file=sys.stderr)
