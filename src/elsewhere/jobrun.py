@@ -641,6 +641,9 @@ def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dic
         message = str(exc)
     except Exception:
         message = f"<{name}>"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        message += (f" (a module a task imports must be importable on {host}: installed there, in a "
+                    "folder of the job's sys.path that it shares, or sent with files=[...])")  # fmt: skip
     return {
         "__elsewhere_error__": 1,
         "type": name,

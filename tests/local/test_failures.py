@@ -117,3 +117,17 @@ def test_registry_survives_concurrent_submitters(ew_home, tmp_path):
     assert names == {f"p{k}-{i}" for k in range(3) for i in range(8)}
     for name in names:
         ew.recover(name).wait(timeout=60)
+
+
+def _imports_a_missing_module(x):
+    import lab_module_nowhere  # noqa: F401  (not installed, not on any path)
+
+    return x
+
+
+def test_a_missing_module_says_where_it_must_be(ew_home):
+    out = ew.map(_imports_a_missing_module, [1], errors="return")
+    err = out[0]
+    assert isinstance(err, ew.TaskError) and err.type_name == "ModuleNotFoundError"
+    assert "No module named 'lab_module_nowhere'" in err.message
+    assert "must be importable on" in err.message and "files=" in err.message
