@@ -384,7 +384,7 @@ def test_a_result_that_times_out_says_what_holds_the_task_back(lab: tuple[Path, 
         text = str(caught.value)
         assert f"task 0 of job {ex.job.name!r} did not finish within 0.2 s (not started" in text
         assert "the tasks need 100.0 TiB" in text
-        with pytest.raises(cf.TimeoutError, match="did not finish within 0.1 s"):
+        with pytest.raises(cf.TimeoutError, match=r"did not finish within 0\.1 s"):
             fut.exception(timeout=0.1)
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
