@@ -32,3 +32,20 @@ def test_batches_bring_back_at_most_a_gigabyte_of_results() -> None:
     # a result larger than that alone: one task at a time
     assert batch_size(s, w, 2, 10_000, 0.001, 5, bytes_per_task=2e9) == 1
     assert batch_size(s, w, 2, 10_000, 0.001, 5, bytes_per_task=100.0) == 20  # tiny results: no limit
+
+
+def test_a_job_context_is_who_sent_it_and_where_its_imports_come_from() -> None:
+    from elsewhere.peer.runs import job_context
+
+    job = {"id": "a", "name": "fit", "cwd": "/home/u/project", "sys_path": ["/home/u/project", "/opt/lib"],
+           "env": {"A": "1", "B": "2"}, "seed": 3}  # fmt: skip
+    same = job_context("u", "h", job)
+    # another job (id, name, seed) of the same folder, paths and environment: the same context
+    assert job_context("u", "h", {**job, "id": "b", "name": "fit2", "seed": 4,
+                                  "env": {"B": "2", "A": "1"}}) == same  # fmt: skip
+    # anything that changes what an import loads, or who asks, is another
+    assert job_context("v", "h", job) != same
+    assert job_context("u", "g", job) != same
+    assert job_context("u", "h", {**job, "cwd": "/home/u/other"}) != same
+    assert job_context("u", "h", {**job, "sys_path": ["/opt/lib", "/home/u/project"]}) != same
+    assert job_context("u", "h", {**job, "env": {"A": "1"}}) != same
