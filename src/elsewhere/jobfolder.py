@@ -82,6 +82,11 @@ def new_job_meta(
     }
 
 
+def job_folders(meta: dict[str, Any]) -> list[str]:
+    """The folders of a job's recorded ``sys.path`` that exist on this machine, in order."""
+    return [p for p in meta.get("sys_path") or [] if isinstance(p, str) and p and os.path.isdir(p)]
+
+
 def import_from_job(meta: dict[str, Any]) -> bool:
     """Make the modules a job's pickles name importable in this process: append to
     ``sys.path`` the folders of the job's ``sys.path`` and working directory (as recorded
@@ -93,9 +98,8 @@ def import_from_job(meta: dict[str, Any]) -> bool:
     import logging
 
     cwd = meta.get("cwd")
-    wanted = [*(meta.get("sys_path") or []), *([cwd] if isinstance(cwd, str) else [])]
-    added = [p for p in dict.fromkeys(wanted) if isinstance(p, str) and p and p not in sys.path
-             and os.path.isdir(p)]  # fmt: skip
+    found = job_folders(meta) + ([cwd] if isinstance(cwd, str) and os.path.isdir(cwd) else [])
+    added = [p for p in dict.fromkeys(found) if p not in sys.path]
     if not added:
         return False
     logging.getLogger(__name__).info("importing job %r's modules from its folders: %s", meta.get("name"),

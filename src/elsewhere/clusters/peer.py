@@ -302,7 +302,9 @@ class PeerCluster(Cluster):
         # where the job was made, with its sys.path, as the workers' children do.
         meta = job._meta
         cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) and os.path.isdir(meta["cwd"]) else None
-        found = [p for p in meta.get("sys_path") or [] if isinstance(p, str) and p and os.path.isdir(p)]
+        from ..jobfolder import job_folders
+
+        found = job_folders(meta)
         env = {**os.environ, _IN_BACKGROUND: "1", "ELSEWHERE_HOME": str(paths.home()),
                "PYTHONPATH": os.pathsep.join([*found, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
         log_path = job.store.path / "controller.log"
