@@ -18,6 +18,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -270,8 +271,10 @@ def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: 
     polling = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "50")
     sleeping = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "0")
     try:
+        clients = []
         for _w, port in (polling, sleeping):
             c = Client(port, load_key(key_file))
+            clients.append(c)
             assert isinstance(c.ask("a"), Accept)
             c.task("a", pow, [(2, 3)])
             assert c.result("a") == [(0, Outcome.OK, 8)]  # acknowledged: nothing more comes
@@ -282,6 +285,16 @@ def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: 
         assert first[0] > 0  # it polled, awake, after the frames and the child's result
         assert later[0] == first[0]  # and then slept: no polling without work
         assert first[1] == later[1] == 0  # --busy-poll 0: never
+        # the child that ran the task polled too, after it (it says so with its next result),
+        # and then slept: the next task still reached it, long after the window
+        for c in clients:
+            assert isinstance(c.ask("b"), Accept)
+            c.task("b", pow, [(3, 2)])
+            assert c.result("b") == [(0, Outcome.OK, 9)]
+        polls = [wait_until(lambda w=w: w.stats().get("tasks", 0) >= 2 and w.stats(), 10, "the stats of two tasks")
+                 for w, _ in (polling, sleeping)]  # fmt: skip
+        assert polls[0].get("child_busy_polls", 0) > 0
+        assert polls[1].get("child_busy_polls", 0) == 0
     finally:
         polling[0].stop()
         sleeping[0].stop()
@@ -979,3 +992,35 @@ def _descendants(pid: int) -> list[int]:
     with contextlib.suppress(psutil.Error):
         return [c.pid for c in psutil.Process(pid).children(recursive=True)]
     return []
+
+
+def test_a_child_polling_for_its_next_message_reads_it_whole_and_sees_the_end() -> None:
+    # the child's side of busy polling (the daemon's --busy-poll, after each batch): a
+    # message that comes while it polls, one that comes after it went to sleep, and the end
+    # of the stream while it polls, which must end it at once rather than at the deadline
+    from elsewhere.peer.child import MessageReader, send_message
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        reader = MessageReader(theirs)
+        # more than one read takes, and more than the socket holds: sent while it is read
+        sender = threading.Thread(target=send_message, args=(ours, {"op": "run", "n": 1}, [b"x" * 300_000]))
+        sender.start()
+        header, body, _fds = reader.read_one(time.monotonic() + 30)
+        sender.join(10)
+        assert header == {"op": "run", "n": 1} and bytes(body) == b"x" * 300_000
+
+        sender = threading.Timer(0.2, send_message, (ours, {"op": "release", "ids": [3]}))
+        sender.start()
+        t0 = time.monotonic()
+        header, _body, _fds = reader.read_one(t0 + 0.05)  # polls 50 ms, then sleeps until it comes
+        sender.join()
+        assert header == {"op": "release", "ids": [3]}
+        assert reader.polls > 0
+
+        closer = threading.Timer(0.05, ours.shutdown, (socket.SHUT_WR,))
+        closer.start()
+        t0 = time.monotonic()
+        assert reader.read_one(t0 + 30) is None
+        closer.join()
+        assert time.monotonic() - t0 < 20  # ended by the end of the stream, not by the deadline

@@ -140,10 +140,14 @@ class MessageReader:
         # (about 10 us here, even for a call that finds nothing to read)
         self._rbuf = bytearray(1 << 18)
         self._rview = memoryview(self._rbuf)
+        self._eof = False  # the end of the stream was read (while polling)
+        self.polls = 0  # reads that found nothing while polling
 
-    def _recv(self, size: int) -> int:
+    def _recv(self, size: int, flags: int = 0) -> int:
         """Read up to ``size`` bytes; how many (0 at the end of the stream)."""
-        n, anc, _flags, _addr = self.sock.recvmsg_into([self._rview[:size]], self._anc)
+        if self._eof:
+            return 0
+        n, anc, _flags, _addr = self.sock.recvmsg_into([self._rview[:size]], self._anc, flags)
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
@@ -188,14 +192,36 @@ class MessageReader:
             out.append(msg)
         return out, open_
 
-    def read_one(self) -> tuple[dict[str, Any], memoryview, list[int]] | None:
-        """Blocking: the next message, or None at the end of the stream."""
+    def read_one(self, poll_until: float = 0.0) -> tuple[dict[str, Any], memoryview, list[int]] | None:
+        """Blocking: the next message, or None at the end of the stream. Until the
+        ``time.monotonic()`` instant ``poll_until`` it polls, awake, yielding the core to
+        any process that wants it, rather than sleeping (see ``WorkerOptions.poll_s``)."""
         while True:
             msg = self._pop()
             if msg is not None:
                 return msg
+            if self._eof:
+                return None
+            if time.monotonic() < poll_until and self._poll(poll_until):
+                continue
             if not self._recv(1 << 18):
                 return None
+
+    def _poll(self, until: float) -> bool:
+        """Read what comes before ``until`` without sleeping: True if something (or the
+        end of the stream) came, False if nothing did."""
+        while True:
+            try:
+                n = self._recv(1 << 18, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                self.polls += 1
+                if time.monotonic() >= until:
+                    return False
+                os.sched_yield()
+                continue
+            if not n:
+                self._eof = True
+            return True
 
     def close_pending_fds(self) -> None:
         """Close descriptors received but not handed out (the stream ended mid-message)."""
@@ -676,6 +702,9 @@ class _Results:
             if self.child.new_files:
                 header["user_files"], self.child.new_files = self.child.new_files, []
             header["released"] = self.released
+            reader = self.child.reader
+            if reader.polls:  # how often it polled, awake, since its last batch
+                header["polls"], reader.polls = reader.polls, 0
         send_message(self.child.sock, header, body, fds)
         self.values, self.items, self.logs = [], [], []
         self.since = time.time()
@@ -726,14 +755,19 @@ def main(argv: list[str] | None = None) -> int:
     os.close(cur_fd)
     child = _Child(sock, cur)
     send_message(sock, {"op": "ready", "pid": os.getpid(), "rss": _peak_rss()})
+    poll_until = 0.0
     while True:
-        msg = child.reader.read_one()
+        msg = child.reader.read_one(poll_until)
         if msg is None:
             return 0
         header, body, fds = msg
         op = header.get("op")
         if op == "run":
             child.run(header, body, fds)
+            # The next batch of a stream of short ones (an Executor's next task) often comes
+            # within moments: polling meanwhile saves a wake-up on its path (the daemon's
+            # --busy-poll; 0: sleep at once).
+            poll_until = time.monotonic() + float(header.get("poll", 0.0))
         elif op == "release":
             child.release([int(i) for i in header.get("ids", [])])
         elif op == "exit":

@@ -58,7 +58,8 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--half-life", type=float, default=60.0,
                    help="seconds after which a controller's use counts half (fair share)")  # fmt: skip
     w.add_argument("--busy-poll", type=float, default=2.0, metavar="MS",
-                   help="milliseconds to keep polling, awake, after each frame or task result: "
+                   help="milliseconds to keep polling, awake, after each frame or task result (the "
+                   "daemon) and after each batch (the process that ran it): "
                    "tiny tasks go faster, at the cost of a busy core meanwhile (0: off; default 2)")  # fmt: skip
     w.add_argument("--stats-file", help="write counters (JSON) here every second and at exit")
     w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

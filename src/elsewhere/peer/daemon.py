@@ -676,6 +676,8 @@ class PeerWorker:
             forget.append(oldest)
         if forget:
             header["forget"] = forget
+        if self.options.poll_s:
+            header["poll"] = self.options.poll_s  # after the batch, the child polls this long too
         child.send(header, body, fds)
         child.run = run
         child.job_id = run.info["job"].get("id")
@@ -743,6 +745,8 @@ class PeerWorker:
             for f in files:
                 with contextlib.suppress(TypeError, ValueError):
                     child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
+        with contextlib.suppress(TypeError, ValueError):
+            self.stats["child_busy_polls"] += int(header.get("polls", 0))
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
             if child.dirty and child.context is None:

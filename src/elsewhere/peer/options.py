@@ -46,7 +46,7 @@ class WorkerOptions:
     time without work before it exits; ``maxnum`` the tasks it runs.
 
     ``poll_s``: after a frame or a child's message, the daemon keeps polling its
-    sockets, awake, for this long (0: never). The next step of a tiny task then
+    sockets, awake, for this long (0: never), and a child its socket after each batch. The next step of a tiny task then
     finds it running and warm: a sleeping process takes tens of microseconds to
     wake, and its code then runs cold, several times slower. It yields the core
     to any process that wants it, and sleeps as soon as a step takes longer.
