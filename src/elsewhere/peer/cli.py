@@ -46,11 +46,16 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                    help="how long a controller may be away (its connection lost: a laptop asleep, a "
                    "network cut) before its running tasks are stopped and its finished results "
                    "dropped (default 10min)")  # fmt: skip
-    w.add_argument("--allow-user", action="append", default=[], metavar="USER")
-    w.add_argument("--refuse-user", action="append", default=[], metavar="USER")
+    w.add_argument("--allow-user", action="append", default=[], metavar="USER",
+                   help="serve only these users (as the authenticated member names itself); may "
+                   "repeat")  # fmt: skip
+    w.add_argument("--refuse-user", action="append", default=[], metavar="USER",
+                   help="never serve this user; may repeat; refuse wins over allow")  # fmt: skip
     w.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                   help="host name, address or network (10.1.2.0/24); may repeat")  # fmt: skip
-    w.add_argument("--refuse-host", action="append", default=[], metavar="HOST")
+                   help="serve only these hosts: name, address or network (10.1.2.0/24), matched "
+                   "against the connection's source address; may repeat")  # fmt: skip
+    w.add_argument("--refuse-host", action="append", default=[], metavar="HOST",
+                   help="never serve this host (name, address or network); may repeat")  # fmt: skip
     w.add_argument("--bind", help="address to accept tasks on (default: the interface, or all)")
     w.add_argument("--tcp-port", type=int, default=0, help="TCP port for tasks (default: any free)")
     w.add_argument("--fcfs", action="store_true",
