@@ -174,6 +174,7 @@ class JobRun:
             if p == "" or (os.path.isdir(p) and p not in front):
                 front.append(p)
         sys.path[:] = front + [p for p in old_path if p not in front]
+        self.w.threads.enter(self.cores, meta.get("env"))
         for k, v in meta.get("env", {}).items():
             os.environ[k] = str(v)
 

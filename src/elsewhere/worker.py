@@ -39,6 +39,7 @@ import time
 from . import records
 from .jobrun import _NO_CLAIM, JobRun
 from .store import CUR, JobStore
+from .threads import ThreadLimits
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class Worker:
         self.host = os.uname().nodename
         self.pid = os.getpid()
         self.seeder: Any = None  # a seeding.TaskSeeder once a seeded job ran
+        self.threads = ThreadLimits()  # BLAS and OpenMP threads: the job's cores per task
         self._started_at = time.time()
         self._jobs_done = 0
         self._watched: list[str] = []  # files of loaded modules that may change under us

@@ -302,8 +302,10 @@ class _Child:
         from .. import context, serial
         from ..jobrun import _describe_error, flush_output
         from ..seeding import TaskSeeder
+        from ..threads import ThreadLimits
 
         self.seeder = TaskSeeder()  # the same seeds, and costs, as on every other backend
+        self.threads = ThreadLimits()  # BLAS and OpenMP threads: the job's cores per task
         # looked up once: an import statement in the per-task path costs a few microseconds
         self.context = context
         self.serial = serial
@@ -330,6 +332,7 @@ class _Child:
             else:
                 os.environ[k] = v
         env = job.get("env") or {}
+        self.threads.enter(job.get("cores", 1), env)
         self.saved_env = {k: os.environ.get(k) for k in env}
         for k, v in env.items():
             os.environ[str(k)] = str(v)

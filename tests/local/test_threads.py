@@ -1,0 +1,54 @@
+"""BLAS and OpenMP threads in local task processes: the job's cores per task."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import elsewhere as ew
+from elsewhere.threads import THREAD_VARS
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def threads_seen(_: int) -> tuple[str | None, list[int], int]:
+    """What a task sees: OMP_NUM_THREADS, the threads of NumPy's BLAS, its cores."""
+    import numpy  # noqa: F401  (loads BLAS)
+    import threadpoolctl
+
+    blas = sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
+    return os.environ.get("OMP_NUM_THREADS"), blas, ew.task().cores
+
+
+@pytest.fixture
+def no_thread_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("numpy")
+    pytest.importorskip("threadpoolctl")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores: with one, BLAS has one thread whatever is asked")
+    for k in (*THREAD_VARS, "ELSEWHERE_THREADS"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def test_a_task_of_one_core_runs_blas_on_one_thread(ew_home, no_thread_vars) -> None:
+    for omp, blas, cores in ew.map(threads_seen, range(2), on=ew.local(cores=2)):
+        assert (omp, cores) == ("1", 1)
+        assert blas in ([], [1])  # [] where NumPy's BLAS is not one threadpoolctl knows
+
+
+def test_a_task_of_two_cores_gets_two_threads_in_a_reused_process(ew_home, no_thread_vars) -> None:
+    first = ew.map(threads_seen, range(1), on=ew.local(cores=2))
+    again = ew.map(threads_seen, range(1), on=ew.local(cores=2, cores_per_task=2))
+    assert first[0][0] == "1" and again[0][0] == "2"
+    assert again[0][1] in ([], [2]) and again[0][2] == 2
+
+
+def test_the_users_setting_is_left_alone(ew_home, no_thread_vars) -> None:
+    out = ew.map(threads_seen, range(2), on=ew.local(cores=2), env={"OMP_NUM_THREADS": "3"})
+    assert [o[0] for o in out] == ["3", "3"]
+
+    def openblas_var(_: int) -> str | None:
+        return os.environ.get("OPENBLAS_NUM_THREADS")
+
+    assert ew.map(openblas_var, range(2), on=ew.local(cores=2), env={"OMP_NUM_THREADS": "3"}) == [None, None]
