@@ -1,6 +1,6 @@
 """The peer network against dask.distributed and ipyparallel, side by side, on loopback.
 
-    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes]
+    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes,blas]
 
 Two ``elsewhere peer worker`` daemons (one slot each, a fresh group key, on
 127.0.0.1) are started once and stay warm; every measurement runs in a fresh
@@ -48,6 +48,13 @@ child and warmed up before their clock starts.
    shown beside it.
 4. ``bytes``: bytes on the wire per task against the payload, for 50 tasks
    that each get and return a 1 MB array, and for 10 000 no-op tasks.
+5. ``blas``: the issue's own example, ``ew.map(np.linalg.pinv, [a] * 5,
+   on=ew.peers())`` of an 800 x 800 matrix on the two workers, against the
+   same loop in the caller (NumPy's BLAS on all the cores; best of 3 each,
+   alternating in one process). Target: faster than that loop. Shown beside it:
+   ``ProcessPoolExecutor(2).map`` (BLAS in each of its processes on all the
+   cores, as they start by default) and dask's ``client.map`` (its workers
+   start BLAS on one thread).
 
 "ratio" is the alternative's time over elsewhere's: above 1, elsewhere is faster.
 """
@@ -331,6 +338,66 @@ def m_ew_bytes(port: int, key: str) -> dict:
     return {"big": c, "tiny": c2, "n_big": 50, "arg_bytes": a[0].nbytes, "n_tiny": 10_000}
 
 
+def _pinv_matrix(n: int):
+    import numpy as np
+
+    return np.random.default_rng(2).random((n, n))
+
+
+def m_ew_blas(port: int, key: str, n: int, k: int) -> dict:
+    """``ew.map(np.linalg.pinv, [a] * k)`` on the peers, and the loop in this process, in turn."""
+    import numpy as np
+
+    import elsewhere as ew
+
+    a, on = _pinv_matrix(n), _peers(port, key)
+    ew.map(np.linalg.pinv, [a] * 2, on=on)  # the task processes have NumPy loaded
+    loop, peer = [], []
+    for _ in range(3):
+        t0 = pc()
+        ref = [np.linalg.pinv(x) for x in [a] * k]
+        loop.append(pc() - t0)
+        t0 = pc()
+        out = ew.map(np.linalg.pinv, [a] * k, on=on)
+        peer.append(pc() - t0)
+        assert np.allclose(out[-1], ref[-1])
+    return {"loop": min(loop), "ew": min(peer)}
+
+
+def m_ppe_blas(n: int, k: int) -> dict:
+    import concurrent.futures as cf
+
+    import numpy as np
+
+    a = _pinv_matrix(n)
+    ts = []
+    with cf.ProcessPoolExecutor(2) as pool:
+        list(pool.map(np.linalg.pinv, [a] * 2))
+        for _ in range(3):
+            t0 = pc()
+            list(pool.map(np.linalg.pinv, [a] * k))
+            ts.append(pc() - t0)
+    return {"t": min(ts)}
+
+
+def m_dask_blas(n: int, k: int) -> dict:
+    import numpy as np
+
+    a = _pinv_matrix(n)
+    cluster, client = _dask()
+    try:
+        client.gather(client.map(np.linalg.pinv, [a] * 2, pure=False))
+        ts = []
+        for _ in range(3):
+            t0 = pc()
+            client.gather(client.map(np.linalg.pinv, [a] * k, pure=False))
+            ts.append(pc() - t0)
+        return {"t": min(ts)}
+    finally:
+        client.close()
+        cluster.close()
+
+
 def _dask():
     from distributed import Client, LocalCluster
 
@@ -536,7 +603,8 @@ CHILDREN = {
     "ew_rt": m_ew_rt, "wire_rt": m_wire_rt, "ew_tput": m_ew_tput, "ew_big": m_ew_big,
     "wire_big": m_wire_big, "ew_bytes": m_ew_bytes, "dask_rt": m_dask_rt,
     "dask_tput": m_dask_tput, "dask_big": m_dask_big, "ipp_rt": m_ipp_rt,
-    "ipp_tput": m_ipp_tput, "ipp_big": m_ipp_big, "bare": m_bare,
+    "ipp_tput": m_ipp_tput, "ipp_big": m_ipp_big, "bare": m_bare, "ew_blas": m_ew_blas,
+    "ppe_blas": m_ppe_blas, "dask_blas": m_dask_blas,
 }
 
 
@@ -594,7 +662,7 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
     n = 10_000
     mb = 100
     plan: list[tuple[str, str, dict, bool]] = []
-    want = only or {"rt", "tput", "big", "bytes"}
+    want = only or {"rt", "tput", "big", "bytes", "blas"}
     dask, ipp = have("distributed"), have("ipyparallel")
     if "rt" in want:
         plan += [("rt", "ew_rt", {"port": port, "key": key}, True),
@@ -614,6 +682,11 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
         plan += [("big", "ipp_big", {"mb": mb}, False)] if ipp and not quick else []
     if "bytes" in want:
         plan += [("bytes", "ew_bytes", {"port": port, "key": key}, True)]
+    if "blas" in want:
+        pinv = {"n": 800, "k": 5}
+        plan += [("blas", "ew_blas", {"port": port, "key": key, **pinv}, True),
+                 ("blas", "ppe_blas", pinv, False)]
+        plan += [("blas", "dask_blas", pinv, False)] if dask else []
     t0 = time.monotonic()
     try:
         for r in range(rounds):
@@ -702,6 +775,15 @@ def report(got: dict) -> str:
         rows.append(["bytes", "no-op tasks: wire bytes per task, both ways",
                      f"{(tiny.get('bytes_sent', 0) + tiny.get('bytes_received', 0)) / b['n_tiny']:.0f} B",
                      "", "", "info"])
+    loop, ew_pinv = med("ew_blas", "loop"), med("ew_blas", "ew")
+    r = loop / ew_pinv
+    rows.append(["blas", "ew.map(np.linalg.pinv, [a] * 5), a 800 x 800, on 2 workers", fmt_time(ew_pinv),
+                 "", "", ""])
+    rows.append(["blas", "the same loop in the caller (BLAS on every core)", fmt_time(loop), f"{r:.2f}x",
+                 "> 1x", "n/a" if r != r else ("PASS" if r > 1 else "FAIL")])
+    for name, label in (("ppe_blas", "ProcessPoolExecutor(2).map"), ("dask_blas", "dask client.map")):
+        t = med(name)
+        rows.append(["blas", label, fmt_time(t), f"{t / ew_pinv:.2f}x", "", "info"])
     measured = {g for g, name, *_ in PLAN_GROUPS if any(r is not None for r in got.get(name, []))}
     rows = [r for r in rows if r[0] in measured]  # groups left out (--only) are not shown as n/a
     return table(["group", "measurement", "elsewhere / figure", "ratio", "target", "verdict"], rows)
@@ -710,7 +792,8 @@ def report(got: dict) -> str:
 PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "wire_rt"), ("rt", "dask_rt"), ("rt", "ipp_rt"),
                ("tput", "ew_tput"), ("tput", "dask_tput"), ("tput", "ipp_tput"),
                ("big", "wire_big"), ("big", "ew_big"), ("big", "bare"), ("big", "bare_mac"),
-               ("big", "dask_big"), ("big", "ipp_big"), ("bytes", "ew_bytes")]
+               ("big", "dask_big"), ("big", "ipp_big"), ("bytes", "ew_bytes"), ("blas", "ew_blas"),
+               ("blas", "ppe_blas"), ("blas", "dask_blas")]
 """Which group each measurement belongs to."""
 
 
@@ -728,7 +811,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="one round, fewer alternatives")
-    p.add_argument("--only", default="", help="comma-separated groups: rt,tput,big,bytes")
+    p.add_argument("--only", default="", help="comma-separated groups: rt,tput,big,bytes,blas")
     p.add_argument("--busy-poll", type=float, default=2.0, metavar="MS",
                    help="the workers' --busy-poll (default 2, theirs; 0 to compare without)")
     args = p.parse_args(argv)
