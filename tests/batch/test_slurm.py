@@ -192,3 +192,29 @@ def test_recover_running_job_from_new_process(ew_home, slurm_info, tmp_path):
         capture_output=True, text=True, timeout=150, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[0, -1, -2, -3]"
+
+
+def blas_pools():
+    import numpy  # noqa: F401  (loads BLAS)
+    import threadpoolctl
+
+    return sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
+
+
+def blas_threads(_):
+    return os.environ.get("OMP_NUM_THREADS"), blas_pools(), ew.task().cores
+
+
+def test_an_elements_blas_has_as_many_threads_as_its_cores(ew_home, slurm_info, monkeypatch):
+    pytest.importorskip("numpy")
+    pytest.importorskip("threadpoolctl")
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores: with one, BLAS has one thread whatever is asked")
+    if not blas_pools():
+        pytest.skip("NumPy's BLAS is not one threadpoolctl knows")
+    from elsewhere.threads import THREAD_VARS
+
+    for k in (*THREAD_VARS, "ELSEWHERE_THREADS"):
+        monkeypatch.delenv(k, raising=False)  # sbatch exports the submitter's environment
+    assert ew.map(blas_threads, range(1), on=cluster()) == [("1", [1], 1)]
+    assert ew.map(blas_threads, range(1), on=cluster(cores_per_task=2)) == [("2", [2], 2)]
