@@ -160,6 +160,7 @@ class JobRun:
         meta = self.meta
         old_cwd = os.getcwd()
         old_path = list(sys.path)
+        self.w.threads.enter(self.cores, meta.get("env"))  # before the env= it may make way for
         old_env = {k: os.environ.get(k) for k in meta.get("env", {})}
         files = self.store._p("files")
         cwd = meta.get("cwd")
@@ -174,7 +175,6 @@ class JobRun:
             if p == "" or (os.path.isdir(p) and p not in front):
                 front.append(p)
         sys.path[:] = front + [p for p in old_path if p not in front]
-        self.w.threads.enter(self.cores, meta.get("env"))
         for k, v in meta.get("env", {}).items():
             os.environ[k] = str(v)
 

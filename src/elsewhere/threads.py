@@ -52,7 +52,10 @@ class ThreadLimits:
     def enter(self, cores: Any, job_env: Mapping[str, Any] | None = None) -> int | None:
         """Set the limits for a job whose tasks have ``cores`` cores; the number of
         threads set, or None where the user set them (or ``cores`` is not a count)."""
-        if self.users or (job_env and any(k in job_env for k in THREAD_VARS)):
+        if self.users:
+            return None
+        if job_env and any(k in job_env for k in THREAD_VARS):
+            self._hand_over(job_env)
             return None
         try:
             n = max(1, int(cores))
@@ -68,6 +71,19 @@ class ThreadLimits:
             _limit_loaded(n)
         self.limit = n
         return n
+
+    def _hand_over(self, job_env: Mapping[str, Any]) -> None:
+        """The job sets these variables itself: take back what an earlier job of this
+        process was given (``OPENBLAS_NUM_THREADS`` left from it would outrank the job's
+        own ``OMP_NUM_THREADS``), and tell loaded libraries the job's number."""
+        if self.limit is None:
+            return
+        for k in (*THREAD_VARS, _OURS):
+            os.environ.pop(k, None)  # the job's env= is applied after this
+        self.limit = None
+        counts = [int(v) for v in map(str, (job_env.get(k, "") for k in THREAD_VARS)) if v.isdigit()]
+        if counts and counts[0] > 0 and any(m in sys.modules for m in _POOL_MODULES):
+            _limit_loaded(counts[0])  # OMP_NUM_THREADS first
 
 
 def _limit_loaded(n: int) -> None:

@@ -52,3 +52,17 @@ def test_the_users_setting_is_left_alone(ew_home, no_thread_vars) -> None:
         return os.environ.get("OPENBLAS_NUM_THREADS")
 
     assert ew.map(openblas_var, range(2), on=ew.local(cores=2), env={"OMP_NUM_THREADS": "3"}) == [None, None]
+
+
+def blas_and_vars(_: int) -> tuple[int, list[int], str | None, str | None]:
+    blas = threads_seen(0)[1]
+    return os.getpid(), blas, os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS")
+
+
+def test_a_job_with_its_own_setting_after_one_without_gets_its_own(ew_home, no_thread_vars) -> None:
+    first = ew.map(blas_and_vars, range(1), on=ew.local(cores=1))
+    own = ew.map(blas_and_vars, range(1), on=ew.local(cores=1), env={"OMP_NUM_THREADS": "2"})
+    assert first[0][2:] == ("1", "1")
+    assert own[0][2:] == ("2", None)  # no OPENBLAS_NUM_THREADS=1 left to outrank it
+    if own[0][0] == first[0][0]:  # the same process: BLAS loaded with 1 thread is told 2
+        assert own[0][1] in ([], [2])

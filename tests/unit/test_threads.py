@@ -67,6 +67,8 @@ limits = ThreadLimits()
 for n in (1, 2, 1):
     limits.enter(n)
     out[str(n) + "-" + str(len(out))] = blas()
+limits.enter(1, {"OMP_NUM_THREADS": "2"})  # a job that sets its own
+out["own"] = blas()
 print(json.dumps(out))
 """
 
@@ -86,4 +88,15 @@ def test_libraries_loaded_before_a_job_are_told_its_cores() -> None:
     if not out["before"]:
         pytest.skip("NumPy's BLAS is not one threadpoolctl knows")
     assert out["before"][0] > 1
-    assert (out["1-1"], out["2-2"], out["1-3"]) == ([1], [2], [1])
+    assert (out["1-1"], out["2-2"], out["1-3"], out["own"]) == ([1], [2], [1], [2])
+
+
+def test_a_job_that_sets_them_itself_after_one_that_did_not_gets_none_of_ours(clean_env: None) -> None:
+    """Else OPENBLAS_NUM_THREADS=1 left from the earlier job would outrank the job's own
+    OMP_NUM_THREADS for OpenBLAS loaded from then on."""
+    limits = ThreadLimits()
+    assert limits.enter(1) == 1
+    assert limits.enter(1, {"OMP_NUM_THREADS": "4"}) is None
+    assert all(k not in os.environ for k in (*THREAD_VARS, "ELSEWHERE_THREADS"))
+    assert limits.enter(2) == 2  # and the next job of ours is set again
+    assert {os.environ[k] for k in THREAD_VARS} == {"2"}
