@@ -352,10 +352,66 @@ def submit(
         tasks, form = tasks_from_inputs(iterables)
         if not tasks:  # a job without tasks would wait for ever
             raise _NoTasks("nothing to run: the inputs are empty (ew.map returns [] for them)")
+        _warn_repeated(fn, tasks, form, stacklevel=4 if _waited else 3)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
                          **options)  # fmt: skip
         _write_and_submit(job, fn, tasks, form)
     return job
+
+
+_REPEATED_MIN_BYTES = 1 << 20  # an argument every task shares, worth a word when it is this large
+_REPEATED_WASTE_BYTES = 64 << 20  # ... and its copies after the first add up to this
+
+
+def _nbytes(obj: Any) -> int:
+    """What ``obj`` weighs in a payload: its pickle and its out-of-band buffers (0 if it
+    cannot be pickled here: cloudpickle will say more when the payload is written)."""
+    nbytes = getattr(obj, "nbytes", None)  # NumPy arrays, memoryviews: no pickling to know
+    if isinstance(nbytes, int) and not isinstance(obj, type):
+        return nbytes
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj)
+    import pickle
+
+    bufs: list[Any] = []
+    try:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    except Exception:
+        return 0
+    return len(data) + sum(memoryview(b).nbytes for b in bufs)
+
+
+def _warn_repeated(fn: Any, tasks: list[Any], form: str, *, stacklevel: int) -> None:
+    """Warn when one large object is an argument of every task: the payload holds it once
+    per task (``[a] * n``, ``itertools.repeat(a)``), where ``functools.partial`` or
+    ``job_data`` would store it once and send it once per worker."""
+    n = len(tasks)
+    if n < 2 or form not in ("single", "args"):
+        return
+    first = tasks[0]
+    if form == "single":
+        positions = [0] if all(t is first for t in tasks) else []
+        value = {0: first}
+    else:
+        positions = [p for p in range(len(first)) if all(t[p] is first[p] for t in tasks)]
+        value = dict(enumerate(first))
+    for p in positions:
+        size = _nbytes(value[p])
+        if size < _REPEATED_MIN_BYTES or size * (n - 1) < _REPEATED_WASTE_BYTES:
+            continue
+        import warnings
+
+        from .peer.units import format_size
+
+        what = "the input of every task" if form == "single" else f"argument {p + 1} of every task"
+        warnings.warn(
+            f"{what} is the same {format_size(size)} object: the job stores it, and sends it, once "
+            f"per task ({n} times, {format_size(size * n)}); bind it to the function with "
+            f"functools.partial({getattr(fn, '__name__', 'fn')}, ...), or pass it as job_data= "
+            "(ew.task().job_data in the task), and it is stored once and sent once per worker",
+            UserWarning, stacklevel=stacklevel,
+        )  # fmt: skip
+        return
 
 
 class _NoTasks(ConfigError):

@@ -599,3 +599,21 @@ def test_a_cluster_that_does_not_send_files_says_so(ew_home, tmp_path, monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the backends that send them: no warning
         ew.create_job(on=ew.local(cores=1), files=["data.txt"]).purge()
+
+
+def test_one_large_object_in_every_task_is_pointed_out(ew_home, monkeypatch):
+    """[a] * n stores a once per task: the user is told, at their own line, how to store it once."""
+    from elsewhere import api
+
+    monkeypatch.setattr(api, "_REPEATED_WASTE_BYTES", 2 << 20)
+    big = bytes(1 << 20)
+    with pytest.warns(UserWarning, match=r"argument 2 of every task is the same 1\.0 MiB object.*3 times") as seen:
+        assert ew.map(lambda i, b: len(b) + i, range(3), [big] * 3) == [1 << 20, (1 << 20) + 1, (1 << 20) + 2]
+    assert seen[0].filename == __file__
+    with pytest.warns(UserWarning, match="the input of every task is the same") as seen:
+        ew.submit(len, [big] * 3).wait(timeout=60)
+    assert seen[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", ".*every task is the same")  # different or small objects: no word
+        assert ew.map(len, [bytes(1 << 20) for _ in range(3)]) == [1 << 20] * 3
+        assert ew.map(lambda i, k: i + k, range(3), [7] * 3) == [7, 8, 9]
