@@ -390,13 +390,11 @@ def _warn_repeated(fn: Any, tasks: list[Any], form: str, *, stacklevel: int) -> 
         return
     first = tasks[0]
     if form == "single":
-        positions = [0] if all(t is first for t in tasks) else []
-        value = {0: first}
+        shared = [(0, first)] if all(t is first for t in tasks) else []
     else:
-        positions = [p for p in range(len(first)) if all(t[p] is first[p] for t in tasks)]
-        value = dict(enumerate(first))
-    for p in positions:
-        size = _nbytes(value[p])
+        shared = [(p, v) for p, v in enumerate(first) if all(t[p] is v for t in tasks)]
+    for p, value in shared:
+        size = _nbytes(value)
         if size < _REPEATED_MIN_BYTES or size * (n - 1) < _REPEATED_WASTE_BYTES:
             continue
         import warnings

@@ -194,27 +194,18 @@ def test_recover_running_job_from_new_process(ew_home, slurm_info, tmp_path):
     assert out.stdout.strip() == "[0, -1, -2, -3]"
 
 
-def blas_pools():
-    import numpy  # noqa: F401  (loads BLAS)
-    import threadpoolctl
-
-    return sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
-
-
 def blas_threads(_):
-    return os.environ.get("OMP_NUM_THREADS"), blas_pools(), ew.task().cores
+    from blas_probe import blas_threads as pools
+
+    return os.environ.get("OMP_NUM_THREADS"), pools(), ew.task().cores
 
 
 def test_an_elements_blas_has_as_many_threads_as_its_cores(ew_home, slurm_info, monkeypatch):
-    pytest.importorskip("numpy")
-    pytest.importorskip("threadpoolctl")
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs 2 cores: with one, BLAS has one thread whatever is asked")
-    if not blas_pools():
-        pytest.skip("NumPy's BLAS is not one threadpoolctl knows")
-    from elsewhere.threads import THREAD_VARS
+    from blas_probe import blas_threads as pools
+    from blas_probe import no_thread_vars
 
-    for k in (*THREAD_VARS, "ELSEWHERE_THREADS"):
-        monkeypatch.delenv(k, raising=False)  # sbatch exports the submitter's environment
+    no_thread_vars(monkeypatch)  # sbatch exports the submitter's environment
+    if not pools():
+        pytest.skip("NumPy's BLAS is not one threadpoolctl knows")
     assert ew.map(blas_threads, range(1), on=cluster()) == [("1", [1], 1)]
     assert ew.map(blas_threads, range(1), on=cluster(cores_per_task=2)) == [("2", [2], 2)]

@@ -7,28 +7,20 @@ import os
 import pytest
 
 import elsewhere as ew
-from elsewhere.threads import THREAD_VARS
+from blas_probe import blas_threads
+from blas_probe import no_thread_vars as clear_thread_vars
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def threads_seen(_: int) -> tuple[str | None, list[int], int]:
     """What a task sees: OMP_NUM_THREADS, the threads of NumPy's BLAS, its cores."""
-    import numpy  # noqa: F401  (loads BLAS)
-    import threadpoolctl
-
-    blas = sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
-    return os.environ.get("OMP_NUM_THREADS"), blas, ew.task().cores
+    return os.environ.get("OMP_NUM_THREADS"), blas_threads(), ew.task().cores
 
 
 @pytest.fixture
 def no_thread_vars(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("numpy")
-    pytest.importorskip("threadpoolctl")
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs 2 cores: with one, BLAS has one thread whatever is asked")
-    for k in (*THREAD_VARS, "ELSEWHERE_THREADS"):
-        monkeypatch.delenv(k, raising=False)
+    clear_thread_vars(monkeypatch)
 
 
 def test_a_task_of_one_core_runs_blas_on_one_thread(ew_home, no_thread_vars) -> None:
@@ -37,7 +29,7 @@ def test_a_task_of_one_core_runs_blas_on_one_thread(ew_home, no_thread_vars) -> 
         assert blas in ([], [1])  # [] where NumPy's BLAS is not one threadpoolctl knows
 
 
-def test_a_task_of_two_cores_gets_two_threads_in_a_reused_process(ew_home, no_thread_vars) -> None:
+def test_a_task_of_two_cores_gets_two_threads_after_a_job_of_one(ew_home, no_thread_vars) -> None:
     first = ew.map(threads_seen, range(1), on=ew.local(cores=2))
     again = ew.map(threads_seen, range(1), on=ew.local(cores=2, cores_per_task=2))
     assert first[0][0] == "1" and again[0][0] == "2"
@@ -55,8 +47,7 @@ def test_the_users_setting_is_left_alone(ew_home, no_thread_vars) -> None:
 
 
 def blas_and_vars(_: int) -> tuple[int, list[int], str | None, str | None]:
-    blas = threads_seen(0)[1]
-    return os.getpid(), blas, os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS")
+    return os.getpid(), blas_threads(), os.environ.get("OMP_NUM_THREADS"), os.environ.get("OPENBLAS_NUM_THREADS")
 
 
 def test_a_job_with_its_own_setting_after_one_without_gets_its_own(ew_home, no_thread_vars) -> None:

@@ -697,11 +697,9 @@ def test_a_cancel_from_the_shell_reaches_the_workers(lab: tuple[Path, int, Worke
 
 def blas_threads(_: int) -> tuple[int, str | None, list[int]]:
     """The task process, its OMP_NUM_THREADS and the threads of NumPy's BLAS."""
-    import numpy  # noqa: F401  (loads BLAS)
-    import threadpoolctl
+    from blas_probe import blas_threads as pools
 
-    blas = sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})
-    return os.getpid(), os.environ.get("OMP_NUM_THREADS"), blas
+    return os.getpid(), os.environ.get("OMP_NUM_THREADS"), pools()
 
 
 def test_blas_in_a_task_has_as_many_threads_as_the_task_has_cores(
@@ -709,14 +707,9 @@ def test_blas_in_a_task_has_as_many_threads_as_the_task_has_cores(
     """Two tasks of a worker with 2 slots on 2 cores, each with BLAS on 2 threads, run 4
     threads on 2 cores: the tasks get the cores they were admitted with, one each, and a task
     process that already loaded BLAS for one core gets two for a task of two."""
-    pytest.importorskip("numpy")
-    pytest.importorskip("threadpoolctl")
-    if (os.cpu_count() or 1) < 2:
-        pytest.skip("needs 2 cores: with one, BLAS has one thread whatever is asked")
-    from elsewhere.threads import THREAD_VARS
+    from blas_probe import no_thread_vars
 
-    for k in (*THREAD_VARS, "ELSEWHERE_THREADS"):
-        monkeypatch.delenv(k, raising=False)  # the worker's environment: nothing set by its user
+    no_thread_vars(monkeypatch)  # the worker's environment: nothing set by its user
     key = write_key("lab", tmp_path / "k.key")
     port = free_port()
     with Workers(tmp_path, 1, port=port, key=key, slots=2):
