@@ -97,7 +97,7 @@ def ones_mb(a):
 
 
 def _peers(port: int, key: str):
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
 
     return peers("bench", key=key, port=port, interface="127.0.0.1")
 
@@ -191,7 +191,7 @@ class WireClient:
         the first one ASKs and waits for its ACCEPT. Returns the RESULT event."""
         import cloudpickle
 
-        from elsewhere import serial
+        from elsewhere.folder import serial
         from elsewhere.peer.messages import Accept, Ack, Ask, Result, Task
 
         self.n += 1
@@ -631,7 +631,7 @@ def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 
     for i in range(n):
         stats = os.path.join(tmp, f"w{i}.json")
         procs.append((subprocess.Popen(
-            [venv_python(), "-m", "elsewhere.peer.cli", "peer", "worker", "--key", key,
+            [venv_python(), "-m", "elsewhere.api.peer_cli", "peer", "worker", "--key", key,
              "--port", str(port), "--interface", "127.0.0.1", "--slots", str(slots),
              "--busy-poll", str(busy_poll_ms),
              "--log-level", "warning", "--stats-file", stats],

@@ -95,10 +95,10 @@ class Steps:
 
 def _instrument() -> tuple[Steps, Steps]:
     """(steps of submit, low-level round trips): one ssh or rsync process each."""
-    from elsewhere.clusters.ssh import SSHCluster
-    from elsewhere.remote import ssh as remote_ssh
-    from elsewhere.remote.session import AgentSession
-    from elsewhere.remote.ssh import SSHTransport
+    from elsewhere.backends.ssh import SSHCluster
+    from elsewhere.hosts import ssh as remote_ssh
+    from elsewhere.hosts.session import AgentSession
+    from elsewhere.hosts.ssh import SSHTransport
 
     top = Steps()
     top.wrap(SSHCluster, "probe", "probe (agent info; the ssh login if not open yet)")

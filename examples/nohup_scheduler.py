@@ -15,7 +15,7 @@ Use it by module path, or register it under the entry-point group ``elsewhere.sc
 of your package (``nohup = "mypkg.nohup_scheduler:NohupCluster"``) and say ``"nohup"``::
 
     import elsewhere as ew
-    from elsewhere.clusters import cluster_class
+    from elsewhere.backends import cluster_class
 
     NohupCluster = cluster_class("examples.nohup_scheduler:NohupCluster")
     print(ew.map(abs, [-1, -2, -3], on=NohupCluster(slots=2)))
@@ -35,8 +35,8 @@ from typing import Any
 import psutil
 
 import elsewhere as ew
-from elsewhere.errors import ConfigError, SchedulerError
-from elsewhere.records import Kind, make_record
+from elsewhere.folder.records import Kind, make_record
+from elsewhere.util.errors import ConfigError, SchedulerError
 
 
 class NohupCluster(ew.Cluster):

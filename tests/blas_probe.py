@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from elsewhere.threads import THREAD_VARS
+from elsewhere.run.threads import THREAD_VARS
 
 
 def blas_threads() -> list[int]:

@@ -54,7 +54,7 @@ def ew_home(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("ELSEWHERE_HOME", str(home))
     yield home
-    from elsewhere.clusters.local import LocalCluster
+    from elsewhere.backends.local import LocalCluster
 
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _pids_with_home(home):

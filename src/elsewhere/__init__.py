@@ -16,45 +16,46 @@ from __future__ import annotations
 
 import importlib
 
+from .util.version import __version__
+
 TYPE_CHECKING = False  # keep `import elsewhere` light: workers import this package too
 if TYPE_CHECKING:
     from typing import Any
 
-__version__ = "0.1.0"
 
 _EXPORTS = {
-    "map": "api",
-    "submit": "api",
-    "create_job": "api",
-    "recover": "api",
-    "jobs": "api",
-    "local": "api",
-    "cluster": "api",
-    "slurm": "api",
-    "ssh": "api",
-    "peers": "api",
-    "batch": "api",
-    "Executor": "executor",
-    "submit_communicating": "mpi",
-    "Job": "job",
-    "Task": "tasks",
-    "Status": "tasks",
-    "task": "context",
-    "TaskContext": "context",
-    "Cluster": "clusters.base",
-    "TaskState": "states",
-    "JobState": "states",
-    "ElsewhereError": "errors",
-    "ConfigError": "errors",
-    "SerializationError": "errors",
-    "JobError": "errors",
-    "JobNotFound": "errors",
-    "NameInUse": "errors",
-    "TimeoutError": "errors",
-    "SchedulerError": "errors",
-    "TransportError": "errors",
-    "PeerError": "errors",
-    "TaskError": "errors",
+    "map": "api.functions",
+    "submit": "api.functions",
+    "create_job": "api.functions",
+    "recover": "api.functions",
+    "jobs": "api.functions",
+    "local": "api.functions",
+    "cluster": "api.functions",
+    "slurm": "api.functions",
+    "ssh": "api.functions",
+    "peers": "api.functions",
+    "batch": "api.functions",
+    "Executor": "api.executor",
+    "submit_communicating": "api.mpi",
+    "Job": "api.job",
+    "Task": "api.tasks",
+    "Status": "api.tasks",
+    "task": "run.context",
+    "TaskContext": "run.context",
+    "Cluster": "backends.base",
+    "TaskState": "util.states",
+    "JobState": "util.states",
+    "ElsewhereError": "util.errors",
+    "ConfigError": "util.errors",
+    "SerializationError": "util.errors",
+    "JobError": "util.errors",
+    "JobNotFound": "util.errors",
+    "NameInUse": "util.errors",
+    "TimeoutError": "util.errors",
+    "SchedulerError": "util.errors",
+    "TransportError": "util.errors",
+    "PeerError": "util.errors",
+    "TaskError": "util.errors",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
@@ -74,7 +75,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from .api import (
+    from .api.executor import Executor
+    from .api.functions import (
         batch,
         cluster,
         create_job,
@@ -87,9 +89,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         ssh,
         submit,
     )
-    from .clusters.base import Cluster
-    from .context import TaskContext, task
-    from .errors import (
+    from .api.job import Job
+    from .api.mpi import submit_communicating
+    from .api.tasks import Status, Task
+    from .backends.base import Cluster
+    from .run.context import TaskContext, task
+    from .util.errors import (
         ConfigError,
         ElsewhereError,
         JobError,
@@ -102,8 +107,4 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         TimeoutError,
         TransportError,
     )
-    from .executor import Executor
-    from .job import Job
-    from .mpi import submit_communicating
-    from .states import JobState, TaskState
-    from .tasks import Status, Task
+    from .util.states import JobState, TaskState

@@ -1,5 +1,5 @@
 """``python -m elsewhere``: the command line."""
 
-from .cli import main
+from .api.cli import main
 
 raise SystemExit(main())

@@ -144,7 +144,7 @@ def test_template_errors_name_the_field(ew_home, slurm_info):
 
 def test_user_template_by_name(ew_home, slurm_info, tmp_path, monkeypatch):
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
-    from elsewhere import jobscripts
+    from elsewhere.schedulers import jobscripts
 
     path = jobscripts.install("mine", source="slurm")
     path.write_text(path.read_text().replace("exec ", "echo MY-TEMPLATE-WAS-USED\nexec "))

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import elsewhere as ew
-from elsewhere.clusters import cluster_class
+from elsewhere.backends import cluster_class
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "examples.nohup_scheduler:NohupCluster"

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from elsewhere.schedulers import NativeStatus, SchedulerSyntax, ScriptContext
-from elsewhere.states import TaskState
+from elsewhere.util.states import TaskState
 
 Run = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 

@@ -18,7 +18,7 @@ from scheduler_contract import (
 
 from elsewhere.schedulers import FluxSyntax, ScriptContext
 from elsewhere.schedulers.flux import decode_f58
-from elsewhere.states import TaskState as T
+from elsewhere.util.states import TaskState as T
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 S = FluxSyntax()

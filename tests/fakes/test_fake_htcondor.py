@@ -14,7 +14,7 @@ from scheduler_contract import (
 )
 
 from elsewhere.schedulers import HTCondorSyntax
-from elsewhere.states import TaskState as T
+from elsewhere.util.states import TaskState as T
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 S = HTCondorSyntax()

@@ -16,7 +16,7 @@ from scheduler_contract import (
 )
 
 from elsewhere.schedulers import LSFSyntax
-from elsewhere.states import TaskState as T
+from elsewhere.util.states import TaskState as T
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 S = LSFSyntax()

@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 import elsewhere as ew
-from elsewhere.errors import RemoteTraceback
+from elsewhere.util.errors import RemoteTraceback
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -330,7 +330,7 @@ def test_executor_burst_is_counted_in_the_queue_before_the_job_closes(ew_home, m
     ex.shutdown(wait=True)
     assert [f.result(timeout=0) for f in futs] == [i * i for i in range(500)]
     # even when the counter thread has not come round to it (here: never does)
-    from elsewhere.executor import Executor
+    from elsewhere.api.executor import Executor
 
     monkeypatch.setattr(Executor, "_count_tasks", lambda self: None)
     ex = ew.Executor(on=ew.local(cores=2))
@@ -424,7 +424,7 @@ def test_new_workers_each_lead_their_own_session(ew_home):
 def test_workers_that_ended_are_not_left_as_zombies(ew_home):
     # The client starts workers as its own children; once they end (idle timeout),
     # it collects them, so a long-lived notebook does not pile up zombies.
-    from elsewhere.clusters import local as local_backend
+    from elsewhere.backends import local as local_backend
 
     cluster = ew.local(cores=2, idle_timeout_s=0.2)
     assert ew.map(abs, [-1, -2], on=cluster) == [1, 2]
@@ -530,8 +530,8 @@ def test_fast_batches_keep_seeds_errors_and_order(ew_home, n, bad, cores):
 def test_a_warm_worker_notices_elsewhere_itself_reinstalled(tmp_path, monkeypatch):
     # Installed modules are not watched, except elsewhere's own: reinstalled in
     # place (same version, same pool), a warm worker must not run its old code.
-    from elsewhere import serial
-    from elsewhere.worker import Worker
+    from elsewhere.folder import serial
+    from elsewhere.run.worker import Worker
 
     site = tmp_path / "site-packages"
     site.mkdir()
@@ -585,7 +585,7 @@ def test_an_error_class_of_the_callers_script_is_raised_as_itself(ew_home, tmp_p
 
 
 def test_a_cluster_that_does_not_send_files_says_so(ew_home, tmp_path, monkeypatch):
-    from elsewhere.clusters.local import LocalCluster
+    from elsewhere.backends.local import LocalCluster
 
     class NoFiles(LocalCluster):  # a plug-in scheduler whose workers get no job files
         def sends_files(self) -> bool:
@@ -603,7 +603,7 @@ def test_a_cluster_that_does_not_send_files_says_so(ew_home, tmp_path, monkeypat
 
 def test_one_large_object_in_every_task_is_pointed_out(ew_home, monkeypatch):
     """[a] * n stores a once per task: the user is told, at their own line, how to store it once."""
-    from elsewhere import api
+    from elsewhere.api import functions as api
 
     monkeypatch.setattr(api, "_REPEATED_WASTE_BYTES", 2 << 20)
     big = bytes(1 << 20)

@@ -63,7 +63,7 @@ class WorkerProc:
                  python: str = sys.executable, extra_env: dict[str, str] | None = None,
                  launcher: Sequence[str] | None = None) -> None:  # fmt: skip
         self.stats_path = stats
-        start = list(launcher) if launcher else [python, "-m", "elsewhere.peer.cli", "peer", "worker"]
+        start = list(launcher) if launcher else [python, "-m", "elsewhere.api.peer_cli", "peer", "worker"]
         cmd = [*start, "--stats-file", str(stats), "--log-level", "info", *args]
         if netns:
             cmd = ["ip", "netns", "exec", netns, *cmd]

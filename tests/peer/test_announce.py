@@ -11,7 +11,6 @@ from dataclasses import replace
 import msgpack
 import pytest
 
-from elsewhere.errors import ProtocolError
 from elsewhere.peer import announce
 from elsewhere.peer.announce import (
     MAX_DATAGRAM,
@@ -27,6 +26,7 @@ from elsewhere.peer.announce import (
     with_fields,
 )
 from elsewhere.peer.keys import GroupKey
+from elsewhere.util.errors import ProtocolError
 
 NOW = 1_800_000_000.0
 

@@ -21,9 +21,9 @@ import pytest
 from peer_procs import Workers, env, free_port, wait_until
 
 import elsewhere as ew
-from elsewhere.clusters.peer import PeerCluster, peers
-from elsewhere.errors import ConfigError, TaskError
+from elsewhere.backends.peer import PeerCluster, peers
 from elsewhere.peer.keys import write_key
+from elsewhere.util.errors import ConfigError, TaskError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -405,7 +405,7 @@ def test_children_that_imported_user_modules_serve_later_jobs_of_the_same_folder
 RECOVER_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
     job = ew.submit(time.sleep, [0.3] * 6, name="recover-me",
                     on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
     while job.check().finished < 1:
@@ -439,7 +439,7 @@ def test_a_recovered_job_continues_in_a_new_process(lab: tuple[Path, int, Worker
 OWN_MODULE_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
     import labcode  # the user's own module, in the folder the script runs in
     job = ew.submit(labcode.slow_cube, range(6), name="own-module",
                     on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
@@ -475,7 +475,7 @@ def test_a_job_of_the_users_own_module_is_carried_on_from_another_folder(
 DETACH_SCRIPT = textwrap.dedent("""
     import os, sys, time
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
     on = peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1", detach=True)
     job = ew.submit(time.sleep, [float(sys.argv[3])] * 6, name=sys.argv[4], on=on)
     print(os.getpid())  # and ends at once: the job goes on without it
@@ -570,7 +570,7 @@ def test_a_detached_job_can_be_cancelled_from_anywhere(lab: tuple[Path, int, Wor
 HAND_OFF_SCRIPT = textwrap.dedent("""
     import sys, time
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
     job = ew.submit(time.sleep, [0.3] * 6, name="handed-off",
                     on=peers("lab", key=sys.argv[1], port=int(sys.argv[2]), interface="127.0.0.1"))
     while job.check().finished < 1:

@@ -27,8 +27,7 @@ import cloudpickle
 import pytest
 from peer_procs import WorkerProc, free_port, wait_until
 
-from elsewhere import serial
-from elsewhere.errors import ConfigError, ProtocolError
+from elsewhere.folder import serial
 from elsewhere.peer import wire
 from elsewhere.peer.announce import new_peer_id
 from elsewhere.peer.child import Outcome
@@ -47,8 +46,9 @@ from elsewhere.peer.messages import (
     Result,
     Task,
 )
-from elsewhere.peer.units import format_duration, format_size, parse_duration, parse_size
 from elsewhere.peer.wire import Connection, HandshakeComplete, Received, Role
+from elsewhere.util.errors import ConfigError, ProtocolError
+from elsewhere.util.units import format_duration, format_size, parse_duration, parse_size
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -743,7 +743,7 @@ def test_without_a_key_the_worker_is_loopback_only(tmp_path: Path) -> None:
 def test_keygen_writes_a_private_key_in_the_config_dir(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    from elsewhere.peer.cli import add_peer_commands
+    from elsewhere.api.peer_cli import add_peer_commands
 
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
     parser = argparse.ArgumentParser()
@@ -761,7 +761,7 @@ def test_keygen_writes_a_private_key_in_the_config_dir(tmp_path: Path,
 
 
 def test_worker_options_from_the_command_line(tmp_path: Path, key_file: Path) -> None:
-    from elsewhere.peer.cli import add_peer_commands, worker_options
+    from elsewhere.api.peer_cli import add_peer_commands, worker_options
 
     parser = argparse.ArgumentParser()
     add_peer_commands(parser.add_subparsers(dest="command"))
@@ -784,7 +784,7 @@ def test_one_worker_serves_several_groups(tmp_path: Path, key_file: Path, monkey
                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     import json
 
-    from elsewhere.peer.cli import add_peer_commands
+    from elsewhere.api.peer_cli import add_peer_commands
 
     dept_file = write_key("dept", tmp_path / "dept.key")
     other_file = write_key("other", tmp_path / "other.key")
@@ -832,7 +832,7 @@ def test_peer_list_shows_the_workers(tmp_path: Path, key_file: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     import json
 
-    from elsewhere.peer.cli import add_peer_commands
+    from elsewhere.api.peer_cli import add_peer_commands
 
     monkeypatch.setenv("ELSEWHERE_CONFIG", str(tmp_path / "cfg"))
     port = free_port()
@@ -889,7 +889,7 @@ _SMALL_CAP_WORKER = (  # a worker whose frames may carry 4 MiB (not 4 GiB): big 
     "from elsewhere.peer import wire\n"
     "real = wire.Limits\n"
     "wire.Limits = lambda: real(max_body_bytes=4 << 20)\n"
-    "from elsewhere.peer.cli import main\n"
+    "from elsewhere.api.peer_cli import main\n"
     "sys.exit(main(['peer', 'worker', *sys.argv[1:]]))\n"
 )
 
@@ -931,7 +931,7 @@ _CLOCK_AHEAD_WORKER = (  # a worker on a machine whose clock is two minutes ahea
     "import sys, time\n"
     "real = time.time\n"
     "time.time = lambda: real() + 120.0\n"
-    "from elsewhere.peer.cli import main\n"
+    "from elsewhere.api.peer_cli import main\n"
     "sys.exit(main(['peer', 'worker', *sys.argv[1:]]))\n"
 )
 
@@ -940,8 +940,8 @@ def test_a_worker_whose_clock_is_off_is_named_with_the_reason(tmp_path: Path, ke
                                                               capsys: pytest.CaptureFixture[str],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
-    from elsewhere.peer.cli import add_peer_commands
+    from elsewhere.api.peer_cli import add_peer_commands
+    from elsewhere.backends.peer import peers
 
     monkeypatch.setenv("ELSEWHERE_HOME", str(tmp_path / "home"))
     port = free_port()

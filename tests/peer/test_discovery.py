@@ -16,10 +16,10 @@ from contextlib import ExitStack
 import pytest
 from peer_testing import free_udp_port
 
-from elsewhere.errors import ConfigError, PeerError
 from elsewhere.peer.announce import Announcement, PeerFilter, PeerInfo, PeerState, new_peer_id
 from elsewhere.peer.discovery import Announcer, DiscoveryConfig, Listener
 from elsewhere.peer.keys import GroupKey
+from elsewhere.util.errors import ConfigError, PeerError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -97,8 +97,8 @@ def test_a_peer_with_another_key_is_never_listed(
 
 
 def test_refused_sources_are_bounded() -> None:
-    from elsewhere.errors import ProtocolError
     from elsewhere.peer import discovery
+    from elsewhere.util.errors import ProtocolError
 
     listener = Listener(GroupKey("g", b"k" * 32), DiscoveryConfig(port=17700))  # not started: no socket
     for i in range(3 * discovery._MAX_REFUSED):  # forged sources cannot grow it

@@ -17,11 +17,11 @@ import pytest
 from peer_procs import Workers, free_port, wait_until
 
 import elsewhere as ew
-from elsewhere import serial
-from elsewhere.clusters.peer import PeerCluster
-from elsewhere.errors import ElsewhereError
+from elsewhere.backends.peer import PeerCluster
+from elsewhere.folder import serial
 from elsewhere.peer import controller as peer_controller
 from elsewhere.peer.keys import write_key
+from elsewhere.util.errors import ElsewhereError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -216,9 +216,9 @@ def test_a_future_is_running_while_its_task_is_on_a_worker_and_cancel_stops_it(
 
 def test_a_task_whose_send_failed_carries_its_function_when_sent_again(
         on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from elsewhere.errors import PeerError
     from elsewhere.peer import wire
     from elsewhere.peer.messages import Task
+    from elsewhere.util.errors import PeerError
 
     real_send = wire.Connection.send
     failed: list[str] = []
@@ -250,7 +250,7 @@ def test_tasks_of_a_module_sent_by_value_are_written_to_the_payload(
     import importlib.util
     import sys
 
-    from elsewhere.payload import PayloadReader
+    from elsewhere.folder.payload import PayloadReader
 
     src = tmp_path / "hidden_mod_for_payload.py"
     src.write_text("def triple(x):\n    return 3 * x\n")
@@ -322,8 +322,8 @@ def test_an_executor_with_no_peer_logs_why_its_futures_wait(ew_home: Path, tmp_p
                                                             monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     # no progress bar shows an Executor's wait: a lasting note is logged instead
-    from elsewhere import progress
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
+    from elsewhere.util import progress
 
     monkeypatch.setattr(progress, "NOTE_AFTER_S", 0.5)
     key = write_key("empty", tmp_path / "empty.key")
@@ -353,7 +353,7 @@ def test_a_future_whose_worker_is_killed_gets_its_result_from_another(
         ew_home: Path, tmp_path: Path) -> None:  # fmt: skip
     import signal
 
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
 
     key = write_key("kill", tmp_path / "kill.key")
     port = free_port()

@@ -10,7 +10,7 @@ import pytest
 from peer_procs import Workers, free_port, wait_until
 
 import elsewhere as ew
-from elsewhere.clusters.peer import peers
+from elsewhere.backends.peer import peers
 from elsewhere.peer.fairshare import FairShare, Waiting, decay
 from elsewhere.peer.keys import write_key
 

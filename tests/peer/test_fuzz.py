@@ -24,7 +24,6 @@ import msgpack
 import pytest
 from peer_testing import make_pair, pump
 
-from elsewhere.errors import ProtocolError
 from elsewhere.peer.announce import (
     Announcement,
     AnnouncementDecoder,
@@ -51,6 +50,7 @@ from elsewhere.peer.messages import (
     Task,
 )
 from elsewhere.peer.wire import Connection, Limits, Role
+from elsewhere.util.errors import ProtocolError
 
 SEED = 20261202
 LIMITS = Limits(

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.errors import ConfigError, PeerError
 from elsewhere.peer import keys
 from elsewhere.peer.keys import (
     KEY_BYTES,
@@ -23,6 +22,7 @@ from elsewhere.peer.keys import (
     parse_key_file,
     write_key,
 )
+from elsewhere.util.errors import ConfigError, PeerError
 
 
 def test_generate_key_is_random_and_32_bytes() -> None:

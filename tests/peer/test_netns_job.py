@@ -34,7 +34,7 @@ pytestmark = [
 JOB = textwrap.dedent("""
     import json, socket, sys, time
     import elsewhere as ew
-    from elsewhere.clusters.peer import peers
+    from elsewhere.backends.peer import peers
 
     def where(i):
         time.sleep(0.15)

@@ -26,14 +26,14 @@ from peer_procs import WorkerProc, free_port, wait_until
 from test_daemon import Client, decode
 
 import elsewhere as ew
-from elsewhere.clusters.peer import peers
-from elsewhere.errors import ProtocolError
+from elsewhere.backends.peer import peers
 from elsewhere.peer.announce import Announcement, PeerState, encode_announcement, new_peer_id
 from elsewhere.peer.child import Outcome
 from elsewhere.peer.discovery import DEFAULT_MULTICAST_GROUP, DiscoveryConfig, Listener
 from elsewhere.peer.keys import GroupKey, load_key, write_key
 from elsewhere.peer.messages import Accept, Ack, Ask, Identity, Ping, Result, Task
 from elsewhere.peer.wire import Connection, HandshakeComplete, Role
+from elsewhere.util.errors import ProtocolError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

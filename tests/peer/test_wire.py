@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from peer_testing import make_pair, pump
 
-from elsewhere.errors import PeerError, ProtocolError
 from elsewhere.peer import messages, wire
 from elsewhere.peer.keys import GroupKey
 from elsewhere.peer.messages import (
@@ -44,6 +43,7 @@ from elsewhere.peer.wire import (
     Received,
     Role,
 )
+from elsewhere.util.errors import PeerError, ProtocolError
 
 KEY_MODES = pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
 

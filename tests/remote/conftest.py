@@ -37,7 +37,7 @@ import pytest
 if importlib.util.find_spec("elsewhere") is None:  # not installed: test the source tree
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from elsewhere.remote import LocalTransport, SSHTransport, Transport
+from elsewhere.hosts import LocalTransport, SSHTransport, Transport
 
 REPO = Path(__file__).resolve().parents[2]
 SSHD_SCRIPT = REPO / "ci" / "services" / "sshd.sh"

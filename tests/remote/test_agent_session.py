@@ -1,4 +1,4 @@
-"""The agent session: one ``elsewhere.agent serve`` per host, requests over one ssh session.
+"""The agent session: one ``elsewhere.hosts.agent serve`` per host, requests over one ssh session.
 
 Against the CI sshd (the "remote" host is this machine, so the tests look at the
 copies directly), and ``agent serve`` fed by a pipe for the wire's edge cases.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.agent import MARKER
-from elsewhere.errors import HostUnreachable, RemoteSetupError
-from elsewhere.remote import SSHTransport
-from elsewhere.remote.session import AgentSession
-from elsewhere.remote.transport import CommandTimeout
+from elsewhere.hosts import SSHTransport
+from elsewhere.hosts.agent import MARKER
+from elsewhere.hosts.session import AgentSession
+from elsewhere.hosts.transport import CommandTimeout
+from elsewhere.util.errors import HostUnreachable, RemoteSetupError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -214,7 +214,7 @@ def test_unreachable_host_is_host_unreachable(make_ssh: MakeSSH) -> None:
 # -- the agent's side of the wire, fed by a pipe ------------------------------------------
 
 def _serve(*lines: bytes) -> tuple[int, list[dict[str, object]], str]:
-    proc = subprocess.run([PY, "-m", "elsewhere.agent", "serve"], input=b"".join(lines),
+    proc = subprocess.run([PY, "-m", "elsewhere.hosts.agent", "serve"], input=b"".join(lines),
                           capture_output=True, timeout=60)
     out = proc.stdout.decode()
     answers = [json.loads(line[len(MARKER):]) for line in out.splitlines() if line.startswith(MARKER)]

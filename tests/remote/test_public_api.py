@@ -1,11 +1,11 @@
-"""elsewhere.remote re-exports its public names, and only names that exist."""
+"""elsewhere.hosts re-exports its public names, and only names that exist."""
 
 from __future__ import annotations
 
 import inspect
 
-import elsewhere.remote as remote
-from elsewhere.remote import local, session, ssh, transport
+import elsewhere.hosts as remote
+from elsewhere.hosts import local, session, ssh, transport
 
 
 def test_all_is_complete_and_importable() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.errors import ConfigError
-from elsewhere.remote import SSHTransport, build_remote_command, build_rsync_rsh
+from elsewhere.hosts import SSHTransport, build_remote_command, build_rsync_rsh
+from elsewhere.util.errors import ConfigError
 
 PY = sys.executable
 ECHO_ARGV = "import json, sys; sys.stdout.write(json.dumps(sys.argv[1:]))"

@@ -18,7 +18,8 @@ from typing import Any
 import psutil
 import pytest
 
-from elsewhere.errors import (
+from elsewhere.hosts import SSHTransport, remote_python_info
+from elsewhere.util.errors import (
     AuthenticationError,
     CommandNotFound,
     HostKeyError,
@@ -26,7 +27,6 @@ from elsewhere.errors import (
     RemoteSetupError,
     TransportError,
 )
-from elsewhere.remote import SSHTransport, remote_python_info
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -108,7 +108,7 @@ def test_two_transports_to_one_host_share_a_master(make_ssh: MakeSSH) -> None:
 def test_processes_racing_for_the_master_open_one(sshd: SSHD, control_dir: str) -> None:
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from elsewhere.remote import SSHTransport;"
+        "from elsewhere.hosts import SSHTransport;"
         "t = SSHTransport('ci', ssh_config=sys.argv[2], control_dir=sys.argv[3]);"
         "t.run(['true']); print(t.connections_opened, t.master_pid()); t.close(keep_master=True)"
     )

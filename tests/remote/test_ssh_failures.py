@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.errors import AuthenticationError, HostKeyError, HostUnreachable
-from elsewhere.remote import SSHTransport, parse_ssh_failure
+from elsewhere.hosts import SSHTransport, parse_ssh_failure
+from elsewhere.util.errors import AuthenticationError, HostKeyError, HostUnreachable
 
 CAPTURED = {
     "hostkey-changed": (

@@ -12,14 +12,14 @@ from subprocess import PIPE
 import psutil
 import pytest
 
-from elsewhere.errors import CommandNotFound, ConfigError, RemoteSetupError, TransportError
-from elsewhere.remote import (
+from elsewhere.hosts import (
     CommandFailed,
     CommandTimeout,
     LocalTransport,
     Transport,
     remote_python_info,
 )
+from elsewhere.util.errors import CommandNotFound, ConfigError, RemoteSetupError, TransportError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

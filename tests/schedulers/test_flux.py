@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from elsewhere.errors import SchedulerError
 from elsewhere.schedulers import FluxSyntax, ScriptContext
 from elsewhere.schedulers.flux import JOBS_FORMAT, decode_f58, encode_f58
-from elsewhere.states import TaskState as T
+from elsewhere.util.errors import SchedulerError
+from elsewhere.util.states import TaskState as T
 
 S = FluxSyntax()
 

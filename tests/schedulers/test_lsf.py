@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from elsewhere.errors import SchedulerError
 from elsewhere.schedulers import LSFSyntax, ScriptContext
 from elsewhere.schedulers.lsf import _unwrap
-from elsewhere.states import TaskState as T
+from elsewhere.util.errors import SchedulerError
+from elsewhere.util.states import TaskState as T
 
 S = LSFSyntax()
 

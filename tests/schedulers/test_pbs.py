@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from elsewhere.errors import SchedulerError
 from elsewhere.schedulers import PBSSyntax, ScriptContext
-from elsewhere.states import TaskState as T
+from elsewhere.util.errors import SchedulerError
+from elsewhere.util.states import TaskState as T
 
 OPEN = PBSSyntax("openpbs")
 TORQUE = PBSSyntax("torque")

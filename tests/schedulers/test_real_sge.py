@@ -18,7 +18,7 @@ from scheduler_contract import (
 )
 
 from elsewhere.schedulers import SGESyntax
-from elsewhere.states import TaskState as T
+from elsewhere.util.states import TaskState as T
 
 SGE_ROOT = os.environ.get("SGE_ROOT", "/var/lib/gridengine")
 

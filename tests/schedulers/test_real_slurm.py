@@ -19,7 +19,7 @@ from scheduler_contract import (
 )
 
 from elsewhere.schedulers import ScriptContext, SlurmSyntax
-from elsewhere.states import TaskState as T
+from elsewhere.util.states import TaskState as T
 
 
 def _slurm_config() -> str | None:

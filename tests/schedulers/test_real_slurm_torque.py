@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from scheduler_contract import index_writer_context, status, submit, wait_until
 
-from elsewhere.errors import SchedulerError
 from elsewhere.schedulers import PBSSyntax
-from elsewhere.states import TaskState as T
+from elsewhere.util.errors import SchedulerError
+from elsewhere.util.states import TaskState as T
 
 WRAPPERS = Path(os.environ.get("ELSEWHERE_CI_TORQUE_DIR", "/opt/elsewhere-ci/torque")) / "bin"
 

@@ -11,7 +11,6 @@ import subprocess
 import pytest
 
 import elsewhere.schedulers as schedulers
-from elsewhere.errors import ConfigError
 from elsewhere.schedulers import (
     BatchSyntax,
     SchedulerSyntax,
@@ -25,6 +24,7 @@ from elsewhere.schedulers import (
     split_array_first,
 )
 from elsewhere.schedulers.syntax import parse_int
+from elsewhere.util.errors import ConfigError
 
 ALL = ["slurm", "sge", "openpbs", "torque", "slurm-torque", "lsf", "htcondor", "flux"]
 PREFIX = {

@@ -1,4 +1,4 @@
-"""``elsewhere.doctor``: every check against the real loopback sshd (ci/services/sshd.sh);
+"""``elsewhere.api.doctor``: every check against the real loopback sshd (ci/services/sshd.sh);
 each kind of breakage gives a failed check that says what to fix."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from elsewhere import __version__
-from elsewhere.doctor import Check, diagnose, format_report
-from elsewhere.errors import ConfigError
+from elsewhere.api.doctor import Check, diagnose, format_report
+from elsewhere.util.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(120)
 PY = sys.executable  # the "remote" side is this machine: the venv has elsewhere

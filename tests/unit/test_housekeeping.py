@@ -1,4 +1,4 @@
-"""Spare job folders and background removal (elsewhere.housekeeping)."""
+"""Spare job folders and background removal (elsewhere.folder.housekeeping)."""
 
 import os
 import stat
@@ -7,8 +7,8 @@ import sys
 import textwrap
 import time
 
-from elsewhere import housekeeping
-from elsewhere.jobfolder import remove_folder
+from elsewhere.folder import housekeeping
+from elsewhere.folder.lifecycle import remove_folder
 
 
 def wait_for(cond, timeout_s=30.0):
@@ -57,8 +57,8 @@ def test_removals_left_at_exit_are_done_before_the_process_ends(tmp_path):
     script = textwrap.dedent(f"""
         import threading
         from pathlib import Path
-        from elsewhere import housekeeping
-        from elsewhere.jobfolder import remove_folder
+        from elsewhere.folder import housekeeping
+        from elsewhere.folder.lifecycle import remove_folder
         import os
         root = Path({str(tmp_path)!r})
         # as if the background thread were busy elsewhere: the removals must happen at exit
@@ -86,7 +86,7 @@ def test_syncs_left_at_exit_are_done(tmp_path):
     script = textwrap.dedent(f"""
         import os, threading
         from pathlib import Path
-        from elsewhere import housekeeping
+        from elsewhere.folder import housekeeping
         root = Path({str(tmp_path)!r})
         real = housekeeping._sync
         def sync(spec):

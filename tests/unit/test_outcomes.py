@@ -2,8 +2,8 @@
 
 import pytest
 
-from elsewhere.journal import Outcomes
-from elsewhere.records import Kind, Record
+from elsewhere.folder.journal import Outcomes
+from elsewhere.folder.records import Kind, Record
 
 
 def rec(task, count=1, attempt=0):

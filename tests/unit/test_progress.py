@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from elsewhere import progress
-from elsewhere.states import TaskState
+from elsewhere.util import progress
+from elsewhere.util.states import TaskState
 
 
 class FakeTTY(io.StringIO):

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from elsewhere.store import QUEUE, QUEUE_B, JobStore, new_queue, read_queue, write_queue
+from elsewhere.folder.store import QUEUE, QUEUE_B, JobStore, new_queue, read_queue, write_queue
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from elsewhere import records
-from elsewhere.records import Kind
+from elsewhere.folder import records
+from elsewhere.folder.records import Kind
 
 
 def test_frames_round_trip_and_torn_tail():

@@ -1,4 +1,4 @@
-"""Per-task seeds applied on first use (elsewhere.seeding) give what eager seeding gives."""
+"""Per-task seeds applied on first use (elsewhere.run.seeding) give what eager seeding gives."""
 
 import random
 import subprocess
@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from elsewhere.seeding import TaskSeeder
+from elsewhere.run.seeding import TaskSeeder
 
 
 def eager_random(job_seed, index):
@@ -106,7 +106,7 @@ def test_numpy_imported_inside_a_task(order):
     # NumPy not loaded when the worker starts; the task imports it.
     script = textwrap.dedent(f"""
         import random, sys
-        from elsewhere.seeding import TaskSeeder
+        from elsewhere.run.seeding import TaskSeeder
         assert "numpy" not in sys.modules
         s = TaskSeeder()
         s.begin(11, 6)
@@ -132,7 +132,7 @@ def test_random_imported_inside_a_task():
     # never draws numbers does not pay for importing them); the task imports both.
     script = textwrap.dedent("""
         import sys
-        from elsewhere.seeding import TaskSeeder
+        from elsewhere.run.seeding import TaskSeeder
         assert "random" not in sys.modules and "numpy" not in sys.modules
         s = TaskSeeder()
         assert "random" not in sys.modules

@@ -9,7 +9,7 @@ import types
 import cloudpickle
 import numpy as np
 
-from elsewhere import serial
+from elsewhere.folder import serial
 
 
 def module_level(x):
@@ -103,7 +103,7 @@ def test_functions_of_a_module_gone_from_sys_modules_travel_by_value():
 def test_this_package_never_travels_by_value():
     # every worker runs it, even when it is a checkout outside site-packages (a registered
     # module stays registered for the whole process: its classes would all go by value)
-    assert not serial.needs_by_value("elsewhere.serial", shared_fs=False)
+    assert not serial.needs_by_value("elsewhere.folder.serial", shared_fs=False)
     assert not serial.needs_by_value("elsewhere", shared_fs=False)
     assert serial.needs_by_value(__name__, shared_fs=False)
 
@@ -111,7 +111,7 @@ def test_this_package_never_travels_by_value():
 def test_functions_of_a_script_travel_by_value():
     # __main__ of another process: the standard pickler would write a reference to
     # a name this process does not have.
-    script = ("import sys\nfrom elsewhere import serial\n"
+    script = ("import sys\nfrom elsewhere.folder import serial\n"
               "class C:\n    pass\n"
               "def f(x):\n    return x + 41\n"
               "data, _ = serial.dumps([f, C()])\nsys.stdout.buffer.write(data)\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elsewhere.states import JobState, TaskState, can_move, count_states, derive_job_state
+from elsewhere.util.states import JobState, TaskState, can_move, count_states, derive_job_state
 
 
 def test_forward_only():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.threads import THREAD_VARS, ThreadLimits
+from elsewhere.run.threads import THREAD_VARS, ThreadLimits
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
@@ -57,7 +57,7 @@ def test_cores_that_are_not_a_count_change_nothing(clean_env: None) -> None:
 _LOADED = """
 import json, os, sys
 import numpy, threadpoolctl
-from elsewhere.threads import ThreadLimits
+from elsewhere.run.threads import ThreadLimits
 
 def blas():
     return sorted({p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"})

@@ -28,13 +28,7 @@ from .announce import (
     encode_announcement,
     new_peer_id,
 )
-from .discovery import (
-    DEFAULT_MULTICAST_GROUP,
-    DEFAULT_PORT,
-    Announcer,
-    DiscoveryConfig,
-    Listener,
-)
+from .discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, Announcer, DiscoveryConfig, Listener
 from .frames import OutgoingFrame
 from .keys import (
     LOOPBACK_HOST,
@@ -68,15 +62,7 @@ from .messages import (
     Result,
     Task,
 )
-from .wire import (
-    Connection,
-    ConnectionState,
-    Event,
-    HandshakeComplete,
-    Limits,
-    Received,
-    Role,
-)
+from .wire import Connection, ConnectionState, Event, HandshakeComplete, Limits, Received, Role
 
 __all__ = [
     "DEFAULT_MULTICAST_GROUP",

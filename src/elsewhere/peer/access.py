@@ -16,7 +16,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ..util.errors import ConfigError
 
 __all__ = ["AccessRules", "loopback_peer_uid", "same_user"]
 

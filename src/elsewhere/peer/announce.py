@@ -45,7 +45,7 @@ import msgpack
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import ProtocolError
+from ..util.errors import ProtocolError
 from .keys import GroupKey
 
 __all__ = [

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..util.errors import ConfigError
 
 __all__ = ["MAX_FILES_BYTES", "pack_files", "unpack_files"]
 
@@ -30,7 +30,7 @@ MAX_FILES_BYTES = 1 << 30
 
 @functools.cache
 def _tree() -> dict[str, Any]:
-    from ..remote.local import tree_functions
+    from ..hosts.local import tree_functions
 
     return tree_functions()
 

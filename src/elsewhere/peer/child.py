@@ -299,10 +299,11 @@ class _Child:
         self.saved_env: dict[str, str | None] = {}
         self.common: dict[str, tuple[Any, Any]] = {}  # digest -> (fn, job_data) or (job_data, files)
         self.attached: set[tuple[str, str]] = set()  # (folder, digest) of files unpacked
-        from .. import context, serial
-        from ..jobrun import _describe_error, flush_output
-        from ..seeding import TaskSeeder
-        from ..threads import ThreadLimits
+        from ..folder import serial
+        from ..run import context
+        from ..run.jobrun import _describe_error, flush_output
+        from ..run.seeding import TaskSeeder
+        from ..run.threads import ThreadLimits
 
         self.seeder = TaskSeeder()  # the same seeds, and costs, as on every other backend
         self.threads = ThreadLimits()  # BLAS and OpenMP threads: the job's cores per task

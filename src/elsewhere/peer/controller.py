@@ -47,8 +47,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..errors import PeerError, ProtocolError
-from ..progress import NoteTeller
+from ..util.errors import PeerError, ProtocolError
+from ..util.progress import NoteTeller
 from .access import same_user
 from .announce import Announcement, PeerInfo, PeerState, new_peer_id
 from .child import Outcome
@@ -84,7 +84,7 @@ from .stream import Closed, ConnectionPump, ReusableBuffers
 from .wire import Connection, HandshakeComplete, Limits, Received, Role
 
 if TYPE_CHECKING:
-    from ..job import Job
+    from ..api.job import Job
 
 __all__ = ["MAX_RESUBMITS", "Controller"]
 
@@ -107,7 +107,7 @@ class Controller:
     """Places the tasks of one job on peers and stores their results (see the module doc)."""
 
     def __init__(self, job: Job, settings: ControllerSettings) -> None:
-        from ..payload import PayloadReader
+        from ..folder.payload import PayloadReader
 
         self.job = job
         self.store = job.store
@@ -321,7 +321,7 @@ class Controller:
 
     # -- state from the job folder ---------------------------------------------------------
     def _load_state(self) -> None:
-        from ..journal import JournalReader
+        from ..folder.journal import JournalReader
 
         reader = JournalReader(self.store)
         reader.refresh()
@@ -699,7 +699,7 @@ class Controller:
             self._write_worker_info(w)
 
     def _write_worker_info(self, w: Worker) -> None:
-        from ..store import write_json
+        from ..folder.store import write_json
 
         info = {"host": w.host, "pid": w.pid, "peer_id": w.peer_id, "user": w.info.announcement.user,
                 "address": list(w.info.connect_address), "python": ""}  # fmt: skip
@@ -797,7 +797,7 @@ class Controller:
             return True
         self._unsent_parts(w, info)
         if len(b.indices) == 1:
-            from .units import format_size
+            from ..util.units import format_size
 
             raise PeerError(
                 f"its data with its function ({format_size(size)} in {len(buffers)} buffers) is over "
@@ -919,7 +919,7 @@ class Controller:
         """Give the Executor each finished task's value from the buffers just received
         (no copy; the buffers are not reused while the values hold them). A value that
         cannot be unpickled here is left to the Executor's reading of the job folder."""
-        from .. import serial
+        from ..folder import serial
 
         for group, group_rows in rows.items():
             pickled, oob = groups[group]
@@ -943,7 +943,7 @@ class Controller:
 
     def _write_lost(self, w: Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
                     t0: float, t1: float) -> None:  # fmt: skip
-        from ..records import Kind, make_record
+        from ..folder.records import Kind, make_record
 
         try:
             err = pickle.loads(pickled)  # [a small dict] the worker daemon made (authenticated)
@@ -978,8 +978,8 @@ class Controller:
 
     def _fail_tasks(self, indices: list[int], exc: BaseException) -> None:
         """Tasks that cannot even be sent (their inputs cannot be pickled here)."""
-        from ..jobrun import _describe_error
-        from ..journal import OutcomeWriter
+        from ..folder.journal import OutcomeWriter
+        from ..run.jobrun import _describe_error
 
         writer = OutcomeWriter(self.store, f"peer-controller-{self.short}")
         try:
@@ -1115,7 +1115,7 @@ class Controller:
                     self.pending.append(i)
 
     def _write_gone(self, index: int, w: Worker) -> None:
-        from ..records import Kind, make_record
+        from ..folder.records import Kind, make_record
 
         with self.store.locked_queue() as q:
             q.setdefault("lost_reason", {})[str(index)] = (

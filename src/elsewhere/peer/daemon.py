@@ -46,7 +46,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ConfigError, PeerError, ProtocolError
+from ..util.errors import ConfigError, PeerError, ProtocolError
 from .access import same_user
 from .admission import Admission, Peer
 from .announce import Announcement, PeerState, new_peer_id

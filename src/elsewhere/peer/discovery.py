@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
-from ..errors import ConfigError, PeerError, ProtocolError
+from ..util.errors import ConfigError, PeerError, ProtocolError
 from .announce import (
     MAX_DATAGRAM,
     Announcement,

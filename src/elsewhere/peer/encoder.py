@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from .attached import pack_files
 
 if TYPE_CHECKING:
-    from ..payload import PayloadReader
+    from ..folder.payload import PayloadReader
 
 __all__ = ["TaskEncoder"]
 
@@ -60,7 +60,7 @@ class TaskEncoder:
     def prepare(self, entry: tuple[Any, tuple[Any, ...], dict[str, Any]]) -> Any:
         """Pickle a task ``(fn, args, kwargs)`` in the calling thread: its function part
         once per function (cached), its inputs now (see :meth:`.controller.Controller.prepare`)."""
-        from .. import serial
+        from ..folder import serial
 
         fn, args, kwargs = entry
         with self.lock:
@@ -129,7 +129,7 @@ class TaskEncoder:
                 if self._job_data is None and files is None:
                     self._job_part = None
                 else:
-                    from .. import serial
+                    from ..folder import serial
 
                     packed = None if files is None else (files[0], pickle.PickleBuffer(files[1]))
                     self._job_part = _digested("j", *serial.dumps((self._job_data, packed)))
@@ -140,7 +140,7 @@ class TaskEncoder:
         without job parts)."""
         cached = self._combined.get(digest)
         if cached is None:
-            from .. import serial
+            from ..folder import serial
 
             cached = self._combined[digest] = _digested("c", *serial.dumps((fn, self._job_data)))
             if len(self._combined) > 256:
@@ -150,7 +150,7 @@ class TaskEncoder:
     def _pickle_batch(self, indices: list[int],
                       in_memory: Mapping[int, Any]) -> tuple[str, list[Any], bytes, list[Any], Any]:
         """The function part, the pickled entries of a batch's tasks, and the function."""
-        from .. import serial
+        from ..folder import serial
 
         entries = [self._entry(i, in_memory) for i in indices]
         own = {id(e[0]) for e in entries}
@@ -176,7 +176,7 @@ class TaskEncoder:
     def _read(self, read: Callable[..., Any], *args: Any) -> Any:
         """``read(*args)`` from the payload, which names the user's modules: if one cannot
         be imported here, once more with the job's folders on ``sys.path``."""
-        from ..jobfolder import import_from_job
+        from ..folder.lifecycle import import_from_job
 
         try:
             return read(*args)
@@ -206,7 +206,7 @@ class TaskEncoder:
         return part
 
     def _pickle_part(self, fn: Any) -> tuple[str, list[Any]]:
-        from .. import serial
+        from ..folder import serial
 
         if fn is not None:
             self._register_by_value(fn)
@@ -218,7 +218,7 @@ class TaskEncoder:
 
         import cloudpickle
 
-        from .. import serial
+        from ..folder import serial
 
         name = getattr(fn, "__module__", None)
         if not isinstance(name, str) or name not in sys.modules:

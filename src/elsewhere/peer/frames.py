@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import PeerError
+from ..util.errors import PeerError
 from .messages import TAG_SIZE, MessageType
 
 __all__ = ["SMALL_BODY", "DirectionKey", "OutgoingFrame", "as_bytes_view", "hkdf"]

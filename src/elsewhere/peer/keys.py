@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from ..errors import ConfigError, PeerError
+from ..util.errors import ConfigError, PeerError
 
 __all__ = [
     "DEFAULT_GROUP",

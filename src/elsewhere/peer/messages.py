@@ -23,7 +23,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import msgpack
 
-from ..errors import ProtocolError
+from ..util.errors import ProtocolError
 
 __all__ = [
     "FIXED",

@@ -77,7 +77,7 @@ class WorkerOptions:
     stats_file: str | None = None
 
     def __post_init__(self) -> None:
-        from ..errors import ConfigError
+        from ..util.errors import ConfigError
 
         if not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")

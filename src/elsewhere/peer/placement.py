@@ -119,7 +119,7 @@ class Worker:
 
     def why_not(self, settings: ControllerSettings) -> str:
         """Why tasks that need what ``settings`` say cannot go to it now ("" if they can)."""
-        from .units import format_duration, format_size
+        from ..util.units import format_duration, format_size
 
         a = self.info.announcement
         s = settings

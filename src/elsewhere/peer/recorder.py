@@ -26,9 +26,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .. import records
-from ..journal import OutcomeWriter
-from ..store import JobStore, writev_all
+from ..folder import records
+from ..folder.journal import OutcomeWriter
+from ..folder.store import JobStore, writev_all
 
 __all__ = ["GroupWriter", "Recorder"]
 

@@ -193,7 +193,7 @@ def cap_result(run: Run, max_bytes: int, host: str) -> int:
     room = max_bytes - logs - len(sizes) * 4096  # (an error value takes well under 4 kB)
     if sum(sizes) <= room:
         return 0
-    from .units import format_size
+    from ..util.units import format_size
 
     used = 0
     alone: dict[int, int] = {}  # group -> its size: too large even alone

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import PeerError, ProtocolError
+from ..util.errors import PeerError, ProtocolError
 from .frames import OutgoingFrame
 from .wire import Buffer, Connection, Event
 

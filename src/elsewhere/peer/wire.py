@@ -77,7 +77,7 @@ from typing import Any, NamedTuple, Union
 
 import msgpack
 
-from ..errors import PeerError, ProtocolError
+from ..util.errors import PeerError, ProtocolError
 from .frames import SMALL_BODY, DirectionKey, OutgoingFrame, as_bytes_view, hkdf
 from .keys import GroupKey
 from .messages import (

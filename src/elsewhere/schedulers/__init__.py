@@ -30,7 +30,6 @@ from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
 
-from elsewhere.errors import ConfigError
 from elsewhere.schedulers.flux import FluxSyntax
 from elsewhere.schedulers.htcondor import HTCondorSyntax
 from elsewhere.schedulers.lsf import LSFSyntax
@@ -50,6 +49,7 @@ from elsewhere.schedulers.syntax import (
     parse_walltime,
     split_array_first,
 )
+from elsewhere.util.errors import ConfigError
 
 __all__ = [
     "BUILTIN",

@@ -35,7 +35,7 @@ from elsewhere.schedulers.syntax import (
     protocol_error,
     split_array_first,
 )
-from elsewhere.states import TaskState
+from elsewhere.util.states import TaskState
 
 __all__ = ["FluxSyntax", "decode_f58", "encode_f58"]
 

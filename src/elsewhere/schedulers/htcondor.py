@@ -27,7 +27,6 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.errors import ConfigError
 from elsewhere.schedulers.syntax import (
     BatchSyntax,
     NativeStatus,
@@ -36,7 +35,8 @@ from elsewhere.schedulers.syntax import (
     protocol_error,
     split_array_first,
 )
-from elsewhere.states import TaskState
+from elsewhere.util.errors import ConfigError
+from elsewhere.util.states import TaskState
 
 __all__ = ["HTCondorSyntax"]
 

@@ -25,7 +25,7 @@ from elsewhere.schedulers.syntax import (
     parse_int,
     protocol_error,
 )
-from elsewhere.states import TaskState
+from elsewhere.util.states import TaskState
 
 __all__ = ["LSFSyntax"]
 

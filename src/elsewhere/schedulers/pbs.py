@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from elsewhere.errors import ConfigError, SchedulerError
 from elsewhere.schedulers.syntax import (
     BatchSyntax,
     NativeStatus,
@@ -43,7 +42,8 @@ from elsewhere.schedulers.syntax import (
     parse_int,
     protocol_error,
 )
-from elsewhere.states import TaskState
+from elsewhere.util.errors import ConfigError, SchedulerError
+from elsewhere.util.states import TaskState
 
 __all__ = ["PBSSyntax"]
 

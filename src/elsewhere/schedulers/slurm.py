@@ -20,7 +20,6 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.errors import ConfigError, SchedulerError
 from elsewhere.schedulers.syntax import (
     BatchSyntax,
     NativeStatus,
@@ -28,7 +27,8 @@ from elsewhere.schedulers.syntax import (
     parse_int,
     protocol_error,
 )
-from elsewhere.states import TaskState
+from elsewhere.util.errors import ConfigError, SchedulerError
+from elsewhere.util.states import TaskState
 
 __all__ = ["SlurmSyntax"]
 

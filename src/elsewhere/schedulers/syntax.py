@@ -36,8 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jinja2
 
-from elsewhere.errors import ConfigError, SchedulerError
-from elsewhere.states import TaskState
+from elsewhere.util.errors import ConfigError, SchedulerError
+from elsewhere.util.states import TaskState
 
 __all__ = [
     "BatchSyntax",
@@ -386,13 +386,13 @@ class BatchSyntax:
     # -- script -------------------------------------------------------------
 
     def template_name(self) -> str:
-        """The built-in template's file name under ``elsewhere/templates``."""
+        """The built-in template's file name under ``elsewhere/schedulers/templates``."""
         return f"{self.name}.j2"
 
     def builtin_template(self) -> str:
         """The text of the built-in template."""
         resource = (
-            importlib.resources.files("elsewhere")
+            importlib.resources.files("elsewhere.schedulers")
             .joinpath("templates")
             .joinpath(self.template_name())
         )

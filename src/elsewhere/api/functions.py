@@ -1,0 +1,530 @@
+"""The public functions: map, submit, create_job, recover, jobs, local, cluster."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable, Sized
+from pathlib import Path
+from typing import Any
+
+from ..backends.base import Cluster
+from ..folder import serial
+from ..folder.lifecycle import busy, create_store, new_job_meta, remove_folder
+from ..folder.registry import Registry
+from ..folder.store import META, JobStore
+from ..util import paths
+from ..util.errors import ConfigError, JobNotFound
+from .job import Job
+
+
+def local(cores: int | None = None, **options: Any) -> Cluster:
+    """Worker processes on this machine (the default cluster).
+
+    ``cores``: how many cores a job may use (default: the free ones);
+    ``cores_per_task``: cores each task gets; ``idle_timeout_s``: how long
+    workers stay warm after a job.
+    """
+    from ..backends.local import LocalCluster
+
+    return LocalCluster(cores, **options)
+
+
+def ssh(nodes: Any, **settings: Any) -> Cluster:
+    """Workers on hosts reached over ssh (dMod2's sshNodes).
+
+    ``ew.ssh(["server1", "user@server2"])`` uses every node's free cores;
+    ``ew.ssh({"server1": 24, "server2": 20})`` at most that many. Settings:
+    cores_per_task, python (one, or a dict per node), remote_storage, setup,
+    ssh_options, ssh_config, host_timeout_s.
+    """
+    from ..backends.ssh import SSHCluster
+
+    return SSHCluster(nodes, **settings)
+
+
+def peers(group: str | None = None, **settings: Any) -> Cluster:
+    """The peer network (FieldTrip's peercellfun): workstations running ``elsewhere peer worker``.
+
+    ``group`` and ``key`` name the group (without a key: this machine only,
+    over loopback); ``memory`` and ``time`` say what each task needs; ``peers``
+    lists addresses where multicast discovery is not allowed.
+    """
+    from ..backends.peer import PeerCluster
+
+    return PeerCluster(group, **settings)
+
+
+def slurm(**settings: Any) -> Cluster:
+    """A SLURM cluster: ``ew.slurm(partition="debug", cores_per_task=4, walltime="01:00:00")``.
+
+    Settings are those of :class:`elsewhere.backends.batch.BatchCluster`
+    (queue/partition, account, qos, walltime, mem, gpus, tasks_per_element,
+    max_running, template, env_setup, python, host, remote_storage, sbatch=[...]).
+    """
+    from ..backends.schedulers import SlurmCluster
+
+    return SlurmCluster(**settings)
+
+
+def batch(scheduler: str, **settings: Any) -> Cluster:
+    """Any batch scheduler by name: "slurm", "sge", "pbs", "torque", "lsf", "htcondor", "flux",
+    or a user's own registered under the entry-point group ``elsewhere.schedulers``."""
+    from ..backends import cluster_class
+
+    return cluster_class(scheduler)(**settings)
+
+
+def cluster(name: str, **overrides: Any) -> Cluster:
+    """The cluster a profile describes (``[profiles.NAME]`` in config.toml)."""
+    from .profiles import load_profile
+
+    return load_profile(name, **overrides)
+
+
+def _resolve(on: Cluster | str | None) -> Cluster:
+    if on is None:
+        return local()
+    if isinstance(on, Cluster):
+        return on
+    if isinstance(on, str):
+        if on == "local":
+            return local()
+        return cluster(on)
+    raise ConfigError(f"on= takes a cluster (e.g. ew.local()) or a profile name, not {on!r}")
+
+
+def _is_dataframe(x: Any) -> bool:
+    t = type(x)
+    return t.__name__ == "DataFrame" and t.__module__.startswith("pandas")
+
+
+def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], str]:
+    """One entry per task, and their form: ``"single"`` (one iterable: its
+    elements, each a task's only argument), ``"args"`` (zipped iterables:
+    argument tuples) or ``"entries"`` (a DataFrame: one ``(None, (),
+    row_as_kwargs)`` triple per row).
+    """
+    if not iterables:
+        raise ConfigError("give at least one iterable of inputs (one task per element)")
+    if len(iterables) == 1 and _is_dataframe(iterables[0]):
+        df: Any = iterables[0]
+        return [(None, (), {str(k): v for k, v in row.items()}) for row in df.to_dict("records")], "entries"
+    for i, it in enumerate(iterables):
+        if isinstance(it, (str, bytes)) or not hasattr(it, "__iter__"):
+            raise ConfigError(
+                f"input {i} is not an iterable of task inputs (got {type(it).__name__}); "
+                "wrap a single value in a list"
+            )
+    if len(iterables) == 1:
+        return list(iterables[0]), "single"
+    lengths = [len(it) for it in iterables if isinstance(it, Sized)]
+    if len(lengths) == len(iterables) and len(set(lengths)) > 1:  # a task lost to a typo
+        raise ConfigError(
+            f"the inputs have different lengths ({', '.join(map(str, lengths))}): one task per "
+            "element of each; to keep an argument the same in every task, repeat it "
+            "(itertools.repeat, which zips to the others' length) or bind it with functools.partial"
+        )
+    return list(zip(*iterables)), "args"
+
+
+def _as_entries(tasks: list[Any], form: str) -> list[Any]:
+    """``(fn, args, kwargs)`` triples from tasks in ``form``."""
+    if form == "single":
+        return [(None, (a,), {}) for a in tasks]
+    if form == "args":
+        return [(None, a, {}) for a in tasks]
+    return tasks
+
+
+def _default_name(fn: Any) -> str:
+    base = getattr(fn, "__name__", "job")
+    if not base.isidentifier():
+        base = "job"
+    return f"{base}-{os.urandom(3).hex()}"
+
+
+def create_job(
+    on: Cluster | str | None = None,
+    *,
+    name: str | None = None,
+    tag: str = "",
+    seed: int | None = None,
+    retries: int = 0,
+    files: Iterable[str | os.PathLike[str]] | None = None,
+    job_data: Any = None,
+    env: dict[str, str] | None = None,
+    storage: str | os.PathLike[str] | None = None,
+    _fn: Any = None,
+    _stream: bool = False,
+    _n_tasks: int = 0,
+    _submitting: bool = False,
+    _waited: bool = False,
+) -> Job:
+    """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
+
+    Args:
+        on: the cluster (default ``ew.local()``) or a profile name.
+        name: unique among running jobs; default the function name plus a random suffix.
+        tag: free text kept with the job.
+        seed: task i runs with ``random`` and NumPy seeded from seed + i; default
+            a random seed (recorded). Seeding costs only what a job uses (``random``
+            once loaded, NumPy on a task's first draw). ``False`` turns per-task
+            seeding off.
+        retries: how many times a task whose worker vanished is run again.
+        files: files and folders copied into the job (they sit in the task's
+            working directory when the caller's is not there, and are on ``sys.path``).
+        job_data: sent once per worker; tasks read it as ``ew.task().job_data``.
+        env: environment variables set while the tasks run.
+        storage: folder for the job folder (default: the cluster's, else ``<home>/jobs``).
+    """
+    cl = _resolve(on)
+    if name is not None and (not isinstance(name, str) or not name.strip()
+                             or any(ord(c) < 32 for c in name) or len(name) > 200):
+        raise ConfigError(f"a job name must be a non-empty line of text (at most 200 characters), not {name!r}")
+    if not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"retries must be a non-negative integer, not {retries!r}")
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 random bits
+    elif seed is False:
+        seed = None  # no per-task seeding: for floods of tiny tasks that use no randomness
+    elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed must be a non-negative integer, None (random) or False (off), not {seed!r}")
+    root = Path(storage).expanduser().absolute() if storage else (cl.storage or paths.default_storage())
+    job_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(4).hex()
+    meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl.describe(),
+                        cores_per_task=cl.cores_per_task, seed=seed, tag=tag,
+                        retries=retries, env=env, stream=_stream)
+    if _submitting:  # ew.submit: written once, whole (the payload follows at once)
+        meta["n_tasks"] = _n_tasks
+        meta["submitted"] = time.time()
+    if _waited:  # ew.map: its caller waits for the end (a peer controller then runs there)
+        meta["waited"] = True
+    if not cl.shares_filesystem():
+        # Paths of this machine mean nothing over there (even where they happen
+        # to exist): tasks run in the job's files folder, code travels by value.
+        meta["cwd"] = None
+        meta["sys_path"] = []
+    store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
+    if files:
+        _copy_files(store, files)
+        if not cl.sends_files():
+            import warnings
+
+            warnings.warn(
+                f"{type(cl).__name__} does not send files= to its workers: tasks find them only on "
+                "machines where the caller's directory exists (the same machine, or a shared file "
+                "system); pass their contents as arguments or job_data to reach other machines",
+                UserWarning, stacklevel=3,
+            )  # fmt: skip
+    job = Job(store, cl, meta)
+    job._job_data = job_data
+    job._queue_n = _n_tasks
+    return job
+
+
+def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> None:
+    import shutil
+
+    dest = store.path / "files"
+    dest.mkdir(mode=0o700, exist_ok=True)
+    for f in files:
+        src = Path(f).expanduser()
+        if not src.exists():
+            shutil.rmtree(store.path, ignore_errors=True)
+            raise ConfigError(f"files=: {str(f)!r} does not exist (looked in {Path.cwd()})")
+        target = dest / src.name
+        if src.is_dir():
+            shutil.copytree(src, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+
+
+def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
+                      *, communicating: bool = False) -> None:
+    """Write the payload, register the job, hand it to its cluster.
+
+    ``tasks`` are in ``form`` (see ``tasks_from_inputs``).
+    """
+    from ..folder.payload import PayloadWriter
+
+    store = job.store
+    entries: list[Any] = list(tasks or [])
+    if job._staged:
+        entries = _as_entries(entries, form)
+        form = "entries"
+        entries += job._staged
+    fns = [fn] + [e[0] for e in job._staged]
+    if not communicating:
+        try:
+            job.cluster.prepare(job, len(entries))  # workers start while the inputs are written
+        except Exception:
+            pass  # submit_independent will try again and report
+    try:
+        shared = job.cluster.shares_filesystem()
+        with (PayloadWriter(store.path / "payload.log", compress=not shared) as w,
+              serial.by_value_for(fns, shared_fs=shared)):
+            try:
+                w.write_common(fn, job._job_data)
+                if entries:
+                    w.write_tasks(0, entries, form=form)
+            except Exception:
+                serial.check_serialisable(fn, _as_entries(entries, form), job_data=job._job_data)  # names the culprit
+                raise
+    except BaseException:
+        remove_folder(store.path)  # workers started early may be inside: rename, then remove
+        raise
+    n = len(entries)
+    job._staged = []
+    meta = job._meta
+    if meta.get("stream"):
+        meta = store.update_meta(fsync=False, submitted=time.time())
+    elif meta.get("n_tasks") != n or not meta.get("submitted"):
+        meta = store.update_meta(fsync=False, n_tasks=n, submitted=time.time())
+    from ..folder import housekeeping
+
+    housekeeping.sync_later(store.path, (META, "payload.log"))  # durable in the background, at exit at the latest
+    job._meta = meta
+    if not meta.get("stream") and job._queue_n != n and store.queue().get("n") != n:  # usually written at creation
+        with store.locked_queue() as q:
+            q["n"] = n
+    reg = Registry()
+    try:
+        reg.add(meta, store.path, _current_state)
+    except BaseException:
+        remove_folder(store.path)  # workers started early may be inside: rename, then remove
+        raise
+    try:
+        if communicating:
+            job.cluster.submit_communicating(job)
+        else:
+            job.cluster.submit_independent(job)
+        if not store.seen_submitted and not store.queue().get("submitted"):  # only ever set: no lock to look
+            with store.locked_queue() as q:
+                q["submitted"] = True  # whatever the plugin did: the job is now in its hands
+    except BaseException:
+        # Nothing runs: do not leave a half-submitted job behind.
+        reg.remove(job.id)
+        remove_folder(store.path)
+        raise
+    job._dirty()
+
+
+def _current_state(row: dict[str, Any]) -> str | None:
+    path = Path(row["path"])
+    if not (path / "job.json").exists():
+        return None
+    try:
+        job = _open(path)
+        job.cluster.poll(job)  # a job whose workers all died is not running
+        return job.state.value
+    except Exception:
+        return None
+
+
+def submit(
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    name: str | None = None,
+    _waited: bool = False,
+    **options: Any,
+) -> Job:
+    """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
+
+    Inputs of different lengths are refused when all have a length (a task lost to a
+    typo); an unsized one (a generator, ``itertools.repeat``) zips to the others.
+
+    A single pandas DataFrame gives one task per row, its columns as keyword
+    arguments. Options are those of :func:`create_job` (seed, retries, tag,
+    files, job_data, env, storage). The tasks run detached: they go on if
+    this process ends, and ``ew.recover(name)`` finds the job again.
+    """
+    if not callable(fn):
+        raise ConfigError(f"submit needs a callable first, not {fn!r}")
+    unknown = sorted(set(options) - _option_names())
+    if unknown:
+        raise ConfigError(
+            f"unknown option {unknown[0]!r}; the options are {', '.join(sorted(_option_names()))}. "
+            "Arguments of the function go in the iterables, one per task (keyword arguments "
+            "as the columns of a DataFrame), or are bound with functools.partial"
+        )
+    with busy():  # thousands of argument tuples: no collector; housekeeping waits
+        tasks, form = tasks_from_inputs(iterables)
+        if not tasks:  # a job without tasks would wait for ever
+            raise _NoTasks("nothing to run: the inputs are empty (ew.map returns [] for them)")
+        _warn_repeated(fn, tasks, form, stacklevel=4 if _waited else 3)
+        job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
+                         **options)  # fmt: skip
+        _write_and_submit(job, fn, tasks, form)
+    return job
+
+
+_REPEATED_MIN_BYTES = 1 << 20  # an argument every task shares, worth a word when it is this large
+_REPEATED_WASTE_BYTES = 64 << 20  # ... and its copies after the first add up to this
+
+
+def _nbytes(obj: Any) -> int:
+    """What ``obj`` weighs in a payload: its pickle and its out-of-band buffers (0 if it
+    cannot be pickled here: cloudpickle will say more when the payload is written)."""
+    nbytes = getattr(obj, "nbytes", None)  # NumPy arrays, memoryviews: no pickling to know
+    if isinstance(nbytes, int) and not isinstance(obj, type):
+        return nbytes
+    if isinstance(obj, (bytes, bytearray, str)):
+        return len(obj)
+    import pickle
+
+    bufs: list[Any] = []
+    try:
+        data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    except Exception:
+        return 0
+    return len(data) + sum(memoryview(b).nbytes for b in bufs)
+
+
+def _warn_repeated(fn: Any, tasks: list[Any], form: str, *, stacklevel: int) -> None:
+    """Warn when one large object is an argument of every task: the payload holds it once
+    per task (``[a] * n``, ``itertools.repeat(a)``), where ``functools.partial`` or
+    ``job_data`` would store it once and send it once per worker."""
+    n = len(tasks)
+    if n < 2 or form not in ("single", "args"):
+        return
+    first = tasks[0]
+    if form == "single":
+        shared = [(0, first)] if all(t is first for t in tasks) else []
+    else:
+        shared = [(p, v) for p, v in enumerate(first) if all(t[p] is v for t in tasks)]
+    for p, value in shared:
+        size = _nbytes(value)
+        if size < _REPEATED_MIN_BYTES or size * (n - 1) < _REPEATED_WASTE_BYTES:
+            continue
+        import warnings
+
+        from ..util.units import format_size
+
+        what = "the input of every task" if form == "single" else f"argument {p + 1} of every task"
+        warnings.warn(
+            f"{what} is the same {format_size(size)} object: the job stores it, and sends it, once "
+            f"per task ({n} times, {format_size(size * n)}); bind it to the function with "
+            f"functools.partial({getattr(fn, '__name__', 'fn')}, ...), or pass it as job_data= "
+            "(ew.task().job_data in the task), and it is stored once and sent once per worker",
+            UserWarning, stacklevel=stacklevel,
+        )  # fmt: skip
+        return
+
+
+class _NoTasks(ConfigError):
+    """submit was given no tasks."""
+
+
+@functools.cache
+def _option_names() -> frozenset[str]:
+    """The options that :func:`submit` and :func:`map` pass on to :func:`create_job`."""
+    import inspect
+
+    names = inspect.signature(create_job).parameters
+    return frozenset(n for n in names if n not in ("on", "name") and not n.startswith("_"))
+
+
+def map(
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    errors: str = "raise",
+    timeout: float | None = None,
+    progress: bool | None = None,
+    keep: bool = False,
+    combine: bool = False,
+    **options: Any,
+) -> list[Any]:
+    """Like the built-in ``map``, but tasks run on a cluster; returns a list.
+
+    ``submit`` + ``wait`` + results + ``purge`` in one call (dMod2's
+    ``wait = TRUE``). ``errors="raise"`` (default) raises the first task's
+    error (a TaskError, and an instance of the original type where it can be
+    rebuilt); ``errors="return"`` puts TaskError values in the list.
+    ``keep=True`` keeps the job (name it to recover it); ``combine=True``
+    combines results like ``job.get()`` (lists concatenated, DataFrames
+    row-bound).
+    """
+    from .tasks import combine as combine_values
+
+    if errors not in ("raise", "return"):
+        raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
+    try:
+        job = submit(fn, *iterables, on=on, _waited=True, **options)
+    except _NoTasks:
+        return []  # as the built-in map: nothing in, nothing out
+    ok = False
+    try:
+        job.wait(timeout=timeout, progress=progress)
+        values = job.results()
+        ok = True
+    finally:
+        if not keep:
+            if not ok:
+                try:
+                    job.cancel()
+                except Exception:
+                    pass
+            job.purge()
+        else:
+            Registry().set_state(job.id, job.state.value)
+    if errors == "raise":
+        job._raise_first_failure(values)
+    return combine_values(values) if combine else values
+
+
+def _open(path: Path) -> Job:
+    from ..backends import from_description
+
+    store = JobStore(path)
+    meta = store.meta()
+    return Job(store, from_description(meta["cluster"]), meta)
+
+
+def recover(name_or_id: str) -> Job:
+    """The job of that name (the newest one) or id, from the registry."""
+    rows = Registry().find(name_or_id)
+    for row in rows:
+        path = Path(row["path"])
+        if (path / "job.json").exists():
+            return _open(path)
+    if rows:
+        raise JobNotFound(f"job {name_or_id!r} is registered but its folder is gone ({rows[0]['path']})")
+    raise JobNotFound(f"no job named {name_or_id!r} (see ew.jobs() or `elsewhere jobs`)")
+
+
+def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
+    """The registry: one dict per job (name, id, state, counts, cluster, created, path)."""
+    out = []
+    reg = Registry()
+    for row in reg.all():
+        entry = {
+            "name": row["name"], "id": row["id"], "state": row["state"], "cluster": row["cluster"],
+            "created": row["created"], "n_tasks": row["n_tasks"], "path": row["path"], "counts": {},
+        }
+        path = Path(row["path"])
+        if refresh and (path / "job.json").exists():
+            try:
+                job = _open(path)
+                snap = job._snapshot(fresh=True)
+                counts = snap.counts()
+                from ..util.states import derive_job_state
+
+                st = derive_job_state(counts)
+                entry["counts"] = {s.value: n for s, n in counts.items() if n}
+                entry["n_tasks"] = snap.n
+                if st.value != row["state"]:
+                    reg.set_state(row["id"], st.value, snap.n)
+                entry["state"] = st.value
+            except Exception as exc:  # a damaged folder must not hide the others
+                entry["state"] = f"unreadable: {exc}"
+        elif not (path / "job.json").exists():
+            entry["state"] = "missing"
+        out.append(entry)
+    return out
+
+
+__all__ = ["batch", "cluster", "create_job", "jobs", "local", "map", "peers", "recover", "slurm", "ssh", "submit"]

@@ -1,0 +1,86 @@
+"""Backends: where tasks run.
+
+Built-in kinds are looked up by name; a user's own scheduler is a class
+registered under the entry-point group ``elsewhere.schedulers`` or named by
+``"module:Class"`` (in a profile, ``scheduler = "mypkg.sched:MyScheduler"``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..util.errors import ConfigError
+from .base import Cluster
+
+_BUILTIN = {
+    "local": "elsewhere.backends.local:LocalCluster",
+    "ssh": "elsewhere.backends.ssh:SSHCluster",
+    "peer": "elsewhere.backends.peer:PeerCluster",
+    "slurm": "elsewhere.backends.schedulers:SlurmCluster",
+    "sge": "elsewhere.backends.schedulers:SGECluster",
+    "pbs": "elsewhere.backends.schedulers:PBSCluster",
+    "torque": "elsewhere.backends.schedulers:TorqueCluster",
+    "slurm-torque": "elsewhere.backends.schedulers:SlurmTorqueCluster",
+    "lsf": "elsewhere.backends.schedulers:LSFCluster",
+    "htcondor": "elsewhere.backends.schedulers:HTCondorCluster",
+    "flux": "elsewhere.backends.schedulers:FluxCluster",
+}
+
+
+def register_builtin(kind: str, target: str) -> None:
+    """Name a built-in backend (used by backend modules of this package)."""
+    _BUILTIN[kind] = target
+
+
+def _load(target: str) -> type[Cluster]:
+    mod, _, attr = target.partition(":")
+    try:
+        obj = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load the cluster class {target!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, Cluster)):
+        raise ConfigError(f"{target!r} is not a subclass of elsewhere.Cluster")
+    return obj
+
+
+def cluster_class(kind: str) -> type[Cluster]:
+    """The class of a backend: built-in name, entry point, or "module:Class"."""
+    if kind in _BUILTIN:
+        return _load(_BUILTIN[kind])
+    if ":" in kind:
+        return _load(kind)
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="elsewhere.schedulers"):
+        if ep.name == kind:
+            cls = ep.load()
+            if isinstance(cls, type) and issubclass(cls, Cluster):
+                return cls
+            if isinstance(cls, type) and hasattr(cls, "build_submit") and hasattr(cls, "parse_status"):
+                # A scheduler syntax alone: the shared batch base does the rest.
+                from .batch import BatchCluster
+
+                return type(f"{cls.__name__}Cluster", (BatchCluster,), {"kind": kind, "syntax_name": kind})
+            raise ConfigError(
+                f"entry point {kind!r} of elsewhere.schedulers is neither a Cluster subclass "
+                "nor a scheduler syntax (see elsewhere.schedulers.syntax)")
+    known = sorted(_BUILTIN) + sorted(ep.name for ep in entry_points(group="elsewhere.schedulers"))
+    raise ConfigError(f"unknown cluster kind {kind!r}; known: {', '.join(known)} (or 'module:Class')")
+
+
+def from_description(desc: dict[str, Any]) -> Cluster:
+    """Rebuild a cluster from ``Cluster.describe()``."""
+    desc = dict(desc)
+    kind = desc.pop("kind")
+    target = desc.pop("class", None)
+    try:
+        cls = cluster_class(kind)
+    except ConfigError:
+        if not target:
+            raise
+        cls = _load(target)  # a plugin named by module path when the job was made
+    return cls.from_settings(desc)
+
+
+__all__ = ["Cluster", "cluster_class", "from_description", "register_builtin"]

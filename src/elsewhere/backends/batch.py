@@ -1,0 +1,686 @@
+"""The shared base of every batch scheduler (SLURM, SGE, PBS, LSF, HTCondor, Flux).
+
+A scheduler brings a *syntax* (``elsewhere.schedulers``): a state table, a
+job-script template and pure command builders and parsers. This base does
+the rest, the same way for all of them::
+
+    job.submit()
+      └─ submit_independent: split tasks into chunks, one array element per
+         chunk; write submissions/<n>.json (element k -> its tasks); render
+         the script; mirror the job folder up (remote_storage); run the
+         submit command (here, or on the login node over ssh); keep the
+         native ids with set_job_cluster_data
+    job.check() / wait()
+      └─ poll + job_state: mirror results down; one status command for all
+         jobs of this cluster, at most every status_interval_s (backing off
+         while nothing changes); accounting for jobs that left the queue;
+         elements that ended without a result for some of their tasks make
+         those tasks failed: "lost", with the scheduler's reason
+
+The worker on the other side is ``python -m elsewhere.worker --job DIR``; it
+reads which tasks are its own from the environment the script exports:
+
+    ELSEWHERE_SUBMISSION   path of submissions/<n>.json (a list of chunks)
+    ELSEWHERE_ARRAY_VAR    the name of the scheduler's array index variable
+    ELSEWHERE_ARRAY_BASE   the scheduler's first index (SGE, LSF: 1)
+    ELSEWHERE_JOB_DIR      the job folder (as the worker sees it)
+    ELSEWHERE_WORKER_ID    optional; default derived from host, pid, index
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..folder.store import JobStore, write_json
+from ..util.errors import CommandNotFound, ConfigError, SchedulerError
+from ..util.states import TaskState
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..api.job import Job
+    from ..folder.snapshot import Snapshot
+    from ..hosts.transport import Transport
+    from ..schedulers.syntax import NativeStatus, SchedulerSyntax
+
+#: Variables of a submitting shell that must not leak into a new job
+#: (submitting from inside an allocation is a common trap).
+LEAKY_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "PBS_", "LSB_", "SGE_TASK", "FLUX_")
+
+_ENDED = (TaskState.FINISHED, TaskState.FAILED, TaskState.CANCELLED)
+
+#: Pending reasons that mean "this will never start": the job asks for more
+#: than the partition, the QOS or the account can ever give. Such a job is
+#: cancelled and its tasks failed with the reason, rather than left waiting.
+NEVER_STARTS = frozenset({
+    "PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints",
+    "QOSMaxCpuPerJobLimit", "QOSMaxNodePerJobLimit", "QOSMaxWallDurationPerJobLimit",
+    "AssocMaxCpuPerJobLimit", "AssocMaxNodesPerJobLimit", "AssocMaxWallDurationPerJobLimit",
+    "InvalidQOS", "InvalidAccount", "ReqNodeNotAvail, UnavailableNodes",
+})
+
+
+def _parse_mem_mb(value: Any) -> int | None:
+    if value is None:
+        return None
+    from ..schedulers.syntax import parse_memory_mb
+
+    return parse_memory_mb(value)
+
+
+class BatchCluster(Cluster):
+    """A batch scheduler reached through its commands.
+
+    Args:
+        queue / partition: the queue (partition on SLURM).
+        account, qos: what to charge, and the quality of service.
+        walltime: per array element: "01:00:00", "90min", seconds.
+        mem: memory per task ("4G"); or mem_per_core.
+        gpus: GPUs per task.
+        cores_per_task: cores each task gets (as on every cluster).
+        tasks_per_element: tasks run one after another in each array element;
+            default: one, or as many as keep the array within max_elements.
+        max_elements: the most array elements one job gets (default 1000).
+        max_running: at most this many elements run at once (SLURM %N).
+        template: a template's name (config dir or built in) or its text.
+        env_setup: shell lines before the run line ("module load python").
+        extra_args: words added to the submit command; they win over the template.
+        python: the worker's interpreter: a path, or a command such as
+            "module load python; python3". Default: this interpreter, or
+            "python3" on a remote host.
+        host: run scheduler commands on this login node over ssh (ssh_options,
+            ssh_config: as for ssh nodes).
+        remote_storage: the job folder's place on the cluster when it shares
+            no file system with this machine (mirrored both ways).
+        status_interval_s: least time between two status commands.
+        syntax_options: settings for the scheduler's syntax (e.g. SLURM accounting).
+        launcher: the MPI launcher of communicating jobs inside the allocation
+            (default per scheduler: "srun --mpi=pmix" on SLURM, else "mpiexec").
+    """
+
+    kind: ClassVar[str] = ""
+    #: The key of the syntax in elsewhere.schedulers (defaults to ``kind``).
+    syntax_name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        queue: str | None = None,
+        partition: str | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        walltime: str | int | None = None,
+        mem: str | int | None = None,
+        mem_per_core: str | int | None = None,
+        gpus: int = 0,
+        cores_per_task: int = 1,
+        tasks_per_element: int | None = None,
+        max_elements: int = 1000,
+        max_running: int | None = None,
+        template: str | None = None,
+        env_setup: list[str] | tuple[str, ...] = (),
+        extra_args: list[str] | tuple[str, ...] = (),
+        python: str | None = None,
+        host: str | None = None,
+        remote_storage: str | None = None,
+        ssh_options: list[str] | tuple[str, ...] = (),
+        ssh_config: str | None = None,
+        status_interval_s: float = 5.0,
+        syntax_options: dict[str, Any] | None = None,
+        launcher: str | None = None,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+        check: bool = True,
+        **scheduler_args: Any,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)
+        from ..schedulers import get_syntax
+        from ..schedulers.syntax import parse_walltime
+
+        if queue and partition and queue != partition:
+            raise ConfigError(f"queue={queue!r} and partition={partition!r} disagree; give one")
+        self.queue = queue or partition
+        self.account = account
+        self.qos = qos
+        self.walltime_s = parse_walltime(walltime) if walltime is not None else None
+        self.walltime = walltime
+        if mem is not None and mem_per_core is not None:
+            raise ConfigError("give mem (per task) or mem_per_core, not both")
+        self.mem = mem
+        self.mem_per_core = mem_per_core
+        per_core = _parse_mem_mb(mem_per_core)
+        total = _parse_mem_mb(mem)
+        self.mem_per_core_mb = per_core if per_core else (
+            math.ceil(total / cores_per_task) if total else None)
+        if not isinstance(gpus, int) or gpus < 0:
+            raise ConfigError(f"gpus must be a non-negative integer, not {gpus!r}")
+        self.gpus = gpus
+        if tasks_per_element is not None and (not isinstance(tasks_per_element, int) or tasks_per_element < 1):
+            raise ConfigError(f"tasks_per_element must be a positive integer, not {tasks_per_element!r}")
+        self.tasks_per_element = tasks_per_element
+        if not isinstance(max_elements, int) or max_elements < 1:
+            raise ConfigError(f"max_elements must be a positive integer, not {max_elements!r}")
+        self.max_elements = max_elements
+        if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
+            raise ConfigError(f"max_running must be a positive integer, not {max_running!r}")
+        self.max_running = max_running
+        self.template = template
+        self.env_setup = list(env_setup)
+        # the scheduler's own name for free extra arguments: sbatch=[...], qsub=[...]
+        extra = list(extra_args)
+        for key, value in scheduler_args.items():
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                extra += list(value)
+            else:
+                raise ConfigError(f"unknown option {key}={value!r} for the {self.kind} cluster")
+        self.extra_args = extra
+        self._scheduler_args = dict(scheduler_args)
+        self.python = python
+        self.host = host
+        self.remote_storage = remote_storage
+        if remote_storage and not host:
+            raise ConfigError("remote_storage= needs host= (the login node that sees it)")
+        self.ssh_options = list(ssh_options)
+        self.ssh_config = ssh_config
+        self.status_interval_s = float(status_interval_s)
+        self.syntax_options = dict(syntax_options or {})
+        self.launcher = launcher
+        self.syntax: SchedulerSyntax = get_syntax(self.syntax_name or self.kind, **self.syntax_options)
+        self._transport: Transport | None = None
+        self._status_cache: tuple[float, dict[str, NativeStatus]] | None = None
+        self._status_jobs: set[str] = set()
+        self._interval = self.status_interval_s
+        self._last_change = 0.0
+        self.commands_run: list[list[str]] = []
+        self._check = check
+        if check:
+            self.post_construct()
+
+    # -- description ----------------------------------------------------------
+    def settings(self) -> dict[str, Any]:
+        s: dict[str, Any] = {
+            "queue": self.queue, "account": self.account, "qos": self.qos, "walltime": self.walltime,
+            "mem": self.mem, "mem_per_core": self.mem_per_core, "gpus": self.gpus,
+            "tasks_per_element": self.tasks_per_element, "max_elements": self.max_elements,
+            "max_running": self.max_running, "template": self.template, "env_setup": self.env_setup,
+            "extra_args": self.extra_args, "python": self.python, "host": self.host,
+            "remote_storage": self.remote_storage, "ssh_options": self.ssh_options,
+            "ssh_config": self.ssh_config,
+            "status_interval_s": self.status_interval_s, "syntax_options": self.syntax_options,
+            "launcher": self.launcher,
+            **super().settings(),
+        }
+        return s
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> Cluster:
+        return cls(check=False, **settings)
+
+    def shares_filesystem(self) -> bool:
+        return not self.remote_storage
+
+    # -- where commands run -------------------------------------------------------
+    @property
+    def transport(self) -> Transport:
+        """Where scheduler commands run: here, or the login node over ssh."""
+        if self._transport is None:
+            if self.host:
+                from ..hosts.ssh import SSHTransport
+
+                self._transport = SSHTransport(self.host, ssh_options=self.ssh_options,
+                                               ssh_config=self.ssh_config)
+            else:
+                from ..hosts.local import LocalTransport
+
+                self._transport = LocalTransport()
+        return self._transport
+
+    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 120.0, cwd: str | None = None) -> Any:
+        """Run one scheduler command, without the submitting shell's scheduler variables."""
+        clean = argv
+        if not self.host:
+            leaky = sorted(k for k in os.environ if k.startswith(LEAKY_PREFIXES))
+            if leaky:
+                clean = ["env", *(w for k in leaky for w in ("-u", k)), *argv]
+        self.commands_run.append(list(argv))
+        try:
+            res = self.transport.run(clean, check=False, timeout=timeout, cwd=cwd)
+        except FileNotFoundError as exc:
+            raise CommandNotFound(
+                f"{argv[0]!r} is not installed here (is this a {self.kind} submit host?)", command=argv
+            ) from exc
+        if res.returncode == 127 or (res.returncode != 0 and b"No such file or directory" in res.stderr
+                                     and argv[0].encode() in res.stderr):
+            raise CommandNotFound(
+                f"{argv[0]!r} is not installed on {self.host or 'this machine'} "
+                f"(is this a {self.kind} submit host?)", command=argv, returncode=res.returncode,
+                stderr=res.stderr.decode(errors="replace"))
+        if check and res.returncode != 0:
+            err = res.stderr.decode(errors="replace")
+            if not err.strip():
+                err = res.text  # some tools (PBS wrappers, qdel) say why on stdout
+            name = argv[0] if argv[0] not in ("sh", "bash") else f"{self.syntax.submit_command} (via {argv[0]})"
+            raise SchedulerError(f"{name} failed", command=argv, returncode=res.returncode, stderr=err)
+        return res
+
+    def post_construct(self) -> None:
+        from ..schedulers.syntax import ScriptContext
+
+        if not self.host:
+            import shutil
+
+            for cmd in {self.syntax.submit_command, self.syntax.status_command, self.syntax.cancel_command}:
+                if shutil.which(cmd) is None:
+                    raise CommandNotFound(
+                        f"the {self.kind} cluster needs {cmd!r}, which is not on PATH here "
+                        f"(is this a {self.kind} submit host? or give host= to submit from a login node)",
+                        command=[cmd])
+        # The template must render with every field.
+        self.syntax.render_script(
+            ScriptContext(job_name="check", run_line="true", log_dir="/tmp", cores_per_task=self.cores_per_task),
+            self._template_text())
+
+    def _template_text(self) -> str | None:
+        if not self.template:
+            return None
+        if "\n" in self.template:
+            return self.template
+        from ..schedulers.jobscripts import find_template
+
+        return find_template(self.template, self.kind)
+
+    # -- building the script ----------------------------------------------------
+    def _python_parts(self) -> tuple[list[str], str]:
+        """(setup lines, interpreter) from ``python=``."""
+        py = self.python or ("python3" if self.host else sys.executable)
+        if ";" in py:
+            *setup, last = [p.strip() for p in py.split(";") if p.strip()]
+            return setup, last
+        return [], py
+
+    def worker_dir(self, job: Job) -> str:
+        """The job folder as workers see it."""
+        if self.remote_storage:
+            return f"{self.remote_storage.rstrip('/')}/{job.id}"
+        return str(job.store.path)
+
+    def script_context(self, job: Job, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
+        from ..schedulers.syntax import ScriptContext, parse_walltime
+
+        resources = dict(resources or {})
+        setup, interp = self._python_parts()
+        wdir = self.worker_dir(job)
+        run_line = " ".join(shlex.quote(w) for w in (interp, "-m", "elsewhere.worker", "--job", wdir))
+        base = self.syntax.array_index_base
+        mem_per_core_mb = self.mem_per_core_mb
+        if "mem" in resources:
+            mem_per_core_mb = math.ceil(_parse_mem_mb(resources.pop("mem")) / self.cores_per_task)  # type: ignore[operator]
+        walltime_s = self.walltime_s
+        if "walltime" in resources:
+            walltime_s = parse_walltime(resources.pop("walltime"))
+        if resources:
+            raise ConfigError(f"unknown resources for {self.kind}: {sorted(resources)} (use mem=, walltime=)")
+        env = {
+            "ELSEWHERE_SUBMISSION": f"{wdir}/submissions/{submission}.json",
+            "ELSEWHERE_ARRAY_VAR": self.syntax.array_index_var,
+            "ELSEWHERE_ARRAY_BASE": str(base),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if not self.host and not self.python:
+            # the worker runs this interpreter, which may not have elsewhere installed
+            pkg = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = pkg + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+        return ScriptContext(
+            job_name=ScriptContext.safe_name(f"ew-{job.name}"),
+            run_line=run_line,
+            log_dir=f"{wdir}/logs/scheduler",
+            array_size=n_elements,
+            array_first=base,
+            max_running=self.max_running,
+            cores_per_task=self.cores_per_task,
+            mem_per_core_mb=mem_per_core_mb,
+            walltime_s=walltime_s,
+            queue=self.queue,
+            account=self.account,
+            qos=self.qos,
+            gpus=self.gpus,
+            env_setup=[*self.env_setup, *setup],
+            env=env,
+            additional=self.additional_properties,
+        )
+
+    def job_script(self, job: Job) -> str:
+        """The script that would be submitted for ``job`` (its first array)."""
+        sub = job.store.path / "submissions" / "0.sh"
+        if sub.exists():
+            return sub.read_text()
+        n = max(1, job.n_tasks)
+        per = self._per_element(n)
+        return self.syntax.render_script(self.script_context(job, math.ceil(n / per), "0"), self._template_text())
+
+    def _per_element(self, n: int) -> int:
+        if self.tasks_per_element:
+            return self.tasks_per_element
+        return max(1, math.ceil(n / self.max_elements))
+
+    def max_array_size(self) -> int:
+        """The scheduler's largest array, read from it where it can be."""
+        argv = self.syntax.build_max_array_size()
+        if argv:
+            try:
+                res = self._run(argv, check=False, timeout=30)
+                if res.returncode == 0:
+                    got = self.syntax.parse_max_array_size(res.text)
+                    if got:
+                        return got
+            except SchedulerError:
+                pass
+        return self.syntax.default_max_array_size
+
+    # -- plugin operations ------------------------------------------------------
+    def submit_independent(self, job: Job) -> None:
+        n = job.n_tasks
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = n  # tasks are assigned to array elements, not claimed
+            q["max_workers"] = n
+        self._submit_tasks(job, list(range(n)))
+
+    def submit_communicating(self, job: Job) -> None:
+        """One job of N ranks; the template starts them with the scheduler's MPI launcher."""
+        import dataclasses
+
+        ranks = job.n_tasks
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        data = self.get_job_cluster_data(job)
+        subs = data.setdefault("submissions", [])
+        (job.store.path / "submissions").mkdir(mode=0o700, exist_ok=True)
+        (job.store.path / "logs" / "scheduler").mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_json(job.store.path / "submissions" / "0.json", [[0, ranks]])
+        ctx = self.script_context(job, 1, "0")
+        env = {k: v for k, v in ctx.env.items() if not k.startswith(("ELSEWHERE_SUBMISSION", "ELSEWHERE_ARRAY"))}
+        if os.geteuid() == 0:
+            # Open MPI refuses root unless told; harmless for other MPIs.
+            env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        additional = dict(ctx.additional)
+        if self.launcher:
+            additional["mpi_launcher"] = self.launcher
+        ctx = dataclasses.replace(ctx, communicating=True, ranks=ranks, array_size=1, array_last=None,
+                                  run_line=ctx.run_line + " --mpi", env=env, additional=additional)
+        text = self.syntax.render_script(ctx, self._template_text())
+        path = job.store.path / "submissions" / "0.sh"
+        path.write_text(text)
+        path.chmod(0o700)
+        self._mirror_up(job)
+        argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", self.extra_args)
+        native = self.syntax.parse_submit(self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler").text)
+        subs.append({"name": "0", "native_id": native, "elements": 1, "tasks": ranks,
+                     "submitted": time.time(), "communicating": True})
+        self.set_job_cluster_data(job, data)
+        self._status_jobs.add(native)
+        self._status_cache = None
+
+    def _submit_tasks(self, job: Job, tasks: list[int], resources: dict[str, Any] | None = None) -> None:
+        if not tasks:
+            return
+        per = self._per_element(len(tasks))
+        chunks: list[list[int]] = []
+        for i in range(0, len(tasks), per):
+            part = tasks[i : i + per]
+            contiguous = part[-1] - part[0] == len(part) - 1
+            chunks.append([part[0], part[-1] + 1] if contiguous else [-1, *part])
+        limit = max(1, min(self.max_array_size(), self.max_elements if not self.tasks_per_element else 10**9))
+        data = self.get_job_cluster_data(job)
+        subs = data.setdefault("submissions", [])
+        (job.store.path / "submissions").mkdir(mode=0o700, exist_ok=True)
+        (job.store.path / "logs" / "scheduler").mkdir(mode=0o700, parents=True, exist_ok=True)
+        pieces = [chunks[i : i + limit] for i in range(0, len(chunks), limit)]
+        scripts: list[tuple[str, list[list[int]]]] = []
+        for piece in pieces:
+            name = str(len(subs) + len(scripts))
+            write_json(job.store.path / "submissions" / f"{name}.json", piece)
+            ctx = self.script_context(job, len(piece), name, resources=resources)
+            text = self.syntax.render_script(ctx, self._template_text())
+            path = job.store.path / "submissions" / f"{name}.sh"
+            path.write_text(text)
+            path.chmod(0o700)
+            scripts.append((name, piece))
+        self._mirror_up(job)
+        for name, piece in scripts:
+            script = f"{self.worker_dir(job)}/submissions/{name}.sh"
+            argv = self.syntax.build_submit(script, self.extra_args)
+            # Submit from the job's log folder: tools that drop files where they
+            # are submitted (qsub's NAME.o123) leave them there, not in the user's folder.
+            res = self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler")
+            native = self.syntax.parse_submit(res.text)
+            subs.append({"name": name, "native_id": native, "elements": len(piece),
+                         "tasks": sum(len(_chunk_tasks(c)) for c in piece), "submitted": time.time()})
+            self.set_job_cluster_data(job, data)
+        self._status_jobs.update(s["native_id"] for s in subs)
+        self._status_cache = None
+
+    # -- status ---------------------------------------------------------------
+    def _native_ids(self, job: Job) -> list[str]:
+        return [s["native_id"] for s in self.get_job_cluster_data(job).get("submissions", [])]
+
+    def statuses(self, job_ids: list[str], *, force: bool = False) -> dict[str, NativeStatus]:
+        """Element statuses of all jobs of this cluster: one command, rate-limited."""
+        now = time.monotonic()
+        self._status_jobs.update(job_ids)
+        if not force and self._status_cache is not None and now - self._status_cache[0] < self._interval:
+            return self._status_cache[1]
+        ids = sorted(self._status_jobs)
+        got: dict[str, NativeStatus] = {}
+        if ids:
+            res = self._run(self.syntax.build_status(ids), check=False)
+            ok = getattr(self.syntax, "status_ok", lambda rc, err: rc == 0)(res.returncode, res.stderr.decode(errors="replace"))
+            if not ok:
+                raise SchedulerError(f"{self.syntax.status_command} failed", command=self.syntax.build_status(ids),
+                                     returncode=res.returncode, stderr=res.stderr.decode(errors="replace"))
+            got = self.syntax.parse_status(res.text)
+            from ..schedulers.syntax import split_array_first
+
+            seen = {s.job_id for s in got.values()} | set(got)
+            missing = [j for j in ids
+                       if j not in seen and split_array_first(j)[0] not in seen
+                       and not any(k.startswith(split_array_first(j)[0]) for k in got)]
+            acct = self.syntax.build_accounting(missing) if missing else None
+            if acct:
+                r2 = self._run(acct, check=False)
+                acct_ok = getattr(self.syntax, "accounting_ok", lambda rc, err: rc == 0)
+                if acct_ok(r2.returncode, r2.stderr.decode(errors="replace")):
+                    for k, v in self.syntax.parse_accounting(r2.text).items():
+                        got.setdefault(k, v)
+        if self._status_cache is None or got != self._status_cache[1]:
+            self._interval = self.status_interval_s
+        else:
+            self._interval = min(self._interval * 1.5, 60.0)  # nothing changes: back off
+        self._status_cache = (now, got)
+        return got
+
+    def poll(self, job: Job) -> None:
+        self._mirror_down(job)
+
+    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+        data = self.get_job_cluster_data(job)
+        subs = data.get("submissions", [])
+        if not subs:
+            return snapshot
+        try:
+            st = self.statuses([s["native_id"] for s in subs])
+        except SchedulerError as exc:
+            snapshot.note = f"status unknown: {exc}".splitlines()[0]
+            return snapshot
+        self._mirror_down(job)
+        job._reader.refresh()
+        snapshot.final = job._reader.final
+        snapshot.kind_counts = dict(job._reader.kind_counts)
+        lost: list[tuple[int, str]] = []
+        reasons: dict[int, str] = {}
+        running: dict[int, tuple[str, float]] = dict(snapshot.running)
+        pend_reasons: dict[str, int] = {}
+        never: set[str] = set()
+        markers: dict[int, tuple[str, float]] | None = None
+        # A task belongs to the last submission that holds it (a retry resubmits it).
+        owner: dict[int, str] = {}
+        loaded: list[tuple[dict[str, Any], list[list[int]]]] = []
+        for sub in subs:
+            chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
+            loaded.append((sub, chunks))
+            for chunk in chunks:
+                for t in _chunk_tasks(chunk):
+                    owner[t] = sub["name"]
+        for sub, chunks in loaded:
+            for k, chunk in enumerate(chunks):
+                if sub.get("communicating"):
+                    elem = sub["native_id"]
+                    ns = st.get(elem) or st.get(self.syntax.element_id(elem, self.syntax.array_index_base))
+                else:
+                    elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
+                    ns = st.get(elem) or (st.get(sub["native_id"]) if len(chunks) == 1 else None)
+                tasks = _chunk_tasks(chunk)
+                open_tasks = [t for t in tasks if t not in snapshot.final and owner.get(t) == sub["name"]]
+                if not open_tasks:
+                    continue
+                if ns is None:
+                    # Not in the queue, not in accounting: gone without a word.
+                    if time.time() - sub.get("submitted", 0) > 30:
+                        lost += [(t, "vanished from the scheduler's queue") for t in open_tasks]
+                    continue
+                if ns.state is TaskState.RUNNING:
+                    if markers is None:
+                        markers = _running_markers(job.store)  # once per call, not per element
+                    for t in open_tasks:
+                        if t in markers:
+                            running[t] = markers[t]
+                elif ns.state in _ENDED:
+                    why = ns.reason or ns.native_state
+                    if ns.exit_code not in (None, 0):
+                        why += f", exit code {ns.exit_code}"
+                    lost += [(t, f"{self.kind} {elem} ended ({why}) without a result") for t in open_tasks]
+                elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason in NEVER_STARTS:
+                    never.add(elem)
+                    lost += [(t, f"{self.kind} {elem} can never start ({ns.reason}): it asks for more "
+                                 "than the partition, QOS or account allows; it was cancelled") for t in open_tasks]
+                elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason:
+                    pend_reasons[ns.reason] = pend_reasons.get(ns.reason, 0) + len(open_tasks)
+                    for t in open_tasks:
+                        reasons[t] = f"pending: {ns.reason}"
+        if never:
+            try:
+                self._cancel(sorted(never))
+            except SchedulerError:
+                pass
+        if lost:
+            # Re-read first: a result may have landed while we asked.
+            self._mirror_down(job)
+            self.report_lost(job, dict(lost))
+            job._reader.refresh()
+        snapshot.final = job._reader.final
+        snapshot.kind_counts = dict(job._reader.kind_counts)
+        snapshot.running = running
+        snapshot.reasons = reasons
+        if pend_reasons:
+            snapshot.note = "; ".join(f"{n} pending: {r}" for r, n in pend_reasons.items())
+        return snapshot
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+        ids = self._native_ids(job)
+        if ids:
+            self._cancel(ids)
+        self._status_cache = None
+
+    def _cancel(self, ids: list[str]) -> None:
+        argv = self.syntax.build_cancel(ids)
+        res = self._run(argv, check=False)
+        if res.returncode != 0 and not self.syntax.cancel_ok(
+            res.returncode, res.stderr.decode(errors="replace"), res.text
+        ):
+            raise SchedulerError(f"{argv[0]} failed", command=argv, returncode=res.returncode,
+                                 stderr=res.stderr.decode(errors="replace"))
+
+    def cancel_task(self, job: Job, index: int) -> None:
+        with job.store.locked_queue() as q:
+            ct = set(q.get("cancelled_tasks", []))
+            ct.add(index)
+            q["cancelled_tasks"] = sorted(ct)
+        for sub in self.get_job_cluster_data(job).get("submissions", []):
+            chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
+            for k, chunk in enumerate(chunks):
+                if index in _chunk_tasks(chunk):
+                    if not getattr(self.syntax, "can_cancel_elements", True):
+                        # This scheduler can only cancel whole jobs: the task is marked
+                        # cancelled (a result, if one comes, is kept) and the others run on.
+                        return
+                    elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
+                    self._cancel([elem])
+                    return
+
+    def delete_job(self, job: Job) -> None:
+        st = job.state
+        if not st.done:
+            self.cancel_job(job)
+        if self.remote_storage:
+            try:
+                self.transport.run(["rm", "-rf", "--", self.worker_dir(job)], check=False, timeout=60)
+            except Exception:
+                pass
+
+    def retry_tasks(self, job: Job, tasks: list[int], **resources: Any) -> None:
+        """Submit ``tasks`` again, in a new array; ``mem=``/``walltime=`` raise the resources."""
+        with job.store.locked_queue() as q:
+            q["cancelled"] = False
+            q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in tasks]
+            rerun = q.setdefault("rerun", {})
+            for t in tasks:
+                f = job._reader.final.get(t)
+                q["attempts"][str(t)] = (f[1].attempt + 1) if f else q["attempts"].get(str(t), 0) + 1
+                rerun[str(t)] = q["attempts"][str(t)]
+                q.get("lost_reason", {}).pop(str(t), None)
+        self._submit_tasks(job, tasks, resources=resources)
+
+    # -- remote storage ---------------------------------------------------------
+    def _mirror_up(self, job: Job) -> None:
+        if not self.remote_storage:
+            return
+        self.transport.run(["mkdir", "-p", "--", self.remote_storage], timeout=60)
+        self.transport.sync_up(job.store.path, self.worker_dir(job))
+
+    def _mirror_down(self, job: Job) -> None:
+        if not self.remote_storage:
+            return
+        self.transport.sync_down(self.worker_dir(job), job.store.path,
+                                 include=["journal/**", "results/**", "logs/**", "workers/**"])
+
+
+def _chunk_tasks(chunk: list[int]) -> list[int]:
+    if chunk and chunk[0] == -1:
+        return list(chunk[1:])
+    return list(range(chunk[0], chunk[1]))
+
+
+def _running_markers(store: JobStore) -> dict[int, tuple[str, float]]:
+    """Every task a worker of the job runs now: {task: (worker id, since)}."""
+    try:
+        names = os.listdir(store.path / "workers")
+    except FileNotFoundError:
+        return {}
+    out: dict[int, tuple[str, float]] = {}
+    for n in names:
+        if n.endswith(".cur"):
+            idx, since, _ = store.read_running(n[:-4])
+            if idx >= 0:
+                out[idx] = (n[:-4], since)
+    return out

@@ -1,0 +1,490 @@
+"""The local backend: detached worker processes on this machine.
+
+Workers are kept warm between jobs in a *pool* folder per interpreter and
+elsewhere version (``<home>/local/<key>/``)::
+
+    idle/<wid>    exists while worker <wid> waits for a job
+    fifo/<wid>    the worker's FIFO: a job folder path + newline hands it a job
+    pool.log      what workers print outside any job
+
+Hand-over without a lock: a client *takes* an idle worker by unlinking its
+``idle/<wid>`` marker (only one unlink can succeed), then writes the job's
+path into ``fifo/<wid>``. A worker that times out unlinks its own marker
+before exiting; if that unlink fails, a client took it, and it waits for the
+message. A worker that died leaves a FIFO with no reader: the client's
+non-blocking open fails with ENXIO, and it cleans up and tries the next.
+
+When no idle worker is left, new ones are started detached (own session,
+so they survive the client), by the absolute path of this interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..folder.journal import lock_is_free, reap
+from ..util import paths
+from ..util.errors import ConfigError
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..api.job import Job
+
+_DISPATCH_GRACE_S = 15.0
+#: ``python -m elsewhere.worker`` without runpy (and what it imports): a few ms less per start
+_WORKER_MAIN = "import sys; from elsewhere.worker import main; sys.exit(main())  # elsewhere.worker"
+
+
+def machine_cores() -> int:
+    """Cores this process may use (CPU affinity where the OS has it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def free_cores() -> int:
+    """Cores not busy right now: usable cores minus the 1-minute load, at least 1."""
+    total = machine_cores()
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    return max(1, min(total, round(total - load)))
+
+
+@functools.cache
+def _package_root() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+_pools: dict[tuple[str, str], Path] = {}  # (home, python) -> pool folder, once made
+
+
+class LocalCluster(Cluster):
+    """Worker processes on this machine, detached from the client.
+
+    Args:
+        cores: how many of this machine's cores a job may use; default its
+            free cores (cores minus the current load). More than the machine
+            has is allowed, with a warning.
+        cores_per_task: cores each task gets; a job runs
+            ``cores // cores_per_task`` tasks at once.
+        idle_timeout_s: how long a worker stays warm after its last job.
+        python: the interpreter for workers; default this one.
+    """
+
+    kind = "local"
+
+    def __init__(
+        self,
+        cores: int | None = None,
+        *,
+        cores_per_task: int = 1,
+        idle_timeout_s: float = 120.0,
+        python: str | None = None,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)
+        if cores is not None and (not isinstance(cores, int) or cores < 1):
+            raise ConfigError(f"cores must be a positive integer or None, not {cores!r}")
+        if idle_timeout_s < 0:
+            raise ConfigError(f"idle_timeout_s must be >= 0, not {idle_timeout_s!r}")
+        self.cores = cores
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.python = python or sys.executable
+        self.post_construct()
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "cores": self.cores,
+            "idle_timeout_s": self.idle_timeout_s,
+            "python": self.python,
+            **super().settings(),
+        }
+
+    def post_construct(self) -> None:
+        have = machine_cores()
+        if self.cores is not None and self.cores > have:
+            warnings.warn(
+                f"local cluster asked for {self.cores} cores, but this machine has {have}: "
+                "tasks will share cores",
+                stacklevel=3,
+            )
+        if self.cores_per_task > have:
+            warnings.warn(
+                f"cores_per_task={self.cores_per_task} is more than this machine's {have} cores",
+                stacklevel=3,
+            )
+        if not os.path.exists(self.python):
+            raise ConfigError(f"the python for local workers does not exist: {self.python}")
+
+    def usable_cores(self) -> int:
+        """The cores a job may use now."""
+        return self.cores if self.cores is not None else free_cores()
+
+    def max_workers(self, n_tasks: int) -> int:
+        return max(1, min(n_tasks, max(1, self.usable_cores() // self.cores_per_task)))
+
+    # -- the pool -------------------------------------------------------------
+    def pool_dir(self) -> Path:
+        """The folder of warm workers for this interpreter and elsewhere version."""
+        import zlib
+
+        from ..util.version import __version__
+
+        home = paths.home()
+        d = _pools.get((str(home), self.python))
+        if d is not None and os.path.isdir(d / "fifo"):
+            return d
+        ident = f"{self.python}\0{__version__}\0{_package_root()}".encode()
+        key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
+        d = home / "local" / key
+        if not (d / "fifo").is_dir():
+            for sub in ("idle", "fifo"):
+                (d / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        _pools[(str(home), self.python)] = d
+        return d
+
+    def _take_idle(self, pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
+        """Take idle workers (at most ``limit``): [(wid, fifo fd)]; each is ours alone."""
+        taken: list[tuple[str, int]] = []
+        try:
+            names = os.listdir(pool / "idle")
+        except FileNotFoundError:
+            return []
+        for wid in names:
+            if limit is not None and len(taken) >= limit:
+                break
+            try:
+                os.unlink(pool / "idle" / wid)
+            except FileNotFoundError:
+                continue  # another client, or the worker itself, was first
+            try:
+                fd = os.open(pool / "fifo" / wid, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                # No reader: the worker died. Clean up after it.
+                try:
+                    os.unlink(pool / "fifo" / wid)
+                except OSError:
+                    pass
+                continue
+            taken.append((wid, fd))
+        return taken
+
+    def dispatch(self, job: Job, count: int, *, max_workers: int | None = None) -> list[str]:
+        """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.
+
+        ``max_workers``, if given, is written to the queue in the same update.
+        """
+        if count <= 0:
+            return []
+        pool = self.pool_dir()
+        idle = self._take_idle(pool, count)
+        try:
+            with job.store.locked_queue() as q:
+                if max_workers is not None:
+                    q["max_workers"] = max_workers
+                new = _note_dispatched(q, idle[:count], count)
+        except BaseException:
+            self._hand_over(pool, job, [], idle, [])
+            raise
+        return self._hand_over(pool, job, idle[:count], idle[count:], new)
+
+    def _hand_over(self, pool: Path, job: Job, use: list[tuple[str, int]], spare: list[tuple[str, int]],
+                   new: list[str]) -> list[str]:
+        """Send ``job`` to the idle workers ``use``, put ``spare`` back, start ``new`` ones."""
+        started: list[str] = []
+        msg = (str(job.store.path) + "\n").encode()
+        for wid, fd in use:
+            try:
+                os.write(fd, msg)
+                started.append(wid)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        for wid, fd in spare:
+            # Taken but not needed: put back.
+            os.close(fd)
+            try:
+                fd2 = os.open(pool / "idle" / wid, os.O_WRONLY | os.O_CREAT, 0o600)
+                os.close(fd2)
+            except OSError:
+                pass
+        if new:
+            # One new process; it forks the others once it has started up.
+            self._spawn(pool, new[0], job, also=new[1:])
+            started += new
+        return started
+
+    def _spawn(self, pool: Path, wid: str, job: Job, also: tuple[str, ...] | list[str] = ()) -> None:
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        argv = [self.python, "-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
+                "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)]
+        if also:
+            argv += ["--also", ",".join(also)]
+        log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        _reap()
+        try:
+            try:
+                # posix_spawn (vfork and exec, in a session of its own): a fork of a big
+                # client costs it milliseconds; the worker leaves the client's folder itself.
+                pid = os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log, 1),
+                    (os.POSIX_SPAWN_DUP2, log, 2),
+                ])
+            except (AttributeError, NotImplementedError):  # no posix_spawn, or no setsid for it here
+                import subprocess
+
+                pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                       start_new_session=True, close_fds=True, cwd="/").pid
+            _spawned.append(pid)
+        finally:
+            os.close(log)
+
+    def shutdown(self) -> int:
+        """Ask this pool's idle workers to exit now; returns how many were asked."""
+        _reap()
+        stopped = 0
+        for _wid, fd in self._take_idle(self.pool_dir()):
+            try:
+                os.write(fd, b"exit\n")
+                stopped += 1
+            except OSError:
+                pass
+            os.close(fd)
+        return stopped
+
+    # -- plugin operations ----------------------------------------------------
+    def _max_for(self, closed: bool, n: int) -> int:
+        """Workers a job may have: for ``n`` tasks, or, for an open stream, the usable cores."""
+        if closed:
+            return self.max_workers(n)
+        return max(1, self.usable_cores() // self.cores_per_task)
+
+    def prepare(self, job: Job, n_tasks: int) -> None:
+        """New workers start while the inputs are written (they take tens of ms to start);
+        warm ones are told once the job is submitted (woken twice, they would take the
+        CPU from the client writing the inputs, and claim once for nothing)."""
+        if not n_tasks:
+            return
+        try:
+            if os.listdir(self.pool_dir() / "idle"):
+                return
+        except FileNotFoundError:
+            pass
+        most = self._max_for(not job._meta.get("stream"), n_tasks)
+        self.dispatch(job, min(most, n_tasks), max_workers=most)
+
+    def submit_independent(self, job: Job) -> None:
+        n = job.n_tasks
+        pool = self.pool_dir()
+        # taken before the lock: one queue update says "submitted" and who comes
+        idle = self._take_idle(pool, self._max_for(not job._meta.get("stream"), n))
+        use: list[tuple[str, int]] = []
+        new: list[str] = []
+        try:
+            with job.store.locked_queue() as q:
+                q["submitted"] = True
+                q["max_workers"] = self._max_for(q.get("closed", True), n)
+                have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
+                have += len(q.get("dispatched", {}))
+                want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
+                if not n and not q.get("closed", True):
+                    want = 1 - have  # an open stream (an Executor): one worker ready for its first task
+                waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+                if want > 0:
+                    use = idle[:want]
+                    new = _note_dispatched(q, use, want)
+        except BaseException:
+            self._hand_over(pool, job, [], idle, [])
+            raise
+        for fifo in waiting:
+            _wake(fifo)
+        self._hand_over(pool, job, use, idle[len(use):], new)
+
+    def submit_communicating(self, job: Job) -> None:
+        from ..hosts import mpi
+
+        ranks = job.n_tasks
+        launcher = mpi.find_launcher(self.additional_properties.get("mpi_launcher"))
+        mpi.check_mpi4py()
+        have = self.cores or machine_cores()
+        if ranks > have:
+            warnings.warn(f"{ranks} ranks on {have} cores: ranks share cores (oversubscribed)", stacklevel=3)
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        argv = mpi.launcher_argv(launcher, ranks, list(self.additional_properties.get("mpi_args", [])),
+                                 oversubscribe=True)
+        argv += [self.python, "-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi"]
+        env = dict(os.environ)
+        root = _package_root()
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        log = os.open(job.store.path / "logs" / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            import subprocess
+
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                    start_new_session=True, close_fds=True, cwd=str(job.store.path))
+        finally:
+            os.close(log)
+        import psutil
+
+        started = psutil.Process(proc.pid).create_time()
+        self.set_job_cluster_data(job, {"launcher": argv, "pid": proc.pid, "create_time": started})
+
+    def _launcher_alive(self, job: Job) -> bool:
+        data = self.get_job_cluster_data(job)
+        pid = data.get("pid")
+        if not pid:
+            return False
+        import psutil
+
+        try:
+            p = psutil.Process(pid)
+            return abs(p.create_time() - data.get("create_time", 0)) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def _poll_communicating(self, job: Job) -> None:
+        if self._launcher_alive(job):
+            return
+        self.report_lost(job, {i: f"rank {i} ended without a result: the MPI job was aborted or killed "
+                                  "(another rank failed? see job.log(rank) and logs/launcher.log)"
+                               for i in range(job.n_tasks)})
+
+    def poll(self, job: Job) -> None:
+        _reap()
+        if job._meta.get("communicating"):
+            self._poll_communicating(job)
+            return
+        with job.store.locked_queue() as q:
+            if not q.get("submitted") or q.get("cancelled"):
+                return
+            reap(job.store, q)
+            now = time.time()
+            d = q.setdefault("dispatched", {})
+            for wid, t in list(d.items()):
+                if now - t > _DISPATCH_GRACE_S:
+                    del d[wid]
+            live = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
+            work = len(q["retry"]) + q["n"] - q["next"]
+            want = min(q.get("max_workers", 1), work) - live - len(d)
+        if want > 0:
+            self.dispatch(job, want)
+
+    def cancel_job(self, job: Job) -> None:
+        if job._meta.get("communicating"):
+            with job.store.locked_queue() as q:
+                q["cancelled"] = True
+            if self._launcher_alive(job):
+                pid = self.get_job_cluster_data(job)["pid"]
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    try:
+                        os.killpg(pid, sig)
+                    except ProcessLookupError:
+                        break
+                    deadline = time.monotonic() + 3
+                    while time.monotonic() < deadline and self._launcher_alive(job):
+                        time.sleep(0.05)
+                    if not self._launcher_alive(job):
+                        break
+            return
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+            q["retry"] = []
+            for m in q["members"].values():
+                if m.get("state") in ("active", "waiting"):
+                    _kill(m)
+                    m["state"] = "dead"
+
+    def cancel_task(self, job: Job, index: int) -> None:
+        with job.store.locked_queue() as q:
+            ct = set(q.get("cancelled_tasks", []))
+            ct.add(index)
+            q["cancelled_tasks"] = sorted(ct)
+            if index in q["retry"]:
+                q["retry"].remove(index)
+            for wid, m in q["members"].items():
+                if m.get("state") == "active" and job.store.read_running(wid)[0] == index:
+                    _kill(m)
+            reap(job.store, q)
+
+    def delete_job(self, job: Job) -> None:
+        # Workers of a finished job are about to leave it for the pool: let them
+        # (they notice the folder is gone). Only a job with work left is stopped.
+        if not (job._snapshot().done or job.state.done):  # the last look, if recent, is enough when done
+            self.cancel_job(job)
+
+
+_spawned: list[int] = []  # workers this process started and has not reaped yet
+
+
+def _note_dispatched(q: dict[str, Any], use: list[tuple[str, int]], count: int) -> list[str]:
+    """Record in queue ``q`` that the idle workers ``use`` and ``count - len(use)`` new ones
+    are on their way; returns the new ones' ids."""
+    d = q.setdefault("dispatched", {})
+    now = time.time()
+    new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
+    for wid in [w for w, _ in use] + new:
+        d[wid] = now
+    return new
+
+
+def _reap() -> None:
+    """Collect the exit status of workers this process started that have ended, so
+    they do not stay zombies while it lives (a notebook may run for days)."""
+    for pid in list(_spawned):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid  # not ours to wait for any more (reaped elsewhere)
+        if done:
+            _spawned.remove(pid)
+
+
+def _wake(fifo: str | None) -> None:
+    """Wake a worker that waits on its FIFO (a newline is "look again")."""
+    if not fifo:
+        return
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _kill(member: dict[str, Any]) -> None:
+    """Kill a worker and everything it started (it leads its own session)."""
+    pid = int(member.get("pid", 0))
+    if pid <= 0 or lock_is_free(member.get("lock", "")):
+        return  # already gone; its pid may belong to someone else by now
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,510 @@
+"""The peer backend: tasks run on workstations of a peer group (FieldTrip's peer toolbox).
+
+Each machine that offers its cores runs ``elsewhere peer worker``; workers
+announce themselves by multicast (or to a static list of peers) and are found
+without any central server. For each job, :meth:`PeerCluster.submit_independent`
+starts a :class:`~elsewhere.peer.controller.Controller` in this process: it
+sends each task straight to a chosen worker and stores each result in the job
+folder as it arrives. A job recovered in a new process (``ew.recover``) gets a
+new controller from ``poll``, which carries on where the old one stopped.
+
+    ew.map(pow, [1, 2, 3], [2, 2, 2], on=ew.peers())
+    with ew.Executor(on=ew.peers(memory="2G", time="10min")) as ex:
+        fut = ex.submit(fit, start)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..util import paths
+from ..util.errors import ConfigError
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..api.job import Job
+    from ..folder.snapshot import Snapshot
+    from ..peer.controller import Controller
+    from ..peer.discovery import DiscoveryConfig
+    from ..peer.keys import GroupKey
+    from ..peer.placement import ControllerSettings
+
+__all__ = ["PeerCluster", "key_path", "peers"]
+
+_DIARY = ("always", "warning", "error", "never")
+_carry_on_here = True
+_IN_BACKGROUND = "ELSEWHERE_PEER_BACKGROUND_CONTROLLER"  # set in a detached job's controller process
+_HAND_OFF = "ELSEWHERE_PEER_HAND_OFF"  # "0": a process that ends leaves its peer jobs waiting (tests)
+
+
+def carry_on_here(allowed: bool) -> None:
+    """Whether looking at an unfinished peer job whose controller is gone may start a new
+    one in this process (the default). The command line's one-shot commands (``status``,
+    ``results``, ``logs``, ``cancel``) say no: a controller would end with them, its tasks
+    half sent; ``elsewhere wait NAME`` carries a job on."""
+    global _carry_on_here
+    _carry_on_here = allowed
+
+
+def key_path(group: str) -> Path:
+    """Where the key of ``group`` lives: ``<config dir>/peer/<group>.key``."""
+    from ..peer.keys import check_group_name
+    from ..util import paths
+
+    return paths.config_dir() / "peer" / f"{check_group_name(group)}.key"
+
+
+def parse_peer(entry: str | tuple[str, int] | list[Any], default_port: int) -> tuple[str, int]:
+    """``"host"``, ``"host:port"`` or ``(host, port)`` -> ``(host, port)``."""
+    if isinstance(entry, (tuple, list)):
+        if len(entry) != 2:
+            raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+        return str(entry[0]), int(entry[1])
+    if not isinstance(entry, str) or not entry:
+        raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+    host, sep, port = entry.rpartition(":")
+    if not sep:
+        return entry, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ConfigError(f"peer {entry!r}: the port must be a number")
+
+
+class PeerCluster(Cluster):
+    """Workstations running ``elsewhere peer worker``, found by multicast.
+
+    Args:
+        group: the peer group; its key is read from ``<config dir>/peer/GROUP.key``
+            (made with ``elsewhere peer keygen GROUP``). Default: the group
+            "default" if its key exists, else loopback-only mode (workers of
+            this user on this machine, no key).
+        key: a key file to use instead of the default place.
+        memory: memory each task needs ("2G"); workers offering less refuse it,
+            and a task that uses more is stopped.
+        time: time each task needs ("10min"); a task that runs past it is
+            stopped, and one that takes twice as long runs elsewhere too.
+        peers: where multicast is not allowed: the other peers, as "host" or
+            "host:port" (their discovery ports).
+        port, multicast_group, interface: discovery settings (see
+            ``elsewhere.peer.discovery.DiscoveryConfig``).
+        diary: when a task's printed output comes back: "always", "warning"
+            (if it warned or failed), "error" (if it failed), "never".
+        prefer_local: place tasks on workers of this machine first.
+        cores_per_task: cores each task needs (a worker with fewer refuses it).
+        detach: where a submitted job's controller runs. None (default): in this
+            process while it lives; when it ends (normally: not killed) each unfinished
+            job is handed to a background controller, so that it goes on as jobs of the
+            other backends do. True: in a background process of its own from the start
+            (``elsewhere wait NAME``, its output in the job folder's ``controller.log``).
+            False: in this process only; the job waits when it ends. ``ew.map`` and
+            ``ew.Executor``, whose callers wait, keep their controllers in their own
+            process whatever this says.
+    """
+
+    kind = "peer"
+
+    def __init__(
+        self,
+        group: str | None = None,
+        *,
+        key: str | os.PathLike[str] | None = None,
+        memory: str | int | None = None,
+        time: str | float | None = None,
+        peers: list[Any] | tuple[Any, ...] = (),
+        port: int | None = None,
+        multicast_group: str | None = "default",
+        interface: str | None = None,
+        diary: str = "always",
+        prefer_local: bool = True,
+        cores_per_task: int = 1,
+        detach: bool | None = None,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)  # fmt: skip
+        self.group = group
+        self.key_file = str(Path(key).expanduser().absolute()) if key is not None else None
+        self.memory = memory
+        self.time = time
+        self.peers = [list(parse_peer(p, 0)) if not isinstance(p, str) else p for p in peers]
+        self.port = port
+        self.multicast_group = multicast_group
+        self.interface = interface
+        self.diary = diary
+        self.prefer_local = prefer_local
+        if detach not in (None, True, False):
+            raise ConfigError(f"detach must be True, False or None, not {detach!r}")
+        self.detach = detach
+        self._lock = threading.Lock()
+        self._controllers: dict[str, Controller] = {}
+        self._spawned: dict[str, tuple[subprocess.Popen[bytes], float]] = {}  # job id -> background controller
+        self.post_construct()
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "group": self.group, "key": self.key_file, "memory": self.memory, "time": self.time,
+            "peers": self.peers, "port": self.port, "multicast_group": self.multicast_group,
+            "interface": self.interface, "diary": self.diary, "prefer_local": self.prefer_local,
+            "detach": self.detach, **super().settings(),
+        }  # fmt: skip
+
+    def post_construct(self) -> None:
+        from ..util.units import parse_duration, parse_size
+
+        if self.diary not in _DIARY:
+            raise ConfigError(f"diary must be one of {', '.join(_DIARY)}, not {self.diary!r}")
+        self.mem_bytes = parse_size(self.memory, what="memory") or 0
+        time_s = parse_duration(self.time, what="time") or 0.0
+        self.time_s = 0.0 if time_s == float("inf") else time_s
+        self.group_key = self._find_key()
+        self.discovery = self._discovery()
+
+    def _find_key(self) -> GroupKey | None:
+        from ..peer.keys import DEFAULT_GROUP, load_key
+
+        if self.key_file is not None:
+            return load_key(self.key_file, self.group)
+        path = key_path(self.group or DEFAULT_GROUP)
+        if path.exists():
+            return load_key(path, self.group or DEFAULT_GROUP)
+        if self.group is not None and self.group != DEFAULT_GROUP:
+            raise ConfigError(
+                f"no key for peer group {self.group!r} at {path}: make one with "
+                f"`elsewhere peer keygen {self.group}` and copy it to the workers"
+            )
+        return None  # loopback-only mode
+
+    def _discovery(self) -> DiscoveryConfig:
+        from ..peer.discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
+
+        port = self.port or DEFAULT_PORT
+        group = DEFAULT_MULTICAST_GROUP if self.multicast_group == "default" else self.multicast_group
+        static = tuple(parse_peer(p, port) for p in self.peers)
+        return DiscoveryConfig(port=port, multicast_group=group, interface=self.interface,
+                               static_peers=static)  # fmt: skip
+
+    def shares_filesystem(self) -> bool:
+        # The job records the caller's working directory and sys.path; workers use
+        # those that exist there. Code of the user's own modules travels by value.
+        return True
+
+    def sends_files(self) -> bool:
+        return True  # in the job part, once per worker connection (peer/attached.py)
+
+    def max_workers(self, n_tasks: int) -> int:
+        return max(1, n_tasks)
+
+    # -- controllers ---------------------------------------------------------------
+    def controller_settings(self, job: Job) -> ControllerSettings:
+        """What the controller of ``job`` needs to know."""
+        from ..peer.announce import new_peer_id
+        from ..peer.placement import ControllerSettings
+
+        data = self.get_job_cluster_data(job)
+        peer_id = data.get("peer_id")
+        if not isinstance(peer_id, str) or len(peer_id) != 32:
+            peer_id = new_peer_id()
+            self.set_job_cluster_data(job, {**data, "peer_id": peer_id})
+        return ControllerSettings(
+            key=self.group_key, discovery=self.discovery, mem_bytes=self.mem_bytes,
+            time_s=self.time_s, cores=self.cores_per_task, diary=self.diary,
+            prefer_local=self.prefer_local, peer_id=peer_id,
+        )  # fmt: skip
+
+    def counters(self, job: Job) -> dict[str, int]:
+        """The counters of ``job``'s controller in this process (see ``Controller.counters``)."""
+        with self._lock:
+            c = self._controllers.get(job.id)
+        return c.counters() if c is not None else {}
+
+    def controller(self, job: Job) -> Controller | None:
+        """The live controller of ``job`` in this process, if any."""
+        with self._lock:
+            c = self._controllers.get(job.id)
+        return c if c is not None and c.alive() else None
+
+    def _start_controller(self, job: Job) -> Controller:
+        from ..peer.controller import Controller
+
+        with self._lock:
+            c = self._controllers.get(job.id)
+            if c is not None and c.alive():
+                return c
+            settings = self.controller_settings(job)
+            c = Controller(job, settings).start()
+            self._controllers[job.id] = c
+        _stop_at_exit(self)
+        data = self.get_job_cluster_data(job)
+        data["controller"] = {"host": socket.gethostname(), "pid": os.getpid(),
+                              "create_time": _create_time(os.getpid())}  # fmt: skip
+        self.set_job_cluster_data(job, data)
+        return c
+
+    def _other_controller(self, job: Job) -> dict[str, Any] | None:
+        """Where the job's controller runs (host, pid), if in another live process here."""
+        spawned = self._spawned.get(job.id)
+        if spawned is not None:
+            spawned[0].poll()  # (a background controller of ours that ended is reaped)
+        info = self.get_job_cluster_data(job).get("controller") or {}
+        pid = info.get("pid")
+        if not isinstance(pid, int) or pid == os.getpid() or info.get("host") != socket.gethostname():
+            return None
+        ct = _create_time(pid)
+        return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
+
+    def _shown_elsewhere(self, job: Job) -> dict[str, Any]:
+        """What the job's controller in another live process (there is one) says runs
+        (see ``Controller._show``)."""
+        import json
+
+        from ..peer.controller import RUNNING_FILE
+
+        try:
+            shown = json.loads((job.store.path / RUNNING_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return shown if isinstance(shown, dict) and isinstance(shown.get("running"), dict) else {}
+
+    def _runs_here(self, job: Job) -> bool:
+        """Whether this process runs the job's controller (else a background one does:
+        ``detach``; an Executor's and ``ew.map``'s, whose callers wait, always run here)."""
+        meta = job._meta
+        return (not self.detach or os.environ.get(_IN_BACKGROUND) == "1" or bool(meta.get("stream"))
+                or bool(meta.get("waited")))  # fmt: skip
+
+    def _carry_on(self, job: Job) -> None:
+        """Start the job's controller: here, or in a background process (``detach``; not
+        again within a minute of the last, whose log then says why it ended)."""
+        if self._runs_here(job):
+            self._start_controller(job)
+            return
+        last = self._spawned.get(job.id)
+        if last is not None and time.monotonic() - last[1] < 60.0:
+            return
+        self._spawn_controller(job)
+
+    def _spawn_controller(self, job: Job) -> None:
+        """Run the job's controller in a background process: ``elsewhere wait NAME``."""
+        # It reads the tasks from the payload, which names the user's modules: it runs
+        # where the job was made, with its sys.path, as the workers' children do.
+        meta = job._meta
+        cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) and os.path.isdir(meta["cwd"]) else None
+        from ..folder.lifecycle import job_folders
+
+        found = job_folders(meta)
+        env = {**os.environ, _IN_BACKGROUND: "1", "ELSEWHERE_HOME": str(paths.home()),
+               "PYTHONPATH": os.pathsep.join([*found, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+        log_path = job.store.path / "controller.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "elsewhere", "wait", job.name, "--no-progress"],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
+                                    start_new_session=True)  # fmt: skip
+        self._spawned[job.id] = (proc, time.monotonic())
+        data = self.get_job_cluster_data(job)  # it is the job's controller from now on
+        data["controller"] = {"host": socket.gethostname(), "pid": proc.pid,
+                              "create_time": _create_time(proc.pid), "log": str(log_path)}  # fmt: skip
+        self.set_job_cluster_data(job, data)
+
+    def _no_controller_note(self, job: Job, info: dict[str, Any] | None) -> str:
+        """What runs an unfinished, submitted job that has no controller in this process
+        (``info``: :meth:`_other_controller`'s)."""
+        if info is not None:
+            where = f" (its log: {info['log']})" if info.get("log") else ""
+            return f"its controller runs in process {info.get('pid')} on {info.get('host')}{where}"
+        spawned = self._spawned.get(job.id)
+        if spawned is not None:
+            return (f"its background controller ended ({spawned[0].returncode}); its log: "
+                    f"{job.store.path / 'controller.log'}")  # fmt: skip
+        return (f"no controller runs it now (the process that ran it ended): `elsewhere wait {job.name}` "
+                f"or ew.recover({job.name!r}).wait() carries it on; workers keep finished results "
+                "for 10 minutes (ew.peers(..., detach=True) runs a job's controller in the background)")
+
+    # -- the plugin operations ---------------------------------------------------------
+    def submit_independent(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["max_workers"] = max(1, int(q.get("n", 0)))
+        self._carry_on(job)
+
+    def poll(self, job: Job) -> None:
+        c = self.controller(job)
+        if c is not None:
+            if not self._cancelled_elsewhere(job, c):
+                c.refresh_queue()
+            return
+        with self._lock:
+            dead = self._controllers.get(job.id)
+        if dead is not None and dead.error is not None:
+            from ..util.errors import PeerError
+
+            raise PeerError(f"the peer controller of job {job.name!r} failed: "
+                            f"{type(dead.error).__name__}: {dead.error}") from dead.error
+        q = job.store.queue()
+        if not q.get("submitted") or q.get("cancelled"):
+            return
+        snap = job._snapshot(fresh=True)
+        unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
+        if unfinished and _carry_on_here and self._other_controller(job) is None:
+            self._carry_on(job)
+
+    def _cancelled_elsewhere(self, job: Job, c: Controller) -> bool:
+        """If another process (``elsewhere cancel``) cancelled the job, stop its controller
+        here, telling the workers to drop its running tasks, before saying so."""
+        if not job.store.queue().get("cancelled"):
+            return False
+        c.cancel()
+        c.stop()
+        return True
+
+    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+        c = self.controller(job)
+        if c is None:
+            if len(snapshot.final) < snapshot.n and not snapshot.note:
+                info = self._other_controller(job)  # (cluster.json and the process: once a look)
+                shown = self._shown_elsewhere(job) if info is not None else {}
+                snapshot.running = {int(i): (str(v[0]), float(v[1])) for i, v in shown.get("running", {}).items()
+                                    if int(i) not in snapshot.final}  # fmt: skip
+                snapshot.note = str(shown.get("note") or "") or self._no_controller_note(job, info)
+            return snapshot
+        final = snapshot.final
+        snapshot.running = {i: v for i, v in c.running().items() if i not in final}
+        snapshot.note = c.note
+        snapshot.reasons = {i: r for i, r in dict(c.reasons).items() if i not in final}
+        return snapshot
+
+    def tasks_added(self, job: Job) -> None:
+        """The Executor appended a task to a stream job: place it now."""
+        c = self.controller(job)
+        if c is None:
+            c = self._start_controller(job)
+        c.tasks_added()
+
+    def executor_link(self, job: Job, on_outcome: Any) -> Controller:
+        """For an ``ew.Executor`` on stream job ``job``: its controller in this process,
+        which takes tasks in memory (``put``) and calls ``on_outcome(index, ok, value,
+        seed)`` with each value as it arrives (the job folder is written all the same)."""
+        c = self.controller(job)
+        if c is None:
+            c = self._start_controller(job)
+        c.on_outcome = on_outcome
+        return c
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+            q["retry"] = []
+        c = self.controller(job)
+        if c is not None:
+            c.cancel()
+            c.stop()
+
+    def cancel_task(self, job: Job, index: int) -> None:
+        with job.store.locked_queue() as q:
+            ct = set(q.get("cancelled_tasks", []))
+            ct.add(index)
+            q["cancelled_tasks"] = sorted(ct)
+            if index in q.get("retry", []):
+                q["retry"].remove(index)
+        c = self.controller(job)
+        if c is not None:
+            c.cancel_task(index)
+
+    def delete_job(self, job: Job) -> None:
+        with self._lock:
+            c = self._controllers.pop(job.id, None)
+        if c is not None:
+            if c.alive() and not job.state.done:
+                c.cancel()
+            c.stop()
+        if self._other_controller(job) is not None:  # a background controller: it ends with
+            if not job.state.done:  # the job (cancelled first), acknowledging its results
+                with job.store.locked_queue() as q:
+                    q["cancelled"] = True
+                    q["retry"] = []
+                job.store.notify()
+            deadline = time.monotonic() + 10.0
+            while self._other_controller(job) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        spawned = self._spawned.pop(job.id, None)
+        if spawned is not None and spawned[0].poll() is None:  # ours, and deaf: interrupted
+            spawned[0].send_signal(signal.SIGINT)  # (its controller still stops, at exit)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spawned[0].wait(5)
+
+    def stop(self, timeout: float = 5.0) -> list[Controller]:
+        """Stop every controller of this cluster object (results so far are kept); returns
+        them."""
+        with self._lock:
+            controllers = list(self._controllers.values())
+            self._controllers.clear()
+        for c in controllers:
+            c.stop(timeout)
+        return controllers
+
+    def _leave(self, timeout: float = 2.0) -> None:
+        """This process ends: stop its controllers, and (``detach`` left at None) hand
+        each unfinished job to a background controller, so that it goes on as jobs of the
+        other backends do. An Executor's job ends with its Executor."""
+        hand_off = (self.detach is None and os.environ.get(_HAND_OFF, "1") != "0"
+                    and os.environ.get(_IN_BACKGROUND) != "1")  # fmt: skip
+        for c in self.stop(timeout):
+            job = c.job
+            if not hand_off or job._meta.get("stream"):
+                continue
+            with contextlib.suppress(Exception):
+                q = job.store.queue()
+                if q.get("submitted") and not q.get("cancelled") and not job.state.done:
+                    self._spawn_controller(job)
+
+
+_AT_EXIT: weakref.WeakSet[PeerCluster] = weakref.WeakSet()
+_registered = False
+
+
+def _stop_at_exit(cluster: PeerCluster) -> None:
+    """Stop ``cluster``'s controllers when the interpreter exits, rather than cut them off:
+    the results they stored are acknowledged (else the workers keep them for their grace,
+    and a worker that is stopping waits for them) and the workers hear them leave."""
+    global _registered
+    if not _registered:
+        atexit.register(_stop_all)
+        _registered = True
+    _AT_EXIT.add(cluster)
+
+
+def _stop_all() -> None:
+    for cluster in list(_AT_EXIT):
+        with contextlib.suppress(Exception):
+            cluster._leave(timeout=2.0)
+    _AT_EXIT.clear()
+
+
+def _create_time(pid: int) -> float | None:
+    """When process ``pid`` started; None if there is none, or only its zombie."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return float(proc.create_time())
+    return None
+
+
+def peers(group: str | None = None, *, memory: str | int | None = None,
+          time: str | float | None = None, **settings: Any) -> PeerCluster:  # fmt: skip
+    """The peer network (FieldTrip's peercellfun / peerfeval): see :class:`PeerCluster`."""
+    return PeerCluster(group, memory=memory, time=time, **settings)
+

@@ -1,0 +1,484 @@
+"""ssh nodes (dMod2's sshNodes): workers on hosts reached with the user's OpenSSH.
+
+    ew.ssh(["server1", "user@server2"])          every node with its free cores
+    ew.ssh({"server1": 24, "server2": 20})       at most that many cores per node
+
+Each node runs one ``python -m elsewhere.hosts.agent serve`` per client, over one
+ssh session on the host's master connection, for the whole session: requests
+are JSON lines on its stdin, so a probe, a start or a poll costs a message, not
+a remote login shell. On submission, while the client still writes the
+inputs, each node is asked for its Python, elsewhere version, cores and load,
+and the payload is streamed into the node's copy of the job folder as it grows
+(``payload.log`` is append-only); then the rest of the folder follows on the
+same session, ``setup=`` runs there once, and detached workers start, which
+survive the client going away. The tasks are split between nodes in
+proportion to their workers, and each node's workers claim their share from
+the node's own copy of the queue::
+
+    submit ──prepare──> per node, a thread: info ─> payload.log as it grows ─┐
+           ──writes payload.log, job.json, queue.json locally──────────────── │
+           ──submit_independent: "finished" ─> rest of the folder ─> start <──┘
+
+While a client waits, each poll asks the agent on every node (vanished
+workers are written off there, replacements started) and mirrors new
+results, logs and worker files down (rsync). A node that cannot be
+reached for ``host_timeout_s`` is given up: its unfinished tasks move to the
+other nodes (the first result of a task wins).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import threading
+import time
+import warnings
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..util.errors import ConfigError, RemoteSetupError, TransportError
+from .base import Cluster
+
+if TYPE_CHECKING:
+    from ..api.job import Job
+    from ..folder.snapshot import Snapshot
+    from ..hosts.session import AgentSession
+    from ..hosts.ssh import SSHTransport
+
+DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
+_MIRROR = ["journal/**", "results/**", "logs/**", "workers/**"]
+
+
+class SSHCluster(Cluster):
+    """Workers on hosts reached over ssh.
+
+    Args:
+        nodes: ssh destinations as typed in a shell ("host", "user@host", an
+            alias of ~/.ssh/config), or a dict destination -> cores to use.
+        cores_per_task: cores each task gets.
+        python: the interpreter on the nodes: one for all, or a dict per node
+            (default "python3").
+        remote_storage: where job copies go on the nodes (relative paths are
+            under the remote home): one folder for all, or a dict per node. With
+            several nodes each copy is ``<remote_storage>/<job id>-<node>``, so
+            nodes that share a file system (an NFS home) never share a copy.
+        setup: a shell command run once per node, in the job's files folder,
+            before its tasks start (e.g. "make -C model", "pip install -e .").
+        ssh_options: extra ``-o`` options for ssh; ssh_config: a config file.
+        host_timeout_s: how long a node may be unreachable before its tasks move.
+    """
+
+    kind = "ssh"
+
+    def __init__(
+        self,
+        nodes: list[str] | tuple[str, ...] | dict[str, int] | str,
+        *,
+        cores_per_task: int = 1,
+        python: str | dict[str, str] | None = None,
+        remote_storage: str | dict[str, str] = DEFAULT_REMOTE_STORAGE,
+        setup: str | None = None,
+        ssh_options: list[str] | tuple[str, ...] = (),
+        ssh_config: str | None = None,
+        host_timeout_s: float = 60.0,
+        storage: str | Path | None = None,
+        additional_properties: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)
+        if isinstance(nodes, str):
+            nodes = [nodes]
+        if isinstance(nodes, dict):
+            for host, cores in nodes.items():
+                if not isinstance(cores, int) or cores < 1:
+                    raise ConfigError(f"cores for node {host!r} must be a positive integer, not {cores!r}")
+            self.nodes: dict[str, int | None] = dict(nodes)
+        else:
+            self.nodes = dict.fromkeys(nodes)
+        if not self.nodes:
+            raise ConfigError("ew.ssh needs at least one node")
+        for host in self.nodes:
+            if not isinstance(host, str) or not host or host.startswith("-") or any(c.isspace() for c in host):
+                raise ConfigError(f"{host!r} is not an ssh destination")
+        if isinstance(python, dict):
+            unknown = set(python) - set(self.nodes)
+            if unknown:
+                raise ConfigError(f"python= names nodes that are not in the cluster: {sorted(unknown)}")
+        if isinstance(remote_storage, dict):
+            unknown = set(remote_storage) - set(self.nodes)
+            if unknown:
+                raise ConfigError(f"remote_storage= names nodes that are not in the cluster: {sorted(unknown)}")
+        self.python = python
+        self.remote_storage = remote_storage
+        self.setup = setup
+        self.ssh_options = list(ssh_options)
+        self.ssh_config = ssh_config
+        self.host_timeout_s = float(host_timeout_s)
+        self._transports: dict[str, SSHTransport] = {}
+        self._sessions: dict[str, AgentSession] = {}
+        # job id -> (the inputs are written, per node: its probe and the bytes streamed)
+        self._early: dict[str, tuple[threading.Event, dict[str, Future[Any]]]] = {}
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "nodes": {h: c for h, c in self.nodes.items()} if any(self.nodes.values()) else list(self.nodes),
+            "python": self.python, "remote_storage": self.remote_storage, "setup": self.setup,
+            "ssh_options": self.ssh_options, "ssh_config": self.ssh_config,
+            "host_timeout_s": self.host_timeout_s, **super().settings(),
+        }
+
+    def shares_filesystem(self) -> bool:
+        return False
+
+    # -- hosts ------------------------------------------------------------------
+    def transport(self, host: str) -> SSHTransport:
+        """The multiplexed connection to ``host`` (one per host per process)."""
+        t = self._transports.get(host)
+        if t is None:
+            from ..hosts.ssh import SSHTransport
+
+            t = SSHTransport(host, ssh_options=self.ssh_options, ssh_config=self.ssh_config)
+            self._transports[host] = t
+        return t
+
+    def python_for(self, host: str) -> str:
+        if isinstance(self.python, dict):
+            return self.python.get(host, "python3")
+        return self.python or "python3"
+
+    def storage_for(self, host: str) -> str:
+        """The folder on ``host`` that holds job copies."""
+        if isinstance(self.remote_storage, dict):
+            return self.remote_storage.get(host, DEFAULT_REMOTE_STORAGE)
+        return self.remote_storage
+
+    def session(self, host: str) -> AgentSession:
+        """The agent on ``host``, over one ssh session kept open (one per host per process)."""
+        sess = self._sessions.get(host)
+        if sess is None:
+            from ..hosts.session import AgentSession
+
+            sess = AgentSession(self.transport(host), self.python_for(host))
+            self._sessions[host] = sess
+        return sess
+
+    def _agent(self, host: str, op: str, *, timeout: float = 120.0, **fields: Any) -> dict[str, Any]:
+        answer = self.session(host).request(op, timeout_s=timeout, **fields)
+        if "error" in answer:
+            raise RemoteSetupError(f"{host}: {answer['error']}", host=host,
+                                   command=[self.python_for(host), "-m", "elsewhere.hosts.agent", op])
+        return answer
+
+    def probe(self, host: str) -> dict[str, Any]:
+        """What ``host`` offers: python, elsewhere version, cores, load; checks the storage."""
+        from ..util.version import __version__
+
+        info = self._agent(host, "info", dir=self.storage_for(host), timeout=60)
+        theirs = str(info.get("elsewhere_version", ""))
+        if theirs.split(".")[0] != __version__.split(".")[0]:
+            raise RemoteSetupError(
+                f"{host} has elsewhere {theirs} for {self.python_for(host)}, this machine {__version__}: "
+                "install the same major version there", host=host)
+        if not info.get("writable"):
+            raise RemoteSetupError(
+                f"{host}: cannot write to {self.storage_for(host)}: {info.get('writable_error', '')} "
+                "(give remote_storage= a writable folder)", host=host)
+        self.transport(host).note_remote_rsync(bool(info.get("rsync")))  # no `which rsync` later
+        usable = int(info.get("cpus_usable") or 1)
+        load = (info.get("load_average") or [0.0])[0]
+        info["free_cores"] = max(1, min(usable, round(usable - load)))
+        return info
+
+    # -- plugin operations ----------------------------------------------------
+    def _each(self, fn: Any, hosts: list[str]) -> list[Any]:
+        """``fn(host)`` for every host at once (each is mostly waiting on ssh)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if len(hosts) == 1:
+            return [fn(hosts[0])]
+        with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as ex:
+            return list(ex.map(fn, hosts))
+
+    def prepare(self, job: Job, n_tasks: int) -> None:
+        """While the client writes the inputs: ask the nodes about themselves, and
+        stream the payload into each node's copy as it is written."""
+        finished = threading.Event()
+        self._early[job.id] = (finished, {h: _background(self._early_copy, job, h, finished)
+                                          for h in self.nodes})
+
+    def _copy_dir(self, job: Job, host: str, info: dict[str, Any]) -> str:
+        # nodes may share a file system (an NFS home): never one copy for two nodes
+        copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
+        return f"{info['writable']}/{copy}"
+
+    def _early_copy(self, job: Job, host: str, finished: threading.Event) -> tuple[dict[str, Any], int]:
+        info = self.probe(host)
+        where = self._copy_dir(job, host, info)
+        sent = self.session(host).put_growing(where, "payload.log", job.store.path / "payload.log",
+                                              finished, job.store.path.exists)
+        if sent < 0:  # the client gave up (the inputs could not be written): leave nothing there
+            self._early.pop(job.id, None)
+            self._agent(host, "discard", dir=where, timeout=60)
+            sent = 0
+        return info, sent
+
+    def submit_independent(self, job: Job) -> None:
+        n = job.n_tasks
+        (job.store.path / "files").mkdir(exist_ok=True)
+        plan: dict[str, dict[str, Any]] = {}
+        early = self._early.pop(job.id, None)
+        if early is not None:
+            early[0].set()  # the inputs are written: each node gets the rest of the folder
+            got = {h: f.result() for h, f in early[1].items()}  # a node's error is raised here
+        else:
+            got = dict(zip(self.nodes, self._each(lambda h: (self.probe(h), 0), list(self.nodes))))
+        for host, asked in self.nodes.items():
+            info = got[host][0]
+            free = info["free_cores"]
+            cores = asked if asked is not None else free
+            if asked is not None and asked > free:
+                warnings.warn(f"{host}: asked for {asked} cores, {free} are free now; using {free}",
+                              stacklevel=3)
+                cores = free
+            workers = max(1, cores // self.cores_per_task)
+            plan[host] = {"workers": workers, "dir": self._copy_dir(job, host, info),
+                          "python": self.python_for(host), "cores": cores}
+        total = sum(p["workers"] for p in plan.values())
+        start = 0
+        hosts = list(plan)
+        for i, host in enumerate(hosts):
+            share = n - start if i == len(hosts) - 1 else round(n * plan[host]["workers"] / total)
+            plan[host]["tasks"] = [start, start + share]
+            plan[host]["workers"] = max(1, min(plan[host]["workers"], share)) if share else 0
+            start += share
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = n
+        data = {"hosts": plan}
+        self.set_job_cluster_data(job, data)
+        busy = [h for h, p in plan.items() if p["workers"]]
+        for h in plan:
+            if h not in busy and got[h][1]:
+                self._agent(h, "discard", dir=plan[h]["dir"], timeout=60)
+        self._each(lambda h: self._place(job, h, plan[h], got[h][1]), busy)
+        for h in busy:
+            plan[h]["last_seen"] = time.time()
+        self.set_job_cluster_data(job, data)
+
+    def _place(self, job: Job, host: str, p: dict[str, Any], streamed: int) -> None:
+        # the rest of the folder on the agent's session (files/ included), then start there
+        self.session(host).put_tree(job.store.path, p["dir"], sent={"payload.log": streamed})
+        a, b = p["tasks"]
+        if self.setup:
+            t = self.transport(host)
+            files = shlex.quote(p["dir"] + "/files")
+            res = t.run_shell(f"mkdir -p {files} && cd {files} && {self.setup}", check=False, timeout=3600)
+            log = job.store.path / "logs" / f"setup-{_safe(host)}.log"
+            log.write_bytes(res.stdout + res.stderr)
+            if res.returncode != 0:
+                raise RemoteSetupError(
+                    f"setup failed on {host}; its output is in {log}", host=host,
+                    command=["sh", "-c", self.setup], returncode=res.returncode,
+                    stderr=res.stderr.decode(errors="replace"))
+        self._agent(host, "start", job=p["dir"], workers=p["workers"], tasks=f"{a}:{b}",
+                    retries=int(job._meta.get("retries", 0)))
+
+    # -- communicating jobs: mpiexec on the first node, a host list of all -----------
+    def submit_communicating(self, job: Job) -> None:
+        """Ranks started together by ``mpiexec`` on the first node, over every node.
+
+        The job folder is copied to the same path on every node (the ranks'
+        command line names it), and ``mpiexec --host`` lists each node's
+        hostname with its slots; Open MPI reaches the other nodes with its own
+        ssh, which must work between the nodes.
+        """
+        ranks = job.n_tasks
+        hosts = list(self.nodes)
+        infos = {h: self.probe(h) for h in hosts}
+        first = hosts[0]
+        rdir = f"{infos[first]['writable']}/{job.id}"
+        slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
+        with job.store.locked_queue() as q:
+            q["submitted"] = True
+            q["next"] = ranks
+            q["max_workers"] = ranks
+        for h in hosts:
+            t = self.transport(h)
+            t.run(["mkdir", "-p", "--", rdir + "/files"], timeout=60)
+            t.sync_up(job.store.path, rdir)
+        launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()
+        argv = ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", *launcher, "-n", str(ranks)]
+        if len(hosts) > 1:
+            # how the first node names the others: their own host names, or (with
+            # additional_properties={"mpi_host_names": "destinations"}) the ssh destinations
+            by_dest = self.additional_properties.get("mpi_host_names") == "destinations"
+            names = {h: (h.split("@")[-1] if by_dest else infos[h].get("hostname", h)) for h in hosts}
+            argv += ["--host", ",".join(f"{names[h]}:{slots[h]}" for h in hosts)]
+        if ranks > sum(slots.values()) or launcher[0].endswith(("mpiexec", "mpirun")):
+            argv.append("--oversubscribe")
+        argv += [*self.additional_properties.get("mpi_args", []),
+                 self.python_for(first), "-m", "elsewhere.worker", "--job", rdir, "--mpi"]
+        pid = self.transport(first).spawn(argv, log_path=f"{rdir}/logs/launcher.log", cwd=rdir + "/files")
+        plan = {h: {"workers": 1, "dir": rdir, "tasks": [0, 0], "python": self.python_for(h),
+                    "cores": slots[h], "last_seen": time.time()} for h in hosts}
+        self.set_job_cluster_data(job, {"hosts": plan, "mpi": {"host": first, "pid": pid, "dir": rdir}})
+
+    def _mpi_alive(self, mpi: dict[str, Any]) -> bool:
+        res = self.transport(mpi["host"]).run(["kill", "-0", str(mpi["pid"])], check=False, timeout=30)
+        return res.returncode == 0
+
+    def _poll_mpi(self, job: Job, data: dict[str, Any]) -> None:
+        mpi = data["mpi"]
+        for host, p in data["hosts"].items():
+            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+        if self._mpi_alive(mpi):
+            return
+        for host, p in data["hosts"].items():  # the last words of every rank
+            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+        self.report_lost(job, {r: f"rank {r} ended without a result: the MPI job on {mpi['host']} was aborted "
+                                  "or killed (another rank failed? see job.log(rank) and logs/launcher.log)"
+                               for r in range(job.n_tasks)})
+
+    def poll(self, job: Job) -> None:
+        data = self.get_job_cluster_data(job)
+        hosts = data.get("hosts", {})
+        if not hosts or job.store.queue().get("cancelled"):
+            return
+        if "mpi" in data:
+            self._poll_mpi(job, data)
+            return
+        changed = False
+        merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "members": {}}
+        asked = [(h, p) for h, p in hosts.items()
+                 if p.get("workers") and not p.get("abandoned") and not p.get("done")]
+        # a node that does not answer must not hold up the others, nor for longer than
+        # host_timeout_s: all nodes at once, each bounded
+        limit = max(5.0, min(60.0, self.host_timeout_s))
+
+        def ask(host: str, p: dict[str, Any]) -> tuple[dict[str, Any] | None, TransportError | None]:
+            try:
+                ans = self._agent(host, "poll", job=p["dir"], workers=p["workers"], timeout=limit)
+                self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+            except TransportError as exc:
+                return None, exc
+            return ans, None
+
+        if len(asked) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(len(asked)) as pool:
+                answers = list(pool.map(lambda hp: ask(*hp), asked))
+        else:
+            answers = [ask(*hp) for hp in asked]
+        for (host, p), (ans, exc) in zip(asked, answers):
+            if ans is None:
+                if time.time() - p.get("last_seen", time.time()) > self.host_timeout_s:
+                    self._abandon(job, host, p, hosts, str(exc).splitlines()[0])
+                    changed = True
+                continue
+            p["last_seen"] = time.time()
+            changed = True
+            qs = ans.get("queue", {})
+            merged["lost_by"].update(qs.get("lost_by") or {})
+            merged["lost_reason"].update(qs.get("lost_reason") or {})
+            merged["members"].update(qs.get("members") or {})
+            if ans.get("work") == 0 and ans.get("live") == 0:
+                p["done"] = True
+        if changed:
+            self.set_job_cluster_data(job, data)
+        with job.store.locked_queue() as q:
+            for key in ("lost_by", "lost_reason"):
+                q.setdefault(key, {}).update(merged[key])
+            for wid, m in merged["members"].items():
+                q["members"][wid] = m
+
+    def _abandon(self, job: Job, host: str, p: dict[str, Any], hosts: dict[str, Any], why: str) -> None:
+        job._reader.refresh()
+        a, b = p["tasks"]
+        moved = [t for t in range(a, b) if t not in job._reader.final] + [
+            t for t in p.get("moved_in", []) if t not in job._reader.final]
+        p["abandoned"] = why
+        others = [h for h, o in hosts.items() if h != host and not o.get("abandoned") and o.get("workers")]
+        if not moved:
+            return
+        if not others:
+            warnings.warn(f"{host} is unreachable ({why}) and no other node is left for its "
+                          f"{len(moved)} unfinished tasks", stacklevel=2)
+            return
+        per = math.ceil(len(moved) / len(others))
+        for i, h in enumerate(others):
+            part = moved[i * per : (i + 1) * per]
+            if part:
+                self._agent(h, "add", job=hosts[h]["dir"], tasks=part)
+                hosts[h].setdefault("moved_in", []).extend(part)
+                hosts[h]["done"] = False
+
+    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+        return snapshot
+
+    def cancel_job(self, job: Job) -> None:
+        with job.store.locked_queue() as q:
+            q["cancelled"] = True
+        data = self.get_job_cluster_data(job)
+        if "mpi" in data:  # the launcher leads its own session: stop it and every rank
+            mpi = data["mpi"]
+            t = self.transport(mpi["host"])
+            for sig in ("TERM", "KILL"):
+                t.run(["kill", f"-{sig}", "--", f"-{mpi['pid']}"], check=False, timeout=30)
+                deadline = time.time() + 3
+                while time.time() < deadline and self._mpi_alive(mpi):
+                    time.sleep(0.1)
+                if not self._mpi_alive(mpi):
+                    break
+            return
+        for host, p in data.get("hosts", {}).items():
+            if p.get("workers"):
+                try:
+                    self._agent(host, "cancel", job=p["dir"], timeout=60)
+                except TransportError as exc:
+                    warnings.warn(f"could not cancel on {host}: {exc}", stacklevel=2)
+
+    def delete_job(self, job: Job) -> None:
+        if not job.state.done:
+            self.cancel_job(job)
+        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+            if p.get("workers"):
+                try:
+                    self._agent(host, "discard", dir=p["dir"], timeout=60)
+                except TransportError as exc:
+                    warnings.warn(f"could not remove the job copy on {host}: {exc}", stacklevel=2)
+
+    def fetch_files(self, job: Job) -> Path:
+        """Bring back what tasks wrote in their working folder on each node."""
+        dest = job.store.path / "files"
+        dest.mkdir(exist_ok=True)
+        for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
+            if p.get("workers"):
+                self.transport(host).sync_down(p["dir"] + "/files", dest)
+        return dest
+
+    def close(self) -> None:
+        for sess in self._sessions.values():
+            sess.close()
+        for t in self._transports.values():
+            t.close(keep_master=True)
+
+
+def _safe(host: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in host)
+
+
+def _background(fn: Any, *args: Any) -> Future[Any]:
+    """``fn(*args)`` in a daemon thread (a client that gives up must not wait for it at exit)."""
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        fut.set_running_or_notify_cancel()
+        try:
+            fut.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever asks for the result
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, daemon=True, name="elsewhere-ssh-prepare").start()
+    return fut

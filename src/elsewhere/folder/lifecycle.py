@@ -1,0 +1,158 @@
+"""A job folder as the client makes and removes it.
+
+:func:`new_job_meta` is a new job's metadata (``job.json``), :func:`create_store`
+makes its folder with a first queue, and :func:`remove_folder` removes it for
+good. ``with busy():`` keeps the garbage collector and the background
+housekeeping off while the client submits or reads results.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from .store import JobStore, new_queue
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def remove_folder(path: Path) -> None:
+    """Remove a job folder for good, even while a worker is still leaving it.
+
+    The folder is first renamed away, atomically: a worker that opens a file
+    by the job's path from then on gets FileNotFoundError (and returns to its
+    pool) instead of recreating files that would keep the folder alive.
+    """
+    grave = path.with_name(f".{path.name}.purged-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        os.rename(path, grave)
+    except FileNotFoundError:
+        return
+    except OSError:
+        # another file system's rules: remove in place, now
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    from . import housekeeping
+
+    housekeeping.remove_later(grave)  # gone for everyone already; the bytes go in the background
+
+
+def new_job_meta(
+    *,
+    name: str,
+    job_id: str,
+    cluster: dict[str, Any],
+    cores_per_task: int,
+    seed: int | None,
+    tag: str,
+    retries: int,
+    env: dict[str, str] | None,
+    stream: bool = False,
+    communicating: bool = False,
+) -> dict[str, Any]:
+    """The metadata of a new job, as written to job.json (``cluster``: the cluster's description)."""
+    cwd = os.getcwd()
+    return {
+        "format": 1,
+        "id": job_id,
+        "name": name,
+        "user": _user(),
+        "tag": tag,
+        "created": time.time(),
+        "submitted": None,
+        "cluster": cluster,
+        "seed": seed,
+        "retries": retries,
+        "cores_per_task": cores_per_task,
+        "n_tasks": 0,
+        "stream": stream,
+        "communicating": communicating,
+        "cwd": cwd,
+        "sys_path": [os.path.abspath(p) if p else cwd for p in sys.path],
+        "env": dict(env or {}),
+        "client": {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable},
+    }
+
+
+def job_folders(meta: dict[str, Any]) -> list[str]:
+    """The folders of a job's recorded ``sys.path`` that exist on this machine, in order."""
+    return [p for p in meta.get("sys_path") or [] if isinstance(p, str) and p and os.path.isdir(p)]
+
+
+def import_from_job(meta: dict[str, Any]) -> bool:
+    """Make the modules a job's pickles name importable in this process: append to
+    ``sys.path`` the folders of the job's ``sys.path`` and working directory (as recorded
+    in ``meta``) that exist here and are not on it yet. Appended, they shadow nothing this
+    process imports already. For a process other than the job's (``elsewhere results`` or
+    ``ew.recover(NAME)`` from another folder) that meets a module of the user's it cannot
+    import. True if any folder was added."""
+    import importlib
+    import logging
+
+    cwd = meta.get("cwd")
+    found = job_folders(meta) + ([cwd] if isinstance(cwd, str) and os.path.isdir(cwd) else [])
+    added = [p for p in dict.fromkeys(found) if p not in sys.path]
+    if not added:
+        return False
+    logging.getLogger(__name__).info("importing job %r's modules from its folders: %s", meta.get("name"),
+                                     ", ".join(added))  # fmt: skip
+    sys.path.extend(added)
+    importlib.invalidate_caches()
+    return True
+
+
+def _user() -> str:
+    """The user's login name (looked up once: without $USER it reads the password file)."""
+    global _user_name
+    if _user_name is None:
+        try:
+            _user_name = getpass.getuser()
+        except (KeyError, OSError):  # a uid with no entry (containers)
+            _user_name = str(os.getuid())
+    return _user_name
+
+
+_user_name: str | None = None
+
+
+def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool, n_tasks: int = 0) -> JobStore:
+    """Make the job folder with metadata and a queue of ``n_tasks`` (known up front, or 0).
+
+    Nothing is claimed before the queue says "submitted", so the count may be
+    written before the inputs are.
+    """
+    from .store import write_queue
+
+    store = JobStore.create(root / meta["id"], meta)
+    write_queue(store, new_queue(n_tasks, closed=not stream, retries=retries), 1, 0)
+    return store
+
+
+class busy:
+    """``with busy():`` submitting or reading results: the cyclic garbage collector
+    is off (many small objects without cycles, which it would only rescan) and the
+    background housekeeping waits (``housekeeping.hot``)."""
+
+    def __enter__(self) -> None:
+        import gc
+
+        from . import housekeeping
+
+        self.was = gc.isenabled()
+        gc.disable()
+        self.hot = housekeeping.hot()
+        self.hot.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.hot.__exit__()
+        if self.was:
+            import gc
+
+            gc.enable()

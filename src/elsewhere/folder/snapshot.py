@@ -1,0 +1,86 @@
+"""What is known about a job's tasks at one moment, as read from its folder.
+
+A :class:`Snapshot` is made by the reader of a job folder and made fresher by the job's
+backend (``Cluster.job_state``); every answer about task states (``job.check()``, ``Task.state``,
+``elsewhere status``) is derived from one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..util.states import TaskState, derive_job_state
+from .records import Kind
+
+if TYPE_CHECKING:
+    from .journal import Outcomes
+
+
+_KIND_STATE = {
+    Kind.OK: TaskState.FINISHED,
+    Kind.ERROR: TaskState.FAILED,
+    Kind.LOST: TaskState.FAILED,
+    Kind.CANCELLED: TaskState.CANCELLED,
+}
+
+
+class Snapshot:
+    """What is known about a job's tasks at one moment.
+
+    ``reasons`` maps a task index to a short text from the backend (e.g. a
+    scheduler's "pending: Resources"); ``running`` maps a running task to
+    (worker id, since). (A plain class: importing dataclasses costs a client
+    a few milliseconds on its first submission.)
+    """
+
+    __slots__ = ("cancelled", "cancelled_tasks", "final", "kind_counts", "n", "note", "reasons", "running",
+                 "submitted")
+
+    def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
+                 running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
+                 kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
+                 note: str = "") -> None:
+        self.n = n
+        self.submitted = submitted
+        self.cancelled = cancelled
+        self.final = final
+        self.running = running
+        self.cancelled_tasks = cancelled_tasks
+        self.kind_counts = kind_counts if kind_counts is not None else {}
+        self.reasons = reasons if reasons is not None else {}
+        self.note = note
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
+                f"final={len(self.final)}, running={len(self.running)}, note={self.note!r})")
+
+    @property
+    def done(self) -> bool:
+        """Nothing runs or waits any more (a done job stays done)."""
+        return derive_job_state(self.counts()).done
+
+    def task_state(self, i: int) -> TaskState:
+        f = self.final.get(i)
+        if f is not None:
+            return _KIND_STATE[Kind(f[1].kind)]
+        if self.cancelled or i in self.cancelled_tasks:
+            return TaskState.CANCELLED
+        if i in self.running:
+            return TaskState.RUNNING
+        return TaskState.QUEUED if self.submitted else TaskState.PENDING
+
+    def counts(self) -> dict[TaskState, int]:
+        c = dict.fromkeys(TaskState, 0)
+        for k, v in self.kind_counts.items():
+            c[_KIND_STATE[Kind(k)]] += v
+        rest = self.n - len(self.final)
+        if self.cancelled:
+            c[TaskState.CANCELLED] += rest
+            return c
+        final = self.final
+        cancelled = sum(1 for i in self.cancelled_tasks if i not in final)
+        running = sum(1 for i in self.running if i not in final)
+        c[TaskState.CANCELLED] += cancelled
+        c[TaskState.RUNNING] += running
+        c[TaskState.QUEUED if self.submitted else TaskState.PENDING] += max(0, rest - cancelled - running)
+        return c

@@ -1,0 +1,6 @@
+"""The bottom layer: what every other layer speaks.
+
+``errors`` (the exception tree), ``states`` (the task and job state vocabulary), ``units`` (sizes
+and durations), ``paths`` (where elsewhere keeps its files), ``progress`` (the progress bar),
+``version``. Imports nothing of elsewhere.
+"""
