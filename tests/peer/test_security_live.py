@@ -40,7 +40,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 TRAP = textwrap.dedent("""
     import sys
     trap_file = sys.argv.pop(1)
-    from elsewhere.peer import cli, daemon  # import first: then nothing may unpickle
+    from elsewhere.api import peer_cli as cli  # import first: then nothing may unpickle
+    from elsewhere.peer import daemon
 
     def record(what):
         with open(trap_file, "a") as f:
