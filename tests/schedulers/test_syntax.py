@@ -18,6 +18,7 @@ from elsewhere.schedulers import (
     compress_indices,
     expand_indices,
     format_walltime,
+    format_walltime_hm,
     get_syntax,
     parse_memory_mb,
     parse_walltime,
@@ -118,10 +119,13 @@ def test_safe_name_makes_names_every_scheduler_takes():
         ("01:30:00", 5400),
         ("90:00", 5400),
         ("1-00:00:00", 86400),
+        ("1-12:00:00", 129600),
         ("2-12", 2 * 86400 + 12 * 3600),
         ("1h30m", 5400),
         ("90m", 5400),
+        ("90min", 5400),
         ("2d", 172800),
+        ("0.5s", 1),
         (datetime.timedelta(hours=1), 3600),
     ],
 )
@@ -129,38 +133,79 @@ def test_parse_walltime(value, seconds):
     assert parse_walltime(value) == seconds
 
 
-@pytest.mark.parametrize("value", ["", "soon", "1:2:3:4", 0, -5, "1x"])
-def test_parse_walltime_rejects(value):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("", "cannot read"),
+        ("soon", "cannot read"),
+        ("1:2:3:4", "cannot read"),
+        ("1x", "cannot read"),
+        (0, "above 0"),
+        (-5, ">= 0"),
+        ("unlimited", "finite"),
+        (None, "expected a duration"),
+    ],
+)
+def test_parse_walltime_rejects_naming_the_option(value, message):
+    with pytest.raises(ConfigError, match=r"^walltime: .*" + re.escape(message)):
         parse_walltime(value)
+    with pytest.raises(ConfigError, match=r"^time_limit: "):
+        parse_walltime(value, what="time_limit")
 
 
 def test_format_walltime():
     assert format_walltime(0) == "00:00:00"
     assert format_walltime(3661) == "01:01:01"
     assert format_walltime(100 * 3600) == "100:00:00"
+    assert [format_walltime_hm(s) for s in (60, 61, 5400, 100 * 3600)] == [
+        "0:01",
+        "0:02",
+        "1:30",
+        "100:00",
+    ]
+    with pytest.raises(ConfigError, match="walltime"):
+        format_walltime(-1)
 
 
 @pytest.mark.parametrize(
     "value, mb",
     [
         (512, 512),
+        ("512", 512),
+        (0.5, 1),
         ("512M", 512),
         ("4G", 4096),
         ("4GB", 4096),
+        ("4GiB", 4096),
         ("1.5g", 1536),
         ("2T", 2097152),
         ("1024K", 1),
+        ("1K", 1),
+        ("1048577B", 2),
     ],
 )
 def test_parse_memory_mb(value, mb):
     assert parse_memory_mb(value) == mb
 
 
-@pytest.mark.parametrize("value", ["", "lots", "4X", 0])
-def test_parse_memory_rejects(value):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("value", ["", "lots", "4X", 0, "0G", -1, True])
+def test_parse_memory_rejects_naming_the_option(value):
+    with pytest.raises(ConfigError, match=r"^mem: "):
         parse_memory_mb(value)
+    with pytest.raises(ConfigError, match=r"^mem_per_core: "):
+        parse_memory_mb(value, what="mem_per_core")
+
+
+def test_the_split_modules_names_still_come_from_syntax():
+    # scheduler plugins import these from elsewhere.schedulers.syntax
+    from elsewhere.schedulers import context, indices, resources, status, syntax
+
+    assert syntax.ScriptContext is context.ScriptContext
+    assert syntax.NativeStatus is status.NativeStatus
+    assert syntax.protocol_error is status.protocol_error and syntax.parse_int is status.parse_int
+    assert syntax.expand_indices is indices.expand_indices
+    assert syntax.parse_walltime is resources.parse_walltime
+    assert set(syntax.__all__) <= set(dir(syntax))
 
 
 @pytest.mark.parametrize(
@@ -210,6 +255,7 @@ def test_split_array_first_and_parse_int():
 def test_all_is_complete():
     public = {n for n in dir(schedulers) if not n.startswith("_")}
     modules = {"syntax", "slurm", "sge", "pbs", "lsf", "htcondor", "flux"}
+    modules |= {"context", "indices", "resources", "status"}
     helpers = {
         "annotations",
         "entry_points",

@@ -37,7 +37,7 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                        "finish and are delivered; a second Ctrl-C hands them back.")  # fmt: skip
     _group_args(w, repeat=True)
     w.add_argument("--slots", type=int, default=None, help="tasks at once (cores on offer; default: all)")
-    w.add_argument("--memavail", help="memory on offer, e.g. 8G (default: the machine's)")
+    w.add_argument("--memavail", help="memory on offer, e.g. 8G (a bare number is MiB; default: the machine's)")
     w.add_argument("--timavail", help="longest a single task may run, e.g. 2h (default: no limit)")
     w.add_argument("--maxtime", help="stop (draining) after this long, e.g. 8h")
     w.add_argument("--maxidle", help="stop after this long without tasks, e.g. 1h")

@@ -66,12 +66,12 @@ NEVER_STARTS = frozenset({
 })
 
 
-def _parse_mem_mb(value: Any) -> int | None:
+def _parse_mem_mb(value: Any, what: str = "mem") -> int | None:
     if value is None:
         return None
-    from ..schedulers.syntax import parse_memory_mb
+    from ..schedulers.resources import parse_memory_mb
 
-    return parse_memory_mb(value)
+    return parse_memory_mb(value, what=what)
 
 
 class BatchCluster(Cluster):
@@ -80,8 +80,8 @@ class BatchCluster(Cluster):
     Args:
         queue / partition: the queue (partition on SLURM).
         account, qos: what to charge, and the quality of service.
-        walltime: per array element: "01:00:00", "90min", seconds.
-        mem: memory per task ("4G"); or mem_per_core.
+        walltime: per array element: "90min", "1h30m", "01:00:00", "1-12:00:00", seconds.
+        mem: memory per task ("4G", "512M"; a bare number is MiB: docs/units.md); or mem_per_core.
         gpus: GPUs per task.
         cores_per_task: cores each task gets (as on every cluster).
         tasks_per_element: tasks run one after another in each array element;
@@ -142,7 +142,7 @@ class BatchCluster(Cluster):
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)
         from ..schedulers import get_syntax
-        from ..schedulers.syntax import parse_walltime
+        from ..schedulers.resources import parse_walltime
 
         if queue and partition and queue != partition:
             raise ConfigError(f"queue={queue!r} and partition={partition!r} disagree; give one")
@@ -155,7 +155,7 @@ class BatchCluster(Cluster):
             raise ConfigError("give mem (per task) or mem_per_core, not both")
         self.mem = mem
         self.mem_per_core = mem_per_core
-        per_core = _parse_mem_mb(mem_per_core)
+        per_core = _parse_mem_mb(mem_per_core, "mem_per_core")
         total = _parse_mem_mb(mem)
         self.mem_per_core_mb = per_core if per_core else (
             math.ceil(total / cores_per_task) if total else None)
@@ -312,7 +312,7 @@ class BatchCluster(Cluster):
         return str(job.store.path)
 
     def script_context(self, job: Job, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
-        from ..schedulers.syntax import ScriptContext, parse_walltime
+        from ..schedulers import ScriptContext, parse_walltime
 
         resources = dict(resources or {})
         setup, interp = self._python_parts()

@@ -92,9 +92,12 @@ class LocalCluster(Cluster):
         python: str | None = None,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
+        **unknown: Any,
     ) -> None:
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)
+        if unknown:  # as the other clusters: a ConfigError naming the option, not a TypeError
+            raise ConfigError(f"unknown option(s) {', '.join(f'{k}={v!r}' for k, v in unknown.items())} for the local cluster (it takes cores, cores_per_task, idle_timeout_s, python)")
         if cores is not None and (not isinstance(cores, int) or cores < 1):
             raise ConfigError(f"cores must be a positive integer or None, not {cores!r}")
         if idle_timeout_s < 0:

@@ -91,9 +91,9 @@ class PeerCluster(Cluster):
             "default" if its key exists, else loopback-only mode (workers of
             this user on this machine, no key).
         key: a key file to use instead of the default place.
-        memory: memory each task needs ("2G"); workers offering less refuse it,
+        memory: memory each task needs ("2G"; a bare number is MiB); workers offering less refuse it,
             and a task that uses more is stopped.
-        time: time each task needs ("10min"); a task that runs past it is
+        time: time each task needs ("10min", "1h30m"; a bare number is seconds); a task past it is
             stopped, and one that takes twice as long runs elsewhere too.
         peers: where multicast is not allowed: the other peers, as "host" or
             "host:port" (their discovery ports).

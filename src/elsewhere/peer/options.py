@@ -43,7 +43,8 @@ class WorkerOptions:
     are further groups served by the same daemon (and its slots). Times are
     seconds (``math.inf``: no limit); ``memavail`` bytes (None: the machine's).
     ``timavail`` caps one task; ``maxtime`` the daemon's life; ``maxidle`` the
-    time without work before it exits; ``maxnum`` the tasks it runs.
+    time without work before it exits; ``maxnum`` the tasks it runs. The command line reads
+    ``--memavail 8G``, ``--maxtime 8h`` with :mod:`elsewhere.util.units` (docs/units.md).
 
     ``poll_s``: after a frame or a child's message, the daemon keeps polling its
     sockets, awake, for this long (0: never), and a child its socket after each batch. The next step of a tiny task then
@@ -81,6 +82,10 @@ class WorkerOptions:
 
         if not isinstance(self.slots, int) or self.slots < 1:
             raise ConfigError(f"slots must be a positive integer, got {self.slots!r}")
+        memavail = self.memavail
+        if memavail is not None and (not isinstance(memavail, int) or isinstance(memavail, bool) or memavail < 0):
+            # the options hold bytes; text such as "8G" is read once, by util.units.parse_size
+            raise ConfigError(f"memavail is a number of bytes >= 0 (parse_size reads '8G'), got {memavail!r}")
         for name in ("timavail", "maxtime", "maxidle", "hold_s", "keep_results_s", "orphan_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")

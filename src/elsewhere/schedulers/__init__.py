@@ -3,7 +3,12 @@
 Each module describes one batch scheduler as a class with no state besides
 its configuration: a table of native states, a job-script template, command
 builders and output parsers (see :mod:`elsewhere.schedulers.syntax` for the
-protocol). Nothing here runs a command.
+protocol). Nothing here runs a command. What the schedulers share has a module
+per concept: ``syntax`` (the protocol and its base class), ``context`` (the
+template's fields), ``status`` (what a status parser returns), ``indices``
+(index ranges), ``resources`` (walltime and memory in the units schedulers
+take, read by the one grammar of :mod:`elsewhere.util.units`), ``jobscripts``
+(finding a user's template).
 
 Built in, by registry key:
 
@@ -30,25 +35,22 @@ from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
 
+from elsewhere.schedulers.context import ScriptContext
 from elsewhere.schedulers.flux import FluxSyntax
 from elsewhere.schedulers.htcondor import HTCondorSyntax
+from elsewhere.schedulers.indices import compress_indices, expand_indices, split_array_first
 from elsewhere.schedulers.lsf import LSFSyntax
 from elsewhere.schedulers.pbs import PBSSyntax, SlurmTorqueSyntax
-from elsewhere.schedulers.sge import SGESyntax
-from elsewhere.schedulers.slurm import SlurmSyntax
-from elsewhere.schedulers.syntax import (
-    BatchSyntax,
-    NativeStatus,
-    SchedulerSyntax,
-    ScriptContext,
-    compress_indices,
-    expand_indices,
+from elsewhere.schedulers.resources import (
     format_walltime,
-    load_template,
+    format_walltime_hm,
     parse_memory_mb,
     parse_walltime,
-    split_array_first,
 )
+from elsewhere.schedulers.sge import SGESyntax
+from elsewhere.schedulers.slurm import SlurmSyntax
+from elsewhere.schedulers.status import NativeStatus
+from elsewhere.schedulers.syntax import BatchSyntax, SchedulerSyntax, load_template
 from elsewhere.util.errors import ConfigError
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "compress_indices",
     "expand_indices",
     "format_walltime",
+    "format_walltime_hm",
     "get_syntax",
     "load_template",
     "parse_memory_mb",

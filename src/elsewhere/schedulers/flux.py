@@ -27,14 +27,10 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.schedulers.syntax import (
-    BatchSyntax,
-    NativeStatus,
-    ScriptContext,
-    parse_int,
-    protocol_error,
-    split_array_first,
-)
+from elsewhere.schedulers.context import ScriptContext
+from elsewhere.schedulers.indices import split_array_first
+from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
+from elsewhere.schedulers.syntax import BatchSyntax
 from elsewhere.util.states import TaskState
 
 __all__ = ["FluxSyntax", "decode_f58", "encode_f58"]

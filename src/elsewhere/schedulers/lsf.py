@@ -18,13 +18,10 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.schedulers.syntax import (
-    BatchSyntax,
-    NativeStatus,
-    ScriptContext,
-    parse_int,
-    protocol_error,
-)
+from elsewhere.schedulers.context import ScriptContext
+from elsewhere.schedulers.resources import format_walltime_hm
+from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
+from elsewhere.schedulers.syntax import BatchSyntax
 from elsewhere.util.states import TaskState
 
 __all__ = ["LSFSyntax"]
@@ -215,10 +212,9 @@ class LSFSyntax(BatchSyntax):
 
     def template_vars(self, ctx: ScriptContext) -> dict[str, object]:
         """``lsf_walltime``: the limit as ``H:MM`` (bsub -W counts minutes)."""
-        if ctx.walltime_s is None:
-            return {"lsf_walltime": ""}
-        minutes = -(-ctx.walltime_s // 60)
-        return {"lsf_walltime": f"{minutes // 60}:{minutes % 60:02d}"}
+        return {
+            "lsf_walltime": "" if ctx.walltime_s is None else format_walltime_hm(ctx.walltime_s)
+        }
 
     def element_id(self, job_id: str, index: int) -> str:
         """``123`` + 4 -> ``123[4]``."""

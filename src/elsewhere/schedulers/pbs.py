@@ -35,13 +35,9 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from elsewhere.schedulers.syntax import (
-    BatchSyntax,
-    NativeStatus,
-    ScriptContext,
-    parse_int,
-    protocol_error,
-)
+from elsewhere.schedulers.context import ScriptContext
+from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
+from elsewhere.schedulers.syntax import BatchSyntax
 from elsewhere.util.errors import ConfigError, SchedulerError
 from elsewhere.util.states import TaskState
 

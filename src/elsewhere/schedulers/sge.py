@@ -20,13 +20,9 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
-from elsewhere.schedulers.syntax import (
-    BatchSyntax,
-    NativeStatus,
-    expand_indices,
-    parse_int,
-    protocol_error,
-)
+from elsewhere.schedulers.indices import expand_indices
+from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
+from elsewhere.schedulers.syntax import BatchSyntax
 from elsewhere.util.states import TaskState
 
 __all__ = ["SGESyntax"]

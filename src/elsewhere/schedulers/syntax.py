@@ -17,26 +17,32 @@ Because every method is pure, each scheduler is tested on text captured from
 the real tool (``tests/schedulers/captured``), and the same parsers read the
 output of the stateful fakes in ``tests/fakes``.
 
-This module holds what all schedulers share: :class:`NativeStatus`,
-:class:`ScriptContext`, the :class:`SchedulerSyntax` protocol, the
-:class:`BatchSyntax` base class that implements the common parts, and helpers
-for walltimes, memory sizes and index ranges.
+This module holds the :class:`SchedulerSyntax` protocol and the
+:class:`BatchSyntax` base class that implements the common parts. What they
+share lives next to it, one concept a module, and is importable from here too
+(scheduler plugins written against this module keep working):
+:mod:`~elsewhere.schedulers.context` (:class:`ScriptContext`),
+:mod:`~elsewhere.schedulers.status` (:class:`NativeStatus`, ``parse_int``,
+``protocol_error``), :mod:`~elsewhere.schedulers.indices` (index ranges) and
+:mod:`~elsewhere.schedulers.resources` (walltimes and memory, read by the one
+grammar of :mod:`elsewhere.util.units`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
 import importlib.resources
 import re
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import jinja2
 
-from elsewhere.util.errors import ConfigError, SchedulerError
+from elsewhere.schedulers.context import ScriptContext
+from elsewhere.schedulers.indices import compress_indices, expand_indices, split_array_first
+from elsewhere.schedulers.resources import format_walltime, parse_memory_mb, parse_walltime
+from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
+from elsewhere.util.errors import ConfigError
 from elsewhere.util.states import TaskState
 
 __all__ = [
@@ -48,210 +54,12 @@ __all__ = [
     "expand_indices",
     "format_walltime",
     "load_template",
+    "parse_int",
     "parse_memory_mb",
     "parse_walltime",
+    "protocol_error",
     "split_array_first",
 ]
-
-
-# ---------------------------------------------------------------------------
-# Values
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NativeStatus:
-    """What a scheduler says about one job or array element.
-
-    Attributes:
-        native_id: the element's id in the scheduler's own form, e.g. ``"123_4"``
-            (SLURM), ``"123.4"`` (SGE task, HTCondor cluster.proc),
-            ``"123[4].server"`` (PBS), ``"123[4]"`` (LSF).
-        native_state: the raw state text, as printed.
-        state: ``native_state`` mapped through the scheduler's table; ``None``
-            when the state is unknown (the caller logs it and carries on).
-        reason: why, where the scheduler says: ``"Resources"``, ``"TIMEOUT"``,
-            ``"OUT_OF_MEMORY"``, a hold reason...
-        exit_code: the exit code of the element's script, where known.
-        job_id: the parent (array) job id.
-        array_index: the element's index in the scheduler's own base, or None
-            for a job that is not an array.
-    """
-
-    native_id: str
-    native_state: str
-    state: TaskState | None
-    reason: str = ""
-    exit_code: int | None = None
-    job_id: str = ""
-    array_index: int | None = None
-
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class ScriptContext:
-    """The documented fields a job-script template may use.
-
-    Attributes:
-        job_name: the scheduler's job name; letters, digits and ``_ . + -``
-            (a name every scheduler accepts unquoted), at most 64 characters.
-        run_line: the command that starts the worker; the template ``exec``\\ s it.
-        log_dir: the folder for logs; the template names each element's log
-            with the scheduler's own placeholders for job id and array index.
-        array_size: elements in this submission (1 for a single job).
-        array_first: first index, in the scheduler's base (SGE, LSF: 1); None
-            (the default) is the scheduler's first index, filled in by ``render_script``.
-        array_last: last index, inclusive; defaults to ``array_first + array_size - 1``.
-        max_running: at most this many elements at once; None is no limit.
-        cores_per_task: cores each element (or each rank) requests.
-        mem_per_core_mb: memory per core in MiB; None leaves it to the site.
-        walltime_s: the time limit in seconds; None leaves it to the site.
-        queue: partition (SLURM) or queue (others); None is the default one.
-        account: the account (project) to charge; None is the default one.
-        qos: quality of service (SLURM, LSF service class); None is the default.
-        gpus: GPUs per element (0: none).
-        extra_directives: raw directive lines the user adds. A line that does
-            not start with ``#`` gets the scheduler's directive prefix
-            (``#SBATCH `` ...).
-        env_setup: shell lines run before the run line (``module load python``).
-        env: variables to export in the script.
-        additional: free per-cluster properties a template may read
-            (``additional.get("pe", "smp")``).
-        communicating: one job of ``ranks`` ranks (MPI) instead of an array.
-        ranks: the number of ranks of a communicating job.
-    """
-
-    job_name: str
-    run_line: str
-    log_dir: str
-    array_size: int = 1
-    array_first: int | None = None
-    array_last: int | None = None
-    max_running: int | None = None
-    cores_per_task: int = 1
-    mem_per_core_mb: int | None = None
-    walltime_s: int | None = None
-    queue: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    gpus: int = 0
-    extra_directives: Sequence[str] = ()
-    env_setup: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    additional: Mapping[str, Any] = field(default_factory=dict)
-    communicating: bool = False
-    ranks: int = 1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.job_name, str) or not _NAME_RE.match(self.job_name):
-            raise ConfigError(
-                f"job_name {self.job_name!r}: use letters, digits and _ . + - "
-                "(starting with a letter or digit); see ScriptContext.safe_name()"
-            )
-        if len(self.job_name) > 64:
-            raise ConfigError(f"job_name {self.job_name!r} is longer than 64 characters")
-        if not self.run_line or "\n" in self.run_line:
-            raise ConfigError(f"run_line must be one non-empty line, got {self.run_line!r}")
-        if not self.log_dir or "\n" in self.log_dir or '"' in self.log_dir:
-            raise ConfigError(
-                f"log_dir {self.log_dir!r}: must be a path without newlines or quotes"
-            )
-        _positive("array_size", self.array_size)
-        if self.array_first is None:
-            if self.array_last is not None:
-                raise ConfigError(f"array_last {self.array_last} needs array_first")
-            return self._check_rest()
-        _non_negative("array_first", self.array_first)
-        last = self.array_first + self.array_size - 1
-        if self.array_last is None:
-            object.__setattr__(self, "array_last", last)
-        elif self.array_last != last:
-            raise ConfigError(
-                f"array_last {self.array_last} does not match array_first {self.array_first} "
-                f"+ array_size {self.array_size} - 1 = {last}"
-            )
-        self._check_rest()
-
-    def _check_rest(self) -> None:
-        if self.max_running is not None:
-            _positive("max_running", self.max_running)
-        _positive("cores_per_task", self.cores_per_task)
-        if self.mem_per_core_mb is not None:
-            _positive("mem_per_core_mb", self.mem_per_core_mb)
-        if self.walltime_s is not None:
-            _positive("walltime_s", self.walltime_s)
-        _non_negative("gpus", self.gpus)
-        _positive("ranks", self.ranks)
-        if self.communicating and self.array_size != 1:
-            raise ConfigError(
-                f"a communicating job is one job of {self.ranks} ranks, not an array "
-                f"(array_size={self.array_size})"
-            )
-        for name in ("queue", "account", "qos"):
-            value = getattr(self, name)
-            if value is not None and (not value or any(c.isspace() for c in value)):
-                raise ConfigError(f"{name} {value!r}: must be a non-empty word")
-        object.__setattr__(self, "extra_directives", tuple(self.extra_directives))
-        object.__setattr__(self, "env_setup", tuple(self.env_setup))
-        for line in (*self.extra_directives, *self.env_setup):
-            if not isinstance(line, str) or "\n" in line:
-                raise ConfigError(f"directive and env_setup entries are single lines, got {line!r}")
-        for key, value in self.env.items():
-            if not _ENV_RE.match(key):
-                raise ConfigError(f"env: {key!r} is not a valid variable name")
-            if not isinstance(value, str):
-                raise ConfigError(f"env[{key!r}]: values are strings, got {type(value).__name__}")
-
-    @property
-    def walltime(self) -> str:
-        """``walltime_s`` as ``HH:MM:SS`` (hours may exceed 24); empty when unset."""
-        return "" if self.walltime_s is None else format_walltime(self.walltime_s)
-
-    @property
-    def mem_total_mb(self) -> int | None:
-        """Memory for the whole element: ``mem_per_core_mb * cores_per_task``."""
-        if self.mem_per_core_mb is None:
-            return None
-        return self.mem_per_core_mb * self.cores_per_task
-
-    @staticmethod
-    def safe_name(name: str, max_len: int = 64) -> str:
-        """``name`` with every character a scheduler may refuse replaced by ``_``."""
-        cleaned = re.sub(r"[^A-Za-z0-9_.+-]", "_", name).strip("._+-") or "job"
-        if not cleaned[0].isalnum():
-            cleaned = "j" + cleaned
-        return cleaned[:max_len]
-
-    def with_base(self, base: int) -> ScriptContext:
-        """This context with ``array_first`` set to ``base`` when it was left None."""
-        if self.array_first is not None:
-            return self
-        return dataclasses.replace(self, array_first=base, array_last=None)
-
-    def fields(self) -> dict[str, Any]:
-        """Every template field by name, the derived ones (walltime, mem_total_mb) included."""
-        values = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        values["walltime"] = self.walltime
-        values["mem_total_mb"] = self.mem_total_mb
-        return values
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _non_negative(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-
-
-# ---------------------------------------------------------------------------
-# The protocol
-# ---------------------------------------------------------------------------
 
 
 @runtime_checkable
@@ -329,11 +137,6 @@ class SchedulerSyntax(Protocol):
     def element_id(self, job_id: str, index: int) -> str:
         """The native id of element ``index`` (scheduler's base) of array job ``job_id``."""
         ...
-
-
-# ---------------------------------------------------------------------------
-# Shared implementation
-# ---------------------------------------------------------------------------
 
 
 def _directive_filter(prefix: str) -> Any:
@@ -506,152 +309,3 @@ class BatchSyntax:
 
     def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(vars(self).items()))))
-
-
-def protocol_error(scheduler: str, what: str, text: str) -> SchedulerError:
-    """The error for output a parser cannot read (the text is kept in ``stderr``)."""
-    if what.startswith(f"{scheduler}: cannot parse "):
-        what = what[len(f"{scheduler}: cannot parse ") :]
-    return SchedulerError(f"{scheduler}: cannot parse {what}", stderr=text)
-
-
-# ---------------------------------------------------------------------------
-# Helpers: times, sizes, index ranges, ids
-# ---------------------------------------------------------------------------
-
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_walltime(value: str | int | float | _dt.timedelta) -> int:
-    """Seconds in a walltime.
-
-    Accepts seconds (int, float), a ``timedelta``, ``"[D-]HH:MM:SS"``,
-    ``"MM:SS"``, ``"D-HH[:MM]"`` (SLURM), and unit strings such as ``"90m"``,
-    ``"1h30m"``, ``"2d"``, ``"45s"``. A bare number in a string is seconds.
-    """
-    if isinstance(value, _dt.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = float(_parse_walltime_text(value.strip()))
-    else:
-        raise ConfigError(f"walltime {value!r}: expected seconds, a timedelta or a string")
-    if seconds <= 0:
-        raise ConfigError(f"walltime {value!r} must be positive")
-    return int(-(-seconds // 1))  # round up: a limit is never shortened
-
-
-def _parse_walltime_text(text: str) -> float:
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return float(text)
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if m and (m.group(1) or ":" in text):
-        days, a, b, c = m.groups()
-        parts = [int(x) for x in (a, b, c) if x is not None]
-        if days is not None:
-            # SLURM: D-HH, D-HH:MM, D-HH:MM:SS
-            parts += [0] * (3 - len(parts))
-            h, mi, s = parts
-            return int(days) * 86400 + h * 3600 + mi * 60 + s
-        if len(parts) == 2:
-            return parts[0] * 60 + parts[1]
-        return parts[0] * 3600 + parts[1] * 60 + parts[2]
-    units = re.findall(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.lower())
-    if units and re.fullmatch(r"(\s*\d+(?:\.\d+)?\s*[smhdw])+\s*", text.lower()):
-        return sum(float(n) * _UNIT_S[u] for n, u in units)
-    raise ConfigError(f"walltime {text!r}: use seconds, HH:MM:SS, D-HH:MM:SS or 1h30m")
-
-
-def format_walltime(seconds: int) -> str:
-    """``HH:MM:SS`` for a number of seconds; hours may exceed 24 (``"36:00:00"``)."""
-    if seconds < 0:
-        raise ConfigError(f"walltime {seconds} must not be negative")
-    h, rest = divmod(int(seconds), 3600)
-    m, s = divmod(rest, 60)
-    return f"{h:02d}:{m:02d}:{s:02d}"
-
-
-_MEM_UNITS = {"": 1.0, "k": 1 / 1024, "m": 1.0, "g": 1024.0, "t": 1024.0 * 1024}
-
-
-def parse_memory_mb(value: str | int | float) -> int:
-    """MiB in a memory size: a number (MiB) or ``"512M"``, ``"4G"``, ``"4GB"``, ``"1.5g"``, ``"2T"``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        mb = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?\s*", value)
-        if not m:
-            raise ConfigError(f"memory {value!r}: use a number of MiB or 512M, 4G, 1T")
-        mb = float(m.group(1)) * _MEM_UNITS[m.group(2).lower()]
-    else:
-        raise ConfigError(f"memory {value!r}: expected MiB or a size string")
-    if mb <= 0:
-        raise ConfigError(f"memory {value!r} must be positive")
-    return int(-(-mb // 1))
-
-
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
-
-
-def expand_indices(spec: str) -> list[int]:
-    """Indices in a range expression as schedulers print them.
-
-    ``"5"``, ``"1-10"``, ``"1-10:2"`` (SGE/PBS step), ``"[5-9%2]"`` (SLURM
-    pending, with throttle), ``"1,3,5-7"``. Raises ValueError on anything else.
-    """
-    text = spec.strip()
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    text = text.split("%", 1)[0]
-    out: list[int] = []
-    for part in text.split(","):
-        m = _RANGE_RE.match(part.strip())
-        if not m:
-            raise ValueError(f"not an index range: {spec!r}")
-        first = int(m.group(1))
-        last = int(m.group(2)) if m.group(2) is not None else first
-        step = int(m.group(3)) if m.group(3) is not None else 1
-        if last < first or step < 1:
-            raise ValueError(f"not an index range: {spec!r}")
-        out.extend(range(first, last + 1, step))
-    return out
-
-
-def compress_indices(indices: Iterable[int]) -> str:
-    """The shortest ``"1-3,7,9-10"`` form of a set of indices."""
-    values = sorted(set(indices))
-    parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def split_array_first(job_id: str) -> tuple[str, int]:
-    """Split ``"ID@FIRST"`` into ``("ID", FIRST)``; a plain id has first index 0.
-
-    Schedulers whose elements are numbered by position (HTCondor procs, Flux
-    copies) carry the first index of the submission in their job id this way.
-    """
-    base, sep, first = job_id.rpartition("@")
-    if sep and first.isdigit():
-        return base, int(first)
-    return job_id, 0
-
-
-def parse_int(text: str) -> int | None:
-    """An int, or None for empty / ``-`` / ``undefined`` / ``N/A`` and other non-numbers."""
-    text = text.strip()
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            f = float(text)
-        except ValueError:
-            return None
-        return int(f) if f.is_integer() else None
