@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from peer_testing import make_pair, pump
 
-from elsewhere.peer import messages, wire
+from elsewhere.peer import messages, reader, wire
 from elsewhere.peer.keys import GroupKey
 from elsewhere.peer.messages import (
     FIXED_SIZE,
@@ -543,8 +543,8 @@ def test_one_flipped_bit_anywhere_is_refused_and_nothing_is_parsed(
     damaged[_regions(raw, 2)[region]] ^= 0x01
     parsed: list[object] = []
     real_parse = messages.parse_header
-    # patched where the Connection looks it up
-    monkeypatch.setattr(wire, "parse_header", lambda *a: parsed.append(a) or real_parse(*a))
+    # patched where the Connection looks it up (its reading half)
+    monkeypatch.setattr(reader, "parse_header", lambda *a: parsed.append(a) or real_parse(*a))
     with pytest.raises(ProtocolError):
         b.feed(bytes(damaged) + bytes(64))  # extra bytes: a grown length must not hang
     if region not in ("buffer", "body_tag"):

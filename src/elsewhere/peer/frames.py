@@ -5,7 +5,7 @@ connection, its key derived with HKDF (:func:`hkdf`); :class:`OutgoingFrame`
 is one encoded frame whose parts go out in order, its body tag computed at
 once or slice by slice as they are sent. Where the tags sit in a frame, and
 how the keys are derived from the group key and the handshake, is described
-in :mod:`.wire`.
+in :mod:`.wire` (the byte table in :mod:`.layout`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..util.errors import PeerError
-from .messages import TAG_SIZE, MessageType
+from .layout import TAG_SIZE, MessageType
 
 __all__ = ["SMALL_BODY", "DirectionKey", "OutgoingFrame", "as_bytes_view", "hkdf"]
 

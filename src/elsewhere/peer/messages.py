@@ -1,29 +1,43 @@
-"""The peer protocol's vocabulary: its numbers, the fixed frame header, the messages.
+"""The peer protocol's messages: one frozen dataclass per message type.
 
-What one frame says, without the frame around it: the protocol constants, the
-message types, flags and refusal reasons (their numbers never change), the
-32 fixed bytes every frame starts with (:class:`FixedHeader`), and one frozen
-dataclass per message whose fields are its msgpack header
-(:meth:`Message.to_header`, :func:`parse_header`), each checked as it is built.
+What one frame says, without the frame around it: one frozen dataclass per
+message whose fields are its msgpack header (:meth:`Message.to_header`,
+:func:`parse_header`), each checked as it is built, and the reasons a worker
+refuses an ASK (:class:`RefuseReason`, whose numbers never change).
 :class:`Identity` is what a peer says of itself in HELLO or CHALLENGE.
 
-The frame layout, the handshake, the keys and the admission rules are
-described in :mod:`.wire`, whose :class:`~.wire.Connection` frames, sends and
-receives these messages.
+The protocol's numbers, the message types, the flags and the fixed frame
+header are in :mod:`.layout` (and importable from here too); the handshake,
+the keys and the admission rules are described in :mod:`.wire`, whose
+:class:`~.wire.Connection` frames, sends and receives these messages.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
 from ..util.errors import ProtocolError
+from .layout import (  # the frame's numbers, importable from here as they always were
+    FIXED,
+    FIXED_SIZE,
+    FLAG_VALUES,
+    HANDSHAKE_HEADER_CAP,
+    HANDSHAKE_TYPES,
+    MAGIC,
+    NONCE_BYTES,
+    PAYLOAD_TYPES,
+    PROTOCOL_VERSION,
+    TAG_SIZE,
+    FixedHeader,
+    Flags,
+    MessageType,
+)
 
 __all__ = [
     "FIXED",
@@ -63,38 +77,10 @@ __all__ = [
     "parse_header",
 ]
 
-MAGIC = b"ELSW"
-PROTOCOL_VERSION = 1
-FIXED_SIZE = 32
-TAG_SIZE = 16
-NONCE_BYTES = 32
-HANDSHAKE_HEADER_CAP = 2048
-"""Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
 MAX_ACKS = 1000
 """Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
 
-FIXED = struct.Struct(">4sBBHQIQHH")
-"""The 32 fixed bytes as a :mod:`struct` (what :class:`FixedHeader` packs and parses)."""
 _MAX_TEXT = 1024
-
-
-class MessageType(enum.IntEnum):
-    """Message types. The numbers are part of the protocol and never change."""
-
-    HELLO = 1
-    CHALLENGE = 2
-    AUTH = 3
-    ASK = 10
-    ACCEPT = 11
-    REFUSE = 12
-    TASK = 13
-    RESULT = 14
-    ACK = 15
-    CANCEL = 16
-    PING = 20
-    PONG = 21
-    BYE = 30
-    ERROR = 31
 
 
 class RefuseReason(enum.IntEnum):
@@ -106,63 +92,6 @@ class RefuseReason(enum.IntEnum):
     FAIR_SHARE = 4
     NOT_ALLOWED = 5
     DRAINING = 6
-
-
-class Flags(enum.IntFlag):
-    """Frame flags. The codec passes them through; unknown bits are refused."""
-
-    NONE = 0
-    COMPRESSED = 1
-    """The sender compressed the buffers (zstandard); the receiver decompresses."""
-
-
-_KNOWN_FLAGS = int(Flags.COMPRESSED)
-_TYPES = {int(t): t for t in MessageType}
-FLAG_VALUES: Mapping[int, Flags] = {v: Flags(v) for v in range(_KNOWN_FLAGS + 1) if not v & ~_KNOWN_FLAGS}
-"""Every known combination of flags, by its number (a number not here has unknown bits)."""
-HANDSHAKE_TYPES = frozenset({MessageType.HELLO, MessageType.CHALLENGE, MessageType.AUTH})
-"""The types of message only the handshake sends."""
-PAYLOAD_TYPES = frozenset({MessageType.TASK, MessageType.RESULT})
-"""The types of message that carry raw buffers (the rest carry none)."""
-
-
-class FixedHeader(NamedTuple):
-    """The 32 fixed bytes at the start of every frame (a tuple: one is made per frame read)."""
-
-    msg_type: MessageType
-    flags: Flags
-    seq: int
-    header_len: int
-    body_len: int
-    nbuf: int
-
-    def pack(self) -> bytes:
-        """The 32 bytes of this header."""
-        return FIXED.pack(
-            MAGIC, PROTOCOL_VERSION, self.msg_type, self.flags, self.seq,
-            self.header_len, self.body_len, self.nbuf, 0,
-        )  # fmt: skip
-
-    @classmethod
-    def parse(cls, data: bytes | bytearray | memoryview) -> FixedHeader:
-        """Parse and check magic, version, type, flags; raise :class:`ProtocolError`."""
-        if len(data) != FIXED_SIZE:
-            raise ProtocolError(f"a frame header is {FIXED_SIZE} bytes, got {len(data)}")
-        magic, version, mtype, flags, seq, hlen, blen, nbuf, reserved = FIXED.unpack(data)
-        if magic != MAGIC:
-            raise ProtocolError(f"not an elsewhere peer frame (magic {bytes(magic)!r})")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(
-                f"peer speaks protocol version {version}, this is version {PROTOCOL_VERSION}"
-            )
-        msg_type = _TYPES.get(mtype)
-        if msg_type is None:
-            raise ProtocolError(f"unknown message type {mtype}")
-        if flags & ~_KNOWN_FLAGS:
-            raise ProtocolError(f"unknown flags {flags:#06x}")
-        if reserved:
-            raise ProtocolError("reserved header bytes are not zero")
-        return cls(msg_type, FLAG_VALUES[flags], seq, hlen, blen, nbuf)
 
 
 # ---------------------------------------------------------------- messages
