@@ -22,7 +22,7 @@ datagrams leave by the default route), and datagrams from other sources are
 dropped.
 
 Both classes are context managers; ``stop()`` closes every socket, and every
-wait has a timeout.
+wait has a timeout. The sockets are opened by :mod:`.net`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import logging
 import random
 import selectors
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from .announce import (
     with_fields,
 )
 from .keys import LOOPBACK_HOST, GroupKey
+from .net import udp_receivers, udp_sender
 
 __all__ = [
     "DEFAULT_MULTICAST_GROUP",
@@ -68,7 +68,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MULTICAST_GROUP = "239.255.77.77"
 DEFAULT_PORT = 17700
-_IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux; absent from Python's table
 _POLL_S = 0.2
 _MAX_REFUSED = 64  # sources of refused announcements remembered (for `peer list`, notes)
 
@@ -295,20 +294,11 @@ class Announcer:
 
 
 def _sender_socket(cfg: DiscoveryConfig) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
     try:
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, cfg.ttl)
-        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
-        if cfg.interface is not None:
-            sock.setsockopt(
-                socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(cfg.interface)
-            )
-            sock.bind((cfg.interface, 0))  # unicast leaves from this address too
+        return udp_sender(cfg.ttl, cfg.interface)
     except OSError as exc:
-        sock.close()
         _not_here(exc, cfg, "announce")
         raise
-    return sock
 
 
 def _not_here(exc: OSError, cfg: DiscoveryConfig, what: str) -> None:
@@ -320,36 +310,11 @@ def _not_here(exc: OSError, cfg: DiscoveryConfig, what: str) -> None:
 
 
 def _receiver_sockets(cfg: DiscoveryConfig) -> list[socket.socket]:
-    socks: list[socket.socket] = []
     try:
-        if cfg.multicast_group is not None:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
-            socks.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if hasattr(socket, "SO_REUSEPORT"):
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind((cfg.multicast_group, cfg.port))  # only this group's datagrams
-            mreq = struct.pack(
-                "4s4s",
-                socket.inet_aton(cfg.multicast_group),
-                socket.inet_aton(cfg.interface or "0.0.0.0"),
-            )
-            s.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, mreq)
-        if cfg.static_peers:
-            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
-            socks.append(u)
-            u.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            with contextlib.suppress(OSError):  # else group datagrams arrive here twice
-                u.setsockopt(socket.IPPROTO_IP, _IP_MULTICAST_ALL, 0)
-            u.bind((cfg.interface or "0.0.0.0", cfg.port))
+        return udp_receivers(cfg.multicast_group, cfg.port, cfg.interface, bool(cfg.static_peers))
     except OSError as exc:
-        for s in socks:
-            s.close()
         _not_here(exc, cfg, "listen for peers")
         raise
-    for s in socks:
-        s.setblocking(False)
-    return socks
 
 
 class Listener:
