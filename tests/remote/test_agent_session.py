@@ -191,6 +191,21 @@ def test_a_lost_master_is_reopened_and_the_session_with_it(make_ssh: MakeSSH) ->
     sess.close()
 
 
+def test_a_session_already_ended_with_its_master_is_opened_again_once(make_ssh: MakeSSH) -> None:
+    # the race of the test above, taken the other way each time: the old session's ssh has
+    # noticed the master's end before the next request comes
+    ssh = make_ssh()
+    sess = AgentSession(ssh, PY)
+    sess.request("info")
+    pid = ssh.master_pid()
+    assert pid is not None and sess._proc is not None
+    os.kill(pid, 9)
+    sess._proc.wait(timeout=30)
+    assert sess.request("info")["elsewhere_version"]
+    assert ssh.connections_opened == 2 and sess.opened == 2
+    sess.close()
+
+
 def test_missing_python_and_missing_elsewhere_say_what_to_do(make_ssh: MakeSSH) -> None:
     with pytest.raises(RemoteSetupError) as info:
         AgentSession(make_ssh(), "/no/such/python3").request("info")

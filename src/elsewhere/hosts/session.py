@@ -127,9 +127,15 @@ class AgentSession:
         self._finalizer = weakref.finalize(self, _shut, self._proc, self._err)
 
     def _ensure_open(self) -> None:
-        if self._proc is not None and (self._proc.poll() is not None
-                                       or time.monotonic() - self._last > self.idle_s):
-            self.close()
+        if self._proc is not None:
+            code = self._proc.poll()
+            if code is not None or time.monotonic() - self._last > self.idle_s:
+                self.close()
+            if code == 255:
+                # ssh itself ended the session: its master may be gone (killed, or the network
+                # dropped it) while its socket file stays. Look before a new session rides on
+                # it, or that session fails too and a third one is opened after a new master.
+                self.transport._master_lost(0)
         if self._proc is None:
             self._open()
 
