@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elsewhere.hosts.local import TREE_SCRIPT, tree_functions
+from elsewhere.hosts.tree import TREE_SCRIPT, tree_functions
 
 PATHS = ["a.pkl", "sub/b.pkl", "sub/deeper/c.log", "results/x/1.txt", "results/2.txt", "top.txt"]
 

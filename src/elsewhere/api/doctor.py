@@ -263,7 +263,7 @@ class _WithSetup:
 def _check_python(transport: Any, python: str, setup: Sequence[str],
                   where: str) -> tuple[dict[str, Any] | None, list[Check]]:
     """The ``python`` and ``elsewhere`` checks; the interpreter's facts when it ran."""
-    from ..hosts.transport import remote_python_info
+    from ..hosts.interpreter import remote_python_info
 
     shown = "; ".join([*setup, python])
     try:
@@ -315,9 +315,11 @@ def _check_python(transport: Any, python: str, setup: Sequence[str],
 
 def _check_resources(info: Mapping[str, Any], where: str, cores_per_task: int,
                      cores: int | None) -> list[Check]:
-    usable = int(info.get("cpus_usable") or info.get("cpu_count") or 1)
-    load = (info.get("load_average") or [0.0])[0]
-    free = max(0, min(usable, round(usable - load)))
+    from ..hosts.probe import HostProbe
+
+    found = HostProbe.from_dict(info)  # the host's probe: affinity, then cgroup quotas
+    usable, free = found.usable_cores, found.free_cores
+    load = found.load_average[0] if found.load_average else 0.0
     detail = f"{usable} usable on {where}, load {load:.2f}: about {free} free"
     if free < cores_per_task:
         detail += " (busy now: tasks will share cores)"

@@ -235,7 +235,6 @@ def _detach(args: argparse.Namespace) -> int:
     a log file; wait until it listens, record it for ``peer stop``, and say where it is."""
     import os
     import secrets
-    import subprocess
 
     opts = worker_options(args)  # bad arguments are reported here, before anything starts
     argv = sys.argv[1:]
@@ -256,10 +255,11 @@ def _detach(args: argparse.Namespace) -> int:
     if not args.stats_file:
         argv += ["--stats-file", str(stats)]
     stats = Path(args.stats_file or stats).expanduser()
+    from ..hosts.spawn import spawn_python
+
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "elsewhere", *argv], stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                                env={**os.environ, "ELSEWHERE_PEER_DETACHED": "1"})  # fmt: skip
+        proc = spawn_python(["-m", "elsewhere", *argv], log=log.fileno(), importable=False,
+                            env={**os.environ, "ELSEWHERE_PEER_DETACHED": "1"})  # fmt: skip
     deadline = time.monotonic() + 30
     port = None
     while port is None:

@@ -43,21 +43,17 @@ _WORKER_MAIN = "import sys; from elsewhere.worker import main; sys.exit(main()) 
 
 
 def machine_cores() -> int:
-    """Cores this process may use (CPU affinity where the OS has it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    """Cores this process may use: CPU affinity, then cgroup quotas (the host probe's count)."""
+    from ..hosts.probe import usable_cores
+
+    return usable_cores()
 
 
 def free_cores() -> int:
     """Cores not busy right now: usable cores minus the 1-minute load, at least 1."""
-    total = machine_cores()
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        load = 0.0
-    return max(1, min(total, round(total - load)))
+    from ..hosts.probe import free_cores
+
+    return free_cores()
 
 
 @functools.cache
@@ -231,32 +227,16 @@ class LocalCluster(Cluster):
         return started
 
     def _spawn(self, pool: Path, wid: str, job: Job, also: tuple[str, ...] | list[str] = ()) -> None:
-        env = dict(os.environ)
-        root = _package_root()
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        argv = [self.python, "-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
+        from ..hosts.spawn import spawn_python_pid
+
+        argv = ["-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)]
         if also:
             argv += ["--also", ",".join(also)]
-        log = os.open(pool / "pool.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         _reap()
-        try:
-            try:
-                # posix_spawn (vfork and exec, in a session of its own): a fork of a big
-                # client costs it milliseconds; the worker leaves the client's folder itself.
-                pid = os.posix_spawn(self.python, argv, env, setsid=True, file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, log, 1),
-                    (os.POSIX_SPAWN_DUP2, log, 2),
-                ])
-            except (AttributeError, NotImplementedError):  # no posix_spawn, or no setsid for it here
-                import subprocess
-
-                pid = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                       start_new_session=True, close_fds=True, cwd="/").pid
-            _spawned.append(pid)
-        finally:
-            os.close(log)
+        # posix_spawn where it can (a fork of a big client costs it milliseconds); the worker
+        # leaves the client's folder itself
+        _spawned.append(spawn_python_pid(argv, python=self.python, log=pool / "pool.log"))
 
     def shutdown(self) -> int:
         """Ask this pool's idle workers to exit now; returns how many were asked."""

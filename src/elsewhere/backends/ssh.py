@@ -185,9 +185,9 @@ class SSHCluster(Cluster):
                 f"{host}: cannot write to {self.storage_for(host)}: {info.get('writable_error', '')} "
                 "(give remote_storage= a writable folder)", host=host)
         self.transport(host).note_remote_rsync(bool(info.get("rsync")))  # no `which rsync` later
-        usable = int(info.get("cpus_usable") or 1)
-        load = (info.get("load_average") or [0.0])[0]
-        info["free_cores"] = max(1, min(usable, round(usable - load)))
+        from ..hosts.probe import HostProbe  # the node's probe; older agents send no free_cores
+
+        info["free_cores"] = HostProbe.from_dict(info).free_cores
         return info
 
     # -- plugin operations ----------------------------------------------------

@@ -48,37 +48,26 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..folder.journal import lock_is_free, reap
 from ..folder.store import JobStore
+from .spawn import spawn_python
 
 MARKER = "ELSEWHERE-AGENT "
 
 
-def _live(q: dict[str, Any]) -> int:
+def _live(q: Any) -> int:  # the queue: a dict, or a Queue read through its dict view
     return sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
 
 
 def _spawn(job: Path, count: int) -> list[int]:
-    env = dict(os.environ)
-    pkg = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = pkg + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    pids = []
     (job / "logs").mkdir(exist_ok=True)
-    for _ in range(count):
-        log = os.open(job / "logs" / "workers-start.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            p = subprocess.Popen([sys.executable, "-m", "elsewhere.worker", "--job", str(job)],
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                                 start_new_session=True, close_fds=True, cwd=str(job))
-        finally:
-            os.close(log)
-        pids.append(p.pid)
-    return pids
+    argv = ["-m", "elsewhere.worker", "--job", str(job)]
+    return [spawn_python(argv, log=job / "logs" / "workers-start.log", cwd=job).pid
+            for _ in range(count)]
 
 
 def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[str, Any]:
@@ -142,24 +131,14 @@ def cancel(job: Path) -> dict[str, Any]:
 
 
 def info(directory: str | None) -> dict[str, Any]:
-    import platform
+    """This host's probe (:mod:`elsewhere.hosts.probe`), rsync's path, and whether
+    ``directory`` can be made and written."""
     import shutil
 
-    from ..util.version import __version__
+    from .probe import probe_host
 
-    out: dict[str, Any] = {
-        "python_version": platform.python_version(), "executable": sys.executable,
-        "elsewhere_version": __version__, "cpu_count": os.cpu_count(), "hostname": os.uname().nodename,
-        "rsync": shutil.which("rsync"),
-    }
-    try:
-        out["cpus_usable"] = len(os.sched_getaffinity(0))
-    except AttributeError:
-        out["cpus_usable"] = os.cpu_count()
-    try:
-        out["load_average"] = list(os.getloadavg())
-    except OSError:
-        out["load_average"] = None
+    out = probe_host().to_dict()
+    out["rsync"] = shutil.which("rsync")
     if directory:
         d = Path(os.path.expanduser(directory))
         try:

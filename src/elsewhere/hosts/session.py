@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from elsewhere.hosts.ssh import _NO_MASTER
+from elsewhere.hosts.openssh import _NO_MASTER
 from elsewhere.hosts.transport import CommandTimeout
 from elsewhere.util.errors import HostUnreachable, RemoteSetupError, TransportError
 

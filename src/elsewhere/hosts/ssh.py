@@ -33,38 +33,37 @@ import logging
 import math
 import os
 import re
-import shlex
-import shutil
-import stat
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from elsewhere.hosts.local import TREE_SCRIPT
+from elsewhere.hosts.openssh import (
+    _MUX_ONLY_PROXY,
+    _NO_MASTER,
+    _SAFE_DIR,
+    _SOCKET_PATH_MAX,
+    _check_option,
+    _no_program,
+    build_remote_command,
+    build_rsync_rsh,
+    check_destination,
+    default_control_dir,
+    describe_ssh_failure,
+    ensure_private_dir,
+    parse_ssh_failure,
+)
+from elsewhere.hosts.sshcopy import SSHCopies
 from elsewhere.hosts.transport import (
     BaseTransport,
-    CommandFailed,
     CommandTimeout,
     CompletedCommand,
     StreamSpec,
     check_argv,
-    check_env,
-    close_quietly,
     run_process,
 )
-from elsewhere.util.errors import (
-    AuthenticationError,
-    CommandNotFound,
-    ConfigError,
-    HostKeyError,
-    HostUnreachable,
-    RemoteSetupError,
-    TransportError,
-)
+from elsewhere.util.errors import CommandNotFound, ConfigError, HostUnreachable, TransportError
 
 __all__ = [
     "SSHTransport",
@@ -75,131 +74,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_NO_MASTER = "elsewhere-no-master-connection"
-# For clients only: reached only when the master is gone, and then it fails loudly.
-_MUX_ONLY_PROXY = f'sh -c "echo {_NO_MASTER} >&2; exit 255"'
-# ssh binds "<ControlPath>.<16 random chars>" first; sun_path is 104 bytes on
-# macOS and the BSDs (108 on Linux), the final NUL included.
-_SOCKET_PATH_MAX = 104 - 1 - 17
-_SAFE_DIR = re.compile(r"[A-Za-z0-9_./+-]+\Z")
-# Kills the remote command on timeout where coreutils' timeout exists ($1 = seconds).
-_TIMEOUT_WRAPPER = (
-    'if command -v timeout >/dev/null 2>&1; then exec timeout -k 5 "$@"; fi; shift; exec "$@"'
-)
-_KIND_SCRIPT = (
-    'if [ -d "$1" ]; then echo d; elif [ -e "$1" ] || [ -L "$1" ]; then echo f; else echo m; fi'
-)
-
-# (pattern in ssh's stderr, kind); the first match wins, so order matters.
-_FAILURES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED|host key for .* has changed", re.I), "hostkey-changed"),
-    (re.compile(r"Host key verification failed|No \S+ host key is known", re.I), "hostkey-unknown"),
-    (re.compile(r"Permission denied|Too many authentication failures|no more authentication methods", re.I), "auth"),
-    (re.compile(r"Could not resolve hostname|Name or service not known|nodename nor servname|name resolution", re.I), "resolve"),
-    (re.compile(r"Connection refused", re.I), "refused"),
-    (re.compile(r"timed out|Connection timeout", re.I), "timeout"),
-    (re.compile(r"No route to host|Network is unreachable|Host is down", re.I), "route"),
-    (re.compile(r"Connection closed by|Connection reset|kex_exchange_identification|Broken pipe|Timeout, server", re.I), "closed"),
-]  # fmt: skip
+# the Debian package that brings a program we run here
+_PACKAGES = {"ssh": "openssh-client", "rsync": "rsync"}
 
 
-def parse_ssh_failure(stderr: str) -> str | None:
-    """Classify ssh's own error text: ``"hostkey-changed"``, ``"hostkey-unknown"``,
-    ``"auth"``, ``"resolve"``, ``"refused"``, ``"timeout"``, ``"route"``,
-    ``"closed"``, or None when it is not a connection failure."""
-    for pattern, kind in _FAILURES:
-        if pattern.search(stderr):
-            return kind
-    return None
-
-
-def build_remote_command(
-    argv: Sequence[str],
-    *,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    timeout: float | None = None,
-) -> str:
-    """The command line for the remote login shell: every word ``shlex.quote``-d.
-
-    ``env`` becomes ``env NAME=value ...`` (works in sh, bash, zsh, csh and fish),
-    ``cwd`` a leading ``cd dir &&``, ``timeout`` a ``sh -c`` wrapper that runs the
-    command under coreutils ``timeout`` where the host has it, so the remote
-    process dies too when the local side gives up.
-    """
-    words = check_argv(argv)
-    extra = check_env(env)
-    if extra:
-        words = ["env", *(f"{name}={value}" for name, value in extra.items()), *words]
-    if timeout is not None:
-        seconds = str(max(1, math.ceil(timeout)))
-        words = ["sh", "-c", _TIMEOUT_WRAPPER, "sh", seconds, *words]
-    line = " ".join(shlex.quote(word) for word in words)
-    if cwd is not None:
-        line = f"cd {shlex.quote(cwd)} && {line}"
-    return line
-
-
-def build_rsync_rsh(ssh_argv: Sequence[str]) -> str:
-    """``ssh_argv`` as one string for ``rsync -e``, quoted the way rsync splits it.
-
-    rsync splits on spaces, honours single and double quotes, and reads a
-    doubled quote inside quotes as one literal quote; backslashes mean nothing.
-    """
-    out = []
-    for word in ssh_argv:
-        if word and not re.search(r"[\s'\"]", word):
-            out.append(word)
-        else:
-            out.append("'" + word.replace("'", "''") + "'")
-    return " ".join(out)
-
-
-def check_destination(destination: str) -> str:
-    """``destination`` if ssh would read it as a host, else ConfigError saying why."""
-    if not isinstance(destination, str) or not destination:
-        raise ConfigError("destination must be a host name, 'user@host' or a ~/.ssh/config alias")
-    if destination.startswith("-"):
-        raise ConfigError(f"destination {destination!r} must not start with '-'")
-    if any(c.isspace() or ord(c) < 32 for c in destination):
-        raise ConfigError(f"destination {destination!r} contains whitespace or control characters")
-    if destination.startswith("ssh://"):
-        raise ConfigError(f"destination {destination!r}: give 'user@host' and the port as port=")
-    host = destination.rsplit("@", 1)[-1]
-    if host.count(":") == 1:
-        port = host.partition(":")[2]
-        raise ConfigError(
-            f"destination {destination!r}: 'host:port' is not ssh syntax; "
-            f"write SSHTransport({destination.rsplit(':', 1)[0]!r}, port={port or 'N'})"
-        )
-    return destination
-
-
-def default_control_dir() -> str:
-    """A private folder for master sockets with a short path (sockets need one)."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        candidate = os.path.join(runtime, "elsewhere-ssh")
-        if len(candidate) <= _SOCKET_PATH_MAX - 24 and _SAFE_DIR.match(candidate):
-            return candidate
-    return f"/tmp/elsewhere-ssh-{os.getuid()}"
-
-
-def ensure_private_dir(path: str) -> None:
-    """Create ``path`` with mode 0700, or check that it is ours and private."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise ConfigError(f"ssh control folder {path} is not a folder (a symlink?); remove it")
-    if st.st_uid != os.getuid():
-        raise ConfigError(
-            f"ssh control folder {path} belongs to another user; remove it or pass control_dir="
-        )
-    if st.st_mode & 0o077:
-        os.chmod(path, 0o700)
-
-
-class SSHTransport(BaseTransport):
+class SSHTransport(SSHCopies, BaseTransport):
     """Commands and files on a host reached with the OpenSSH client.
 
     Args:
@@ -332,7 +211,10 @@ class SSHTransport(BaseTransport):
         timeout: float | None,
         input: bytes | None = None,
         command: Sequence[str] | None = None,
+        program: str = "ssh",
     ) -> CompletedCommand:
+        """Run ``argv`` (ssh, or rsync through it) here; ``program`` names what is missing
+        when it cannot start."""
         try:
             return run_process(
                 argv,
@@ -344,7 +226,7 @@ class SSHTransport(BaseTransport):
                 command=argv if command is None else command,
             )
         except FileNotFoundError as exc:
-            raise _no_program("ssh", "openssh-client") from exc
+            raise _no_program(program, _PACKAGES.get(program, program)) from exc
 
     def _start_master(self) -> None:
         argv = [*self._ssh_argv(master=True), "-N", "-f", "--", self.destination]
@@ -437,52 +319,12 @@ class SSHTransport(BaseTransport):
         kind = parse_ssh_failure(stderr)
         if kind is None:
             return None
-        where, name = self._where, self.destination.rsplit("@", 1)[-1]
-        port = f"-p {self.port} " if self.port else ""
-        cls: type[TransportError]
-        if kind == "hostkey-changed":
-            cls, message = (
-                HostKeyError,
-                (
-                    f"the host key of {where} has CHANGED since it was recorded: the host was "
-                    "reinstalled, or someone is in between. Check with its administrator, then "
-                    f"remove the old key with `ssh-keygen -R {name}` and connect once by hand "
-                    f"(`ssh {port}{self.destination}`)"
-                ),
-            )
-        elif kind == "hostkey-unknown":
-            cls, message = (
-                HostKeyError,
-                (
-                    f"the host key of {where} is not known, and elsewhere never accepts one "
-                    f"unseen (BatchMode). Add it after checking its fingerprint: "
-                    f"`ssh-keyscan {port}{name} >> ~/.ssh/known_hosts`, or connect once by hand "
-                    f"(`ssh {port}{self.destination}`)"
-                ),
-            )
-        elif kind == "auth":
-            cls, message = (
-                AuthenticationError,
-                (
-                    f"{where} refused the login: check the user name and your key (`ssh-add -l` "
-                    "lists the keys the agent offers; the public key must be in "
-                    "~/.ssh/authorized_keys there). Password and passphrase prompts are off "
-                    "(BatchMode=yes): load the key into ssh-agent first"
-                ),
-            )
-        else:
-            cls = HostUnreachable
-            message = {
-                "resolve": f"the host name of {where} is not known: check the spelling, "
-                "or the Host entries in your ssh config",
-                "refused": f"nothing accepts ssh connections at {where}: is sshd running, "
-                "and is the port right?",
-                "timeout": f"{where} did not answer within {self.connect_timeout_s:g} s: "
-                "check the network, a VPN, a firewall or ProxyJump settings",
-                "route": f"there is no network route to {where}: check the network or VPN",
-                "closed": f"{where} closed the ssh connection: the server may be overloaded "
-                "(MaxStartups), may refuse this client, or the network dropped it",
-            }[kind]
+        cls, message = describe_ssh_failure(
+            kind,
+            destination=self.destination,
+            port=self.port,
+            connect_timeout_s=self.connect_timeout_s,
+        )
         return cls(
             message, host=self.host, command=list(command), returncode=returncode, stderr=stderr
         )
@@ -581,313 +423,3 @@ class SSHTransport(BaseTransport):
                     self._run_ssh(argv, timeout=30)
                 except (TransportError, CommandNotFound) as exc:
                     logger.debug("stopping the ssh master to %s: %s", self._where, exc)
-
-    # --- files ---------------------------------------------------------------------------
-
-    def put(self, local_path: str | os.PathLike[str], remote_path: str) -> None:
-        """Copy a local file or folder to ``remote_path`` (parents are created).
-
-        A folder's contents go into ``remote_path``; a file becomes
-        ``remote_path`` (or goes into it, if that is an existing folder).
-        """
-        local = os.path.abspath(os.fspath(local_path))
-        is_dir = os.path.isdir(local)
-        if not is_dir and not os.path.lexists(local):
-            raise FileNotFoundError(2, "no such file or folder", local)
-        if self._rsync_usable():
-            if is_dir:
-                self._rsync(
-                    ["-W", "-I", local + "/", self._remote(remote_path) + "/"], mkdir=remote_path
-                )
-            else:
-                parent = _remote_parent(remote_path)
-                self._rsync(["-W", "-I", local, self._remote(remote_path)], mkdir=parent)
-        else:
-            self._tar_up(local, remote_path, {"codec": self._up_codec()})
-
-    def get(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
-        """Copy a file or folder on the host to ``local_path`` (parents are created)."""
-        local = os.path.abspath(os.fspath(local_path))
-        if not self._rsync_usable():
-            self._tar_down(remote_path, local, {})
-            return
-        kind = self.run(["sh", "-c", _KIND_SCRIPT, "sh", remote_path], timeout=60).text.strip()
-        if kind == "m":
-            raise FileNotFoundError(2, f"no such file or folder on {self.host}", remote_path)
-        if kind == "d":
-            os.makedirs(local, exist_ok=True)
-            self._rsync(["-W", "-I", self._remote(remote_path) + "/", local + "/"])
-        else:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            self._rsync(["-W", "-I", self._remote(remote_path), local])
-
-    def sync_up(self, local_dir: str | os.PathLike[str], remote_dir: str) -> None:
-        """Copy the files of ``local_dir`` whose size or mtime differ into ``remote_dir``.
-
-        Nothing is deleted on the host.
-        """
-        local = os.path.abspath(os.fspath(local_dir))
-        if not os.path.isdir(local):
-            raise NotADirectoryError(20, "not a folder", local)
-        if self._rsync_usable():
-            self._rsync([local + "/", self._remote(remote_dir) + "/"], mkdir=remote_dir)
-            return
-        answer = self._tree_query("scan", remote_dir)
-        self._tar_up(
-            local, remote_dir, {"codec": self._up_codec(), "skip": answer.get("files") or {}}
-        )
-
-    def sync_down(
-        self,
-        remote_dir: str,
-        local_dir: str | os.PathLike[str],
-        *,
-        include: Sequence[str] | None = None,
-    ) -> None:
-        """Copy the files of ``remote_dir`` that are new or changed into ``local_dir``.
-
-        ``include``: rsync-style patterns (``"*.pkl"``, ``"results/**"``); when
-        given, only matching files are copied. Nothing is deleted here.
-        """
-        local = os.path.abspath(os.fspath(local_dir))
-        patterns = list(include or ())
-        if self._rsync_usable():
-            filters = []
-            if patterns:
-                filters = [
-                    "-m",
-                    "--include=*/",
-                    *(f"--include={p}" for p in patterns),
-                    "--exclude=*",
-                ]
-            os.makedirs(local, exist_ok=True)
-            self._rsync([*filters, self._remote(remote_dir) + "/", local + "/"])
-            return
-        from elsewhere.hosts.local import tree_functions
-
-        tree = tree_functions()
-        skip = tree["scan"](local, tree["compile_patterns"](patterns))
-        self._tar_down(remote_dir, local, {"include": patterns, "skip": skip, "dir_only": True})
-
-    # --- rsync ---------------------------------------------------------------------------
-
-    def note_remote_rsync(self, present: bool) -> None:
-        """Record whether the host has rsync (learnt some other way), saving a ``which rsync``."""
-        if self.transfer == "auto" and "rsync" not in self._caps:
-            self._caps["rsync"] = bool(present and shutil.which("rsync"))
-
-    def _rsync_usable(self) -> bool:
-        if self.transfer == "tar":
-            return False
-        if "rsync" not in self._caps:
-            here = shutil.which("rsync")
-            there = self.which("rsync") if here else None
-            if self.transfer == "rsync" and not (here and there):
-                where = "here" if not here else f"on {self._where}"
-                raise CommandNotFound(
-                    f"rsync is not installed {where} (transfer='rsync'): install it "
-                    "(Debian/Ubuntu: apt-get install rsync), or use transfer='auto'",
-                    command=["rsync"],
-                )
-            self._caps["rsync"] = bool(here and there)
-        return bool(self._caps["rsync"])
-
-    def _remote(self, path: str) -> str:
-        host = self.destination
-        user, at, name = host.rpartition("@")
-        if ":" in name:  # IPv6 address
-            host = f"{user}{at}[{name}]"
-        if path.startswith("-"):
-            path = "./" + path
-        return f"{host}:{path}"
-
-    def _rsync(self, args: list[str], *, mkdir: str | None = None) -> None:
-        argv = ["rsync", "-rlpt", "-s", "-e", build_rsync_rsh(self._ssh_argv(master=False))]
-        if self.compress:
-            argv.append("-z")
-        if mkdir:
-            argv += ["--rsync-path", f"mkdir -p {shlex.quote(mkdir)} && rsync"]
-        argv += args
-        for attempt in range(3):
-            self._ensure_master()
-            try:
-                result = run_process(
-                    argv, input=None, timeout=None, env=None, cwd=None, host=self.host, command=argv
-                )
-            except FileNotFoundError as exc:
-                raise _no_program("rsync", "rsync") from exc
-            if _NO_MASTER.encode() in result.stderr:
-                self._master_lost(attempt)
-                continue
-            break
-        if result.returncode == 0:
-            return
-        stderr = result.stderr.decode("utf-8", "replace")
-        if result.returncode in (12, 255):
-            error = self.connection_error(stderr, command=argv, returncode=result.returncode)
-            if error is not None:
-                raise error
-        if result.returncode == 23 and "No such file or directory" in stderr:
-            raise FileNotFoundError(2, f"rsync: no such file or folder ({self.host})", args[-2])
-        raise CommandFailed(
-            f"rsync to or from {self._where} failed",
-            host=self.host,
-            command=argv,
-            returncode=result.returncode,
-            stderr=stderr,
-        )
-
-    # --- the fallback: tar streams through ssh, packed and unpacked by TREE_SCRIPT ----------
-
-    def _tree_query(self, mode: str, remote_dir: str) -> dict[str, Any]:
-        words = [self.python, "-c", TREE_SCRIPT, mode, remote_dir]
-        result = self.run(words, check=False, timeout=600)
-        self._check_tree_result(result.returncode, result.stderr, f"{mode} {remote_dir}")
-        marker = b"EWTREE1 "
-        for line in reversed(result.stdout.splitlines()):
-            if line.startswith(marker):
-                answer: dict[str, Any] = json.loads(line[len(marker) :])
-                self._caps["zstd"] = bool(answer.get("zstd"))
-                return answer
-        raise RemoteSetupError(
-            f"{self.python} on {self._where} gave no answer to a folder scan",
-            host=self.host,
-            command=[self.python, "-c", "<elsewhere tree script>", mode, remote_dir],
-            stderr=result.stderr.decode("utf-8", "replace"),
-        )
-
-    def _up_codec(self) -> str:
-        if "zstd" not in self._caps:
-            self._tree_query("caps", ".")
-        return "zstd" if self._caps["zstd"] else "none"
-
-    def _check_tree_result(self, returncode: int | None, stderr: bytes, what: str) -> None:
-        if returncode == 0:
-            return
-        text = stderr.decode("utf-8", "replace")
-        command = [self.python, "-c", "<elsewhere tree script>", *what.split(" ", 1)]
-        if returncode == 255:
-            error = self.connection_error(text, command=command, returncode=255)
-            if error is not None:
-                raise error
-        if returncode in (126, 127):
-            raise RemoteSetupError(
-                f"no Python interpreter {self.python!r} on {self._where} (needed to copy files "
-                "where rsync is missing): install Python 3 or rsync there, or pass python=",
-                host=self.host,
-                command=command,
-                returncode=returncode,
-                stderr=text,
-            )
-        if returncode == 3:
-            raise FileNotFoundError(
-                2, f"no such file or folder on {self.host}", what.split(" ", 1)[-1]
-            )
-        raise TransportError(
-            f"copying files with {self.python} on {self._where} failed",
-            host=self.host,
-            command=command,
-            returncode=returncode,
-            stderr=text,
-        )
-
-    def _tar_up(self, local: str, remote: str, opts: dict[str, Any]) -> None:
-        opts = {"level": 3 if self.compress else 1, **opts}
-        with tempfile.TemporaryFile() as packer_err:
-            packer = _local_tree_process("pack", local, stdout=subprocess.PIPE, stderr=packer_err)
-            try:
-                unpacker = self.popen(
-                    [self.python, "-c", TREE_SCRIPT, "unpack", remote], stdin=packer.stdout
-                )
-            except BaseException:
-                packer.kill()
-                packer.wait()
-                raise
-            close_quietly(packer.stdout)
-            _send_options(packer, opts)
-            _, err = unpacker.communicate()
-            packer.wait()
-            packer_err.seek(0)
-            if unpacker.returncode in (126, 127, 255):  # no Python there, or no connection
-                self._check_tree_result(unpacker.returncode, err, f"unpack {remote}")
-            if packer.returncode != 0:
-                raise TransportError(
-                    f"packing {local} for {self._where} failed",
-                    host=self.host,
-                    command=["pack", local],
-                    returncode=packer.returncode,
-                    stderr=packer_err.read().decode("utf-8", "replace"),
-                )
-            self._check_tree_result(unpacker.returncode, err, f"unpack {remote}")
-
-    def _tar_down(self, remote: str, local: str, opts: dict[str, Any]) -> None:
-        opts = {"codec": "auto", "level": 3 if self.compress else 1, **opts}
-        with tempfile.TemporaryFile() as packer_err:
-            packer = self.popen(
-                [self.python, "-c", TREE_SCRIPT, "pack", remote],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=packer_err,
-            )
-            try:
-                unpacker = _local_tree_process("unpack", local, stdin=packer.stdout)
-            except BaseException:
-                packer.kill()
-                packer.wait()
-                raise
-            close_quietly(packer.stdout)
-            _send_options(packer, opts)
-            _, err = unpacker.communicate()
-            packer.wait()
-            packer_err.seek(0)
-            self._check_tree_result(packer.returncode, packer_err.read(), f"pack {remote}")
-            if unpacker.returncode == 3:
-                raise FileNotFoundError(2, f"no such folder on {self.host}", remote)
-            if unpacker.returncode != 0:
-                raise TransportError(
-                    f"unpacking files from {self._where} into {local} failed",
-                    host=self.host,
-                    command=["unpack", local],
-                    returncode=unpacker.returncode,
-                    stderr=err.decode("utf-8", "replace"),
-                )
-
-
-def _check_option(option: str) -> str:
-    if not isinstance(option, str) or option.startswith("-") or "\n" in option:
-        raise ConfigError(f"ssh option {option!r}: give 'Key=value', as after ssh -o")
-    if "=" not in option and " " not in option:
-        raise ConfigError(f"ssh option {option!r}: give 'Key=value', as after ssh -o")
-    return option
-
-
-def _remote_parent(path: str) -> str | None:
-    parent = os.path.dirname(path.rstrip("/"))
-    return parent or None
-
-
-def _no_program(name: str, package: str) -> CommandNotFound:
-    return CommandNotFound(
-        f"`{name}` is not installed here (or not on PATH): install it "
-        f"(Debian/Ubuntu: apt-get install {package}; macOS has it)",
-        command=[name],
-    )
-
-
-def _local_tree_process(mode: str, root: str, **streams: Any) -> subprocess.Popen[bytes]:
-    python = sys.executable or "python3"
-    streams.setdefault("stdin", subprocess.PIPE)
-    streams.setdefault("stdout", subprocess.PIPE)
-    streams.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(
-        [python, "-c", TREE_SCRIPT, mode, root], start_new_session=True, **streams
-    )
-
-
-def _send_options(packer: subprocess.Popen[bytes], opts: dict[str, Any]) -> None:
-    assert packer.stdin is not None  # we asked for a pipe
-    try:
-        packer.stdin.write(json.dumps(opts).encode() + b"\n")
-    except BrokenPipeError:
-        pass  # the packer died; its exit code tells why
-    close_quietly(packer.stdin)

@@ -26,7 +26,6 @@ shell does); :meth:`CompletedCommand.check` turns that into
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, runtime_checkable
 
 from elsewhere.util import errors
-from elsewhere.util.errors import CommandNotFound, ConfigError, RemoteSetupError, TransportError
+from elsewhere.util.errors import CommandNotFound, ConfigError, TransportError
 
 __all__ = [
     "BaseTransport",
@@ -44,7 +43,6 @@ __all__ = [
     "CommandTimeout",
     "CompletedCommand",
     "Transport",
-    "remote_python_info",
 ]
 
 #: ``popen`` arguments for a stream: ``subprocess.PIPE``, ``DEVNULL``, a file, a fd or None.
@@ -444,135 +442,3 @@ def close_quietly(stream: IO[bytes] | None) -> None:
             stream.close()
         except OSError:
             pass
-
-
-# --- facts about a Python interpreter on a host -------------------------------------------
-
-_INFO_MARKER = "ELSEWHERE-PYTHON-INFO "
-
-# Python 3.6+ and the standard library only: it must run wherever a worker might.
-_INFO_SCRIPT = r"""
-import json, os, platform, sys
-
-def mem_mb():
-    try:
-        import psutil
-        vm = psutil.virtual_memory()
-        return vm.available // 1048576, vm.total // 1048576
-    except Exception:
-        pass
-    try:
-        fields = {}
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                fields[key] = int(rest.split()[0]) // 1024
-        return fields.get("MemAvailable", fields.get("MemFree")), fields.get("MemTotal")
-    except Exception:
-        pass
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        return (os.sysconf("SC_AVPHYS_PAGES") * page // 1048576,
-                os.sysconf("SC_PHYS_PAGES") * page // 1048576)
-    except Exception:
-        return None, None
-
-def elsewhere_version():
-    import importlib.util
-    try:
-        if importlib.util.find_spec("elsewhere") is None:
-            return None
-    except Exception:
-        return None
-    try:
-        from importlib.metadata import version
-        return version("elsewhere")
-    except Exception:
-        pass
-    try:
-        import elsewhere
-        return str(getattr(elsewhere, "__version__", "unknown"))
-    except Exception:
-        return None
-
-avail, total = mem_mb()
-try:
-    usable = len(os.sched_getaffinity(0))
-except Exception:
-    usable = os.cpu_count()
-try:
-    load = list(os.getloadavg())
-except Exception:
-    load = None
-info = {
-    "python_version": platform.python_version(),
-    "executable": sys.executable,
-    "implementation": platform.python_implementation(),
-    "platform": sys.platform,
-    "machine": platform.machine(),
-    "hostname": platform.node(),
-    "elsewhere_version": elsewhere_version(),
-    "cpu_count": os.cpu_count(),
-    "cpus_usable": usable,
-    "load_average": load,
-    "mem_available_mb": avail,
-    "mem_total_mb": total,
-}
-sys.stdout.write("\nMARKER" + json.dumps(info) + "\n")
-""".replace("MARKER", _INFO_MARKER)
-
-
-def remote_python_info(
-    transport: Transport, python: str = "python3", *, timeout: float = 60.0
-) -> dict[str, Any]:
-    """Ask ``python`` on the transport's host about itself and the machine.
-
-    One small script, one round trip. Returns a dict with ``python_version``,
-    ``executable``, ``implementation``, ``platform``, ``machine``, ``hostname``,
-    ``elsewhere_version`` (None when elsewhere cannot be imported there),
-    ``cpu_count``, ``cpus_usable``, ``load_average`` (three floats, or None),
-    ``mem_available_mb`` and ``mem_total_mb`` (None where unknown).
-
-    Raises:
-        RemoteSetupError: that interpreter is missing or fails; the message names
-            the host and the interpreter.
-    """
-    command = [python, "-c", _INFO_SCRIPT]
-    shown = [python, "-c", "<elsewhere python info>"]
-    result = transport.run(command, check=False, timeout=timeout)
-    stderr = result.stderr.decode("utf-8", "replace")
-    if result.returncode in (126, 127):
-        raise RemoteSetupError(
-            f"no Python interpreter {python!r} on {transport.host}: install Python 3 there, "
-            "or name the interpreter by its full path (python='/usr/bin/python3')",
-            host=transport.host,
-            command=shown,
-            returncode=result.returncode,
-            stderr=stderr,
-        )
-    if result.returncode != 0:
-        raise RemoteSetupError(
-            f"Python {python!r} on {transport.host} failed to describe itself",
-            host=transport.host,
-            command=shown,
-            returncode=result.returncode,
-            stderr=stderr,
-        )
-    # login scripts may print banners to stdout: take the last marked line
-    for line in reversed(result.text.splitlines()):
-        if line.startswith(_INFO_MARKER):
-            try:
-                info = json.loads(line[len(_INFO_MARKER) :])
-            except ValueError:
-                break
-            if isinstance(info, dict):
-                return info
-            break
-    raise RemoteSetupError(
-        f"Python {python!r} on {transport.host} gave no readable answer "
-        "(does a login script print to stdout, or is this not CPython 3?)",
-        host=transport.host,
-        command=shown,
-        returncode=result.returncode,
-        stderr=stderr + result.text[-500:],
-    )
