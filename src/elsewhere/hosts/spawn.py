@@ -19,6 +19,7 @@ A detached command on another host is :meth:`~elsewhere.hosts.transport.Transpor
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 
 __all__ = ["package_root", "python_env", "python_path", "spawn_python", "spawn_python_pid"]
 
+@functools.cache
 def package_root() -> str:
     """The folder that holds the ``elsewhere`` package (``src`` in a source checkout)."""
     here = os.path.realpath(__file__)  # .../elsewhere/hosts/spawn.py
