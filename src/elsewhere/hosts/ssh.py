@@ -22,6 +22,10 @@ The remote side runs the command line through the user's login shell, so each
 word is quoted with :func:`shlex.quote`; nothing in an argument is ever
 interpreted there. Remote paths are absolute or relative to the remote home;
 ``~`` is not expanded.
+
+This module is the connection; the command lines and ssh's failure messages are
+:mod:`elsewhere.hosts.openssh`, and the file copies (rsync, else tar streams) are
+:mod:`elsewhere.hosts.sshcopy`.
 """
 
 from __future__ import annotations
