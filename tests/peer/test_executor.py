@@ -19,7 +19,7 @@ from peer_procs import Workers, free_port, wait_until
 import elsewhere as ew
 from elsewhere.backends.peer import PeerCluster
 from elsewhere.folder import serial
-from elsewhere.peer import controller as peer_controller
+from elsewhere.peer import batching as peer_batching
 from elsewhere.peer.keys import write_key
 from elsewhere.util.errors import ElsewhereError
 
@@ -81,7 +81,7 @@ def test_one_task_at_a_time_takes_two_frames(on: PeerCluster, monkeypatch: pytes
     # the next task's ASK rides inside each TASK and its ACCEPT inside the RESULT ("fold"),
     # for tasks shorter than a round trip: every task counts as short here, however loaded
     # the machine (the controller runs in this process)
-    monkeypatch.setattr(peer_controller, "_SHORT_S", 60.0)
+    monkeypatch.setattr(peer_batching, "_SHORT_S", 60.0)  # where the controller places
     with ew.Executor(on=on) as ex:
         assert [ex.submit(square, i).result(timeout=30) for i in range(30)] == [i * i for i in range(30)]
         counters = ex._link.counters()

@@ -7,7 +7,7 @@ tasks asked to run on one worker (:class:`Batch`, and :class:`Standing`, one
 asked ahead of its tasks); and the pure choices of placing: which worker to
 ask (:func:`choose_worker`, :func:`choose_standing`) and for how many tasks
 (:func:`batch_size`). The controller that acts on them is
-:class:`~.controller.Controller`.
+:class:`~.controller.Controller` (its placing in :mod:`.batching`).
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ class Worker:
         self.host = info.announcement.host
         self.failures = 0
         self.listed = True
+        self.events = 0  # what the controller's selector watches its socket for now
 
     @property
     def offer(self) -> tuple[Any, ...]:

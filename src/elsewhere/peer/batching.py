@@ -1,0 +1,299 @@
+"""The controller's placing of tasks: batches asked for, admitted, sent, taken back.
+
+Pending tasks go to workers in batches (:meth:`~Batching._place`): the best
+worker (:func:`~.placement.choose_worker`) is asked for as many tasks as one
+batch holds (:func:`~.placement.batch_size`, about 100 ms of work), and only
+once it ACCEPTs does the TASK go, its pickles made by the
+:class:`~.encoder.TaskEncoder` (a TASK too large for one frame is halved
+first). A REFUSE sends the batch's tasks back to the queue, and marks the
+worker unsuitable for a while when the reason is permanent (memory, time,
+access).
+
+An open Executor with nothing to place asks one worker ahead, a *standing*
+batch with no task yet (:meth:`~Batching._stand`), so that its next task goes
+without the round trip of an ASK; for tasks shorter than ``_SHORT_S`` that ASK
+rides inside the TASK before it (``fold``), and its ACCEPT inside the RESULT.
+A batch whose tasks are done elsewhere, cancelled or moved is withdrawn
+(:meth:`~Batching._withdraw`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..util.errors import PeerError
+from .controlstate import ControllerState
+from .messages import Ask, Cancel, Refuse, RefuseReason, Task
+from .placement import Batch, Standing, Worker, batch_size, choose_standing, choose_worker
+from .wire import Limits
+
+__all__ = ["Batching"]
+
+_SHORT_S = 0.005
+"""Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
+_PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
+
+
+class Batching(ControllerState):
+    """How :class:`~.controller.Controller` places its tasks (see the module doc)."""
+
+    def _place(self, now: float) -> None:
+        for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
+            if self.pending:
+                # admitted: the tasks go now; not yet answered: they ride on that ASK
+                self._fill_standing(b, send=bool(b.accepted))
+        if not self.pending:
+            self._stand(now)
+            return
+        ready = [w for w in self.workers.values() if w.state == "ready" and w.usable(self.settings)]
+        if not ready:
+            return
+        s = self.settings
+        total_slots = sum(max(1, w.info.announcement.slots // s.cores) for w in ready)
+        # While other workers are still connecting, hold no more than fits at once here:
+        # queueing behind a busy slot would be a loss if a free worker appears a moment later.
+        depth = 1 if any(w.state in ("connecting", "handshake") for w in self.workers.values()) else 2
+        while self.pending:
+            best = choose_worker(ready, s, self.local_addresses, depth, now)
+            if best is None:
+                return
+            k = batch_size(s, best, total_slots, len(self.pending), self.mean_s, self.n_measured,
+                           self.result_bytes_per_task)  # fmt: skip
+            self._ask(best, k, now)
+
+    def _ask(self, w: Worker, k: int, now: float) -> None:
+        indices: list[int] = []
+        while self.pending and len(indices) < k:
+            i = self.pending.popleft()
+            if i in self.final or i in self.cancelled:
+                continue
+            indices.append(i)
+        if not indices:
+            return
+        self._seq += 1
+        bid = f"{self.short}-{self._seq}"
+        b = Batch(bid, w, indices, [self.attempts.get(i, 0) for i in indices], now)
+        s = self.settings
+        ask = Ask(bid, mem_bytes=s.mem_bytes, time_s=s.time_s * len(indices), cores=s.cores)
+        self.batches[bid] = b
+        w.batches[bid] = b
+        for i in indices:
+            self.inflight.setdefault(i, set()).add(bid)
+        if not self._send(w, ask):
+            self._unplace(b, requeue_front=True)
+        self.stats["asks"] += 1
+
+    def _encode(self, w: Worker, b: Batch) -> tuple[dict[str, Any], list[Any]]:
+        """The TASK of a batch (see :meth:`TaskEncoder.encode`)."""
+        prepared = self.prepared.get(b.indices[0]) if len(b.indices) == 1 else None
+        peer = w.conn.peer if w.conn is not None else None
+        job_part = peer is not None and "job-part" in peer.caps
+        return self.encoder.encode(b.indices, b.attempts, prepared, self.entries, w.sent_fns, job_part)
+
+    def _on_accept(self, w: Worker, bid: str) -> None:
+        b = self.batches.get(bid)
+        if b is None or b.worker is not w or b.withdrawn:
+            self._send(w, Cancel(bid))
+            if b is not None:
+                self._forget(b)
+            return
+        b.accepted = time.monotonic()
+        if b.standing:  # admitted ahead: the next task goes at once, with no ASK in its way
+            if self.pending:
+                self._fill_standing(b)
+            return
+        keep = [(i, a) for i, a in zip(b.indices, b.attempts) if i not in self.final and i not in self.cancelled]
+        if not keep:
+            self._withdraw(b)
+            return
+        b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
+        self._send_task(w, b)
+
+    def _send_task(self, w: Worker, b: Batch) -> None:
+        """Send the TASK of an admitted batch."""
+        bid = b.bid
+        try:
+            while True:
+                info, buffers = self._encode(w, b)
+                if self._fits(w, b, info, buffers):
+                    break
+        except Exception as exc:
+            self._withdraw(b)
+            self._fail_tasks(b.indices, exc)
+            return
+        nxt = self._fold_standing(w)
+        ask = ()
+        if nxt is not None:
+            ask = Task.folding(nxt.ask)
+            self.stats["asks_folded"] += 1
+        if not self._send(w, Task(bid, info, ask), buffers):
+            self._unsent_parts(w, info)
+            if nxt is not None:
+                self._forget(nxt.batch)
+            self._send(w, Cancel(bid))  # the slot it admitted goes back (if the connection lives)
+            self._unplace(b, requeue_front=True)
+            return
+        b.sent, b.sent_wall = time.monotonic(), time.time()
+        self.stats["batches_sent"] += 1
+        with self.lock:
+            for i in b.indices:
+                self.running_view[i] = (w.wid, b.sent_wall)
+
+    def _fits(self, w: Worker, b: Batch, info: dict[str, Any], buffers: list[Any]) -> bool:
+        """Whether the TASK of ``b`` fits in one frame (at most 4 GiB in at most 1024
+        buffers). If not, a batch of several tasks keeps the first half (the others go back
+        to the front of the queue) and is encoded again; a task alone raises why: it can
+        never be sent, and would otherwise be placed again and again."""
+        limits = w.conn.limits if w.conn is not None else Limits()
+        size = sum(memoryview(x).nbytes for x in buffers)
+        if size <= limits.max_body_bytes and len(buffers) <= limits.max_buffers:
+            self.stats["payload_bytes"] += size
+            return True
+        self._unsent_parts(w, info)
+        if len(b.indices) == 1:
+            from ..util.units import format_size
+
+            raise PeerError(
+                f"its data with its function ({format_size(size)} in {len(buffers)} buffers) is over "
+                f"what one message to a worker may carry ({format_size(limits.max_body_bytes)} in "
+                f"{limits.max_buffers} buffers): pass a smaller argument, or a file path the task reads")
+        keep = len(b.indices) // 2
+        back, b.indices, b.attempts = b.indices[keep:], b.indices[:keep], b.attempts[:keep]
+        with self.lock:
+            for i in back:
+                bids = self.inflight.get(i)
+                if bids is not None:
+                    bids.discard(b.bid)
+                    if not bids:
+                        del self.inflight[i]
+        for i in reversed(back):
+            if i not in self.pending:
+                self.pending.appendleft(i)
+        self.stats["batches_split"] += 1
+        return False
+
+    @staticmethod
+    def _unsent_parts(w: Worker, info: dict[str, Any]) -> None:
+        """The function and job parts a TASK would have carried did not reach ``w``."""
+        for name, count in ((info["fn"], info["nfn"]), (info.get("jpart", ""), info.get("njpart"))):
+            if count:
+                w.sent_fns.pop(name, None)
+
+    def _on_refuse(self, w: Worker, msg: Refuse) -> None:
+        b = self.batches.get(msg.task_id)
+        if b is None:
+            return
+        self.stats[f"refused_{msg.reason.name.lower()}"] += 1
+        self._unplace(b, requeue_front=True)
+        if b.withdrawn:
+            return
+        if msg.reason in _PERMANENT:
+            why = msg.reason.name.lower().replace("_", " ")  # "not allowed", "memory", ...
+            w.unsuitable, w.unsuitable_for = f"{why}: {msg.detail}", w.offer
+            w.unsuitable_since = time.monotonic()
+            for i in b.indices:
+                self.reasons[i] = f"refused by {w.host}: {why} ({msg.detail})"
+        else:
+            w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
+
+    def _stand(self, now: float) -> None:
+        """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
+        the next task skips a round trip. The worker lets another controller have the slot
+        if this admission is not used within moments (``admission._STALE_RESERVATION_S``)."""
+        # Tasks shorter than a round trip: ask where the last one runs. The worker holds the
+        # ASK and admits it as the task ends, its ACCEPT leaving with the RESULT, and no
+        # other worker is woken for it (with ``fold`` that ASK rode inside the TASK, see
+        # _fold_standing). Longer tasks: ask an idle worker.
+        best = self._standing_worker(now)
+        if best is None:
+            return
+        nxt = self._new_standing(best, now)
+        if not self._send(best, nxt.ask):
+            self._forget(nxt.batch)
+
+    def _standing_worker(self, now: float) -> Worker | None:
+        """The worker an open stream job (an Executor) asks ahead, or None if it should not."""
+        if not self.stream or self.closed or now < self.standing_after:
+            return None
+        if any(b.standing for b in self.batches.values()):
+            return None
+        return choose_standing(self.workers.values(), self.settings, self.local_addresses, self._short(), now)
+
+    def _short(self) -> bool:
+        """Whether the tasks are shorter than a round trip (as measured so far)."""
+        return self.n_measured > 0 and self.mean_s < _SHORT_S
+
+    def _new_standing(self, w: Worker, now: float) -> Standing:
+        s = self.settings
+        self._seq += 1
+        b = Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
+        self.batches[b.bid] = b
+        w.batches[b.bid] = b
+        return Standing(b, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores))
+
+    def _fold_standing(self, w: Worker) -> Standing | None:
+        """For a TASK about to go to ``w``: the standing ASK :meth:`_stand` would send next,
+        made now to ride inside the TASK, if ``w`` takes folded frames and is the worker
+        :meth:`_stand` would ask (short tasks, nothing pending). Its ACCEPT then comes back
+        inside the RESULT: two frames a task instead of four."""
+        peer = w.conn.peer if w.conn is not None else None
+        if peer is None or "fold" not in peer.caps or self.pending or not self._short():
+            return None
+        now = time.monotonic()
+        if self._standing_worker(now) is not w:
+            return None
+        return self._new_standing(w, now)
+
+    def _fill_standing(self, b: Batch, *, send: bool = True) -> None:
+        """Give a standing batch the pending tasks (as many as one batch takes); send them
+        if it was admitted already."""
+        if len(self.pending) == 1:  # an Executor's task, one at a time: no batch to size
+            k = 1
+        else:
+            total = sum(max(1, x.info.announcement.slots // self.settings.cores)
+                        for x in self.workers.values() if x.state == "ready")  # fmt: skip
+            k = batch_size(self.settings, b.worker, max(1, total), len(self.pending), self.mean_s,
+                           self.n_measured, self.result_bytes_per_task)  # fmt: skip
+        while self.pending and len(b.indices) < k:
+            i = self.pending.popleft()
+            if i in self.final or i in self.cancelled:
+                continue
+            b.indices.append(i)
+            b.attempts.append(self.attempts.get(i, 0))
+            self.inflight.setdefault(i, set()).add(b.bid)
+        b.standing = False
+        if not b.indices:
+            b.standing = True
+        elif send:
+            self._send_task(b.worker, b)
+
+    def _withdraw(self, b: Batch) -> None:
+        """Take a batch's tasks back (they are done elsewhere, cancelled, or go elsewhere).
+
+        A batch already sent (or admitted) is cancelled at its worker. An ASK still
+        unanswered is not (an ACCEPT may be on its way: the protocol then refuses a
+        CANCEL that crossed it); the batch stays, empty, until the answer comes.
+        """
+        if b.sent or b.accepted:
+            self._send(b.worker, Cancel(b.bid))
+            self._forget(b)
+            return
+        tasks = b.indices
+        self._forget(b)
+        b.withdrawn, b.indices, b.attempts = True, [], []
+        self.batches[b.bid] = b
+        b.worker.batches[b.bid] = b
+        del tasks
+
+    def _forget(self, b: Batch) -> None:
+        self.batches.pop(b.bid, None)
+        b.worker.batches.pop(b.bid, None)
+        with self.lock:
+            for i in b.indices:
+                bids = self.inflight.get(i)
+                if bids is not None:
+                    bids.discard(b.bid)
+                    if not bids:
+                        del self.inflight[i]
+                        self.running_view.pop(i, None)

@@ -1,0 +1,227 @@
+"""What a job's controller holds, and its plain bookkeeping of the job's tasks.
+
+:class:`ControllerState` is the state that the parts of the
+:class:`~.controller.Controller` share (each part is a mixin of it, in a module
+of its own: see :mod:`.controller`), all made by its constructor:
+
+- the job's tasks: ``n`` (how many so far) and ``closed`` (no more will come);
+  ``pending`` (to place, in order), ``inflight`` (task -> the batches it is
+  in), ``final`` (its result or fate is stored), ``cancelled``; ``attempts``,
+  ``lost_count`` and ``resubmits`` of each; ``entries`` and ``prepared``, the
+  tasks an Executor handed in memory, until they are final;
+- the workers (``workers``, by peer id) and the batches asked for or sent
+  (``batches``, by batch id), the records of :mod:`.placement`;
+- the selector loop's: ``sel`` and ``waker``, ``commands`` from other threads,
+  ``_state`` (the lock a turn of the loop, or a ``put``, holds), ``unflushed``
+  and ``_corked`` (frames that leave together at the end of a turn);
+- the way back: ``to_record`` and ``recorder`` (results to the job folder),
+  ``durable`` (their ACKs, once synced), ``outcomes`` and ``on_outcome`` (values
+  to an Executor);
+- what others are told: ``note``, ``running_view``, ``stats``.
+
+Here too is the bookkeeping that moves a task between those sets: read from
+the job folder (:meth:`~ControllerState._load_state`,
+:meth:`~ControllerState._read_queue`), handed in memory
+(:meth:`~ControllerState._on_put`), finished (:meth:`~ControllerState._finalise`).
+"""
+
+from __future__ import annotations
+
+import collections
+import getpass
+import os
+import queue
+import selectors
+import socket
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..util.progress import NoteTeller
+from .announce import new_peer_id
+from .discovery import Announcer, Listener
+from .encoder import TaskEncoder
+from .messages import Identity, Refuse, Result
+from .net import Waker
+from .placement import Batch, ControllerSettings, Worker
+from .recorder import Recorder
+from .stream import ReusableBuffers
+
+if TYPE_CHECKING:
+    from ..folder.store import JobStore
+
+__all__ = ["ControllerState"]
+
+
+class ControllerState:
+    """The state of one job's controller (see the module doc), and its task bookkeeping."""
+
+    if TYPE_CHECKING:  # what the parts call of each other (each defined in its own module)
+
+        # .links
+        def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool: ...
+        def _disconnected(self, w: Worker, why: str) -> None: ...
+        def _write_worker_info(self, w: Worker) -> None: ...
+
+        # .batching
+        def _on_accept(self, w: Worker, bid: str) -> None: ...
+        def _on_refuse(self, w: Worker, msg: Refuse) -> None: ...
+        def _withdraw(self, b: Batch) -> None: ...
+        def _forget(self, b: Batch) -> None: ...
+
+        # .results
+        def _on_result(self, w: Worker, msg: Result, buffers: tuple[Any, ...]) -> None: ...
+
+        # .retries
+        def _unplace(self, b: Batch, *, requeue_front: bool, resubmit: bool = False) -> None: ...
+        def _requeue(self, index: int) -> None: ...
+        def _write_lost(self, w: Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
+                        t0: float, t1: float) -> None: ...  # fmt: skip
+        def _fail_tasks(self, indices: list[int], exc: BaseException) -> None: ...
+
+        # .notes
+        def _update_note(self) -> None: ...
+
+    def __init__(self, store: JobStore, settings: ControllerSettings) -> None:
+        from ..folder.payload import PayloadReader
+
+        self.store = store
+        self.settings = settings
+        meta = store.meta()
+        self.meta = meta
+        self.stream = bool(meta.get("stream"))
+        self.retries = int(meta.get("retries", 0))
+        self.seed = meta.get("seed")
+        self.peer_id = settings.peer_id or new_peer_id()
+        self.short = os.urandom(3).hex()
+        self.identity = Identity(self.peer_id, getpass.getuser()[:256], socket.gethostname()[:256])
+        job_info = {
+            "id": meta.get("id", ""), "name": meta.get("name", ""), "seed": self.seed,
+            "cwd": meta.get("cwd"), "sys_path": list(meta.get("sys_path") or []),
+            "env": {str(k): str(v) for k, v in (meta.get("env") or {}).items()},
+            "cores": settings.cores,
+        }  # fmt: skip
+        self.encoder = TaskEncoder(PayloadReader(store.path / "payload.log"), job_info,
+                                   settings.diary, settings.time_s, store.path / "files")  # fmt: skip
+        self.sel = selectors.DefaultSelector()
+        self.waker = Waker()  # commands, the discovery watch and stop() wake the loop
+        self.waker.register(self.sel)
+        self.commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.running_view: dict[int, tuple[str, float]] = {}
+        self.result_bytes_per_task = 0.0  # the mean size of a result, for batch sizes
+        self._last_shown = 0.0
+        self._shown: dict[str, Any] = {}
+        self.note = ""
+        self.teller = NoteTeller(str(meta.get("name", ""))) if self.stream else None  # an Executor's
+        self.reasons: dict[int, str] = {}
+        self.workers: dict[str, Worker] = {}
+        self.batches: dict[str, Batch] = {}
+        self.pending: collections.deque[int] = collections.deque()
+        self.inflight: dict[int, set[str]] = {}
+        self.final: set[int] = set()
+        self.cancelled: set[int] = set()
+        self.attempts: dict[int, int] = {}
+        self.lost_count: dict[int, int] = {}
+        self.resubmits: dict[int, int] = {}
+        self.n = 0
+        self.closed = not self.stream
+        self.mean_s = 0.0
+        self.n_measured = 0
+        self.entries: dict[int, Any] = {}  # tasks handed in memory (put), until final
+        self.prepared: dict[int, Any] = {}  # their pickles (prepare), until final
+        self.on_outcome: Any = None  # (index, ok, value or error description) -> None
+        self.outcomes: list[tuple[int, bool, Any, int]] = []  # for on_outcome, after the turn
+        self.durable: queue.SimpleQueue[tuple[list[Any], list[Any]]] = queue.SimpleQueue()
+        self.recorder: Recorder | None = None
+        self.unflushed: set[Worker] = set()  # workers with frames queued, not yet flushed
+        self._corked = False  # a put or a turn of the loop is on: its frames leave at its end
+        self.to_record: list[Any] = []  # results for the recorder, handed over together
+        self.first_to_record = 0.0
+        self._state = threading.RLock()  # the loop's, while it works; a put's, while it places
+        self._loop_ended = False
+        self._last_refresh = 0.0
+        self._last_queue = 0.0
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.standing_after = 0.0
+        self._seq = 0
+        self._stop = threading.Event()
+        self._cancelled_job = False
+        self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
+        self.listener: Listener | None = None
+        self.announcer: Announcer | None = None
+        self.error: BaseException | None = None
+        self.local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
+        self.buffers = ReusableBuffers()  # large RESULT buffers, reused once written to disk
+        self.finished = threading.Event()
+
+    # -- the job's tasks ---------------------------------------------------------------
+    def _load_state(self) -> None:
+        from ..folder.journal import JournalReader
+
+        reader = JournalReader(self.store)
+        reader.refresh()
+        with self.store.locked_queue() as q:
+            self.n = int(q.get("n", 0))
+            self.closed = bool(q.get("closed", True)) or not self.stream
+            self.cancelled = set(q.get("cancelled_tasks", []))
+            again = [int(i) for i in q.get("retry", [])]
+            q["retry"] = []
+            attempts = {int(k): int(v) for k, v in q.get("attempts", {}).items()}
+            if q.get("cancelled"):
+                self._cancelled_job = True
+        self.final = set(reader.final) - set(again)
+        self.attempts = attempts
+        self._queue_new(0)
+        for i in again:
+            if i not in self.pending and i not in self.cancelled:
+                self.pending.append(i)
+
+    def _queue_new(self, start: int) -> None:
+        for i in range(start, self.n):
+            if i not in self.final and i not in self.cancelled:
+                self.pending.append(i)
+
+    def _read_queue(self) -> None:
+        q = self.store.queue()
+        n = int(q.get("n", 0))
+        if n > self.n:
+            old, self.n = self.n, n
+            self._queue_new(old)
+        self.closed = bool(q.get("closed", True)) or not self.stream
+        if q.get("retry"):
+            with self.store.locked_queue() as lq:
+                again = [int(i) for i in lq.get("retry", [])]
+                lq["retry"] = []
+                for i in again:
+                    self.attempts[i] = int(lq.get("attempts", {}).get(str(i), self.attempts.get(i, 0)))
+            for i in again:
+                self.final.discard(i)
+                self.cancelled.discard(i)
+                if i not in self.pending and i not in self.inflight:
+                    self.pending.append(i)
+        if q.get("cancelled"):
+            self._cancelled_job = True
+
+    def _on_put(self, index: int, entry: Any, prepared: Any = None) -> None:
+        self.entries[index] = entry
+        if prepared is not None:
+            self.prepared[index] = prepared
+        if index >= self.n:
+            self.n = index + 1  # those before it (callers on other threads) come on their own
+        elif index in self.pending or index in self.inflight or index in self.final:
+            return  # known already
+        if index not in self.cancelled:
+            self.pending.append(index)
+
+    def _finalise(self, index: int) -> None:
+        self.final.add(index)
+        self.entries.pop(index, None)
+        self.prepared.pop(index, None)
+        self.reasons.pop(index, None)
+        with self.lock:
+            self.running_view.pop(index, None)
+        for bid in list(self.inflight.pop(index, ())):
+            b = self.batches.get(bid)
+            if b is not None and all(i in self.final or i in self.cancelled for i in b.indices):
+                self._withdraw(b)  # a copy elsewhere that nobody needs any more

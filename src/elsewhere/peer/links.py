@@ -1,0 +1,229 @@
+"""The controller's connections to workers: found, connected, read, written, lost.
+
+Workers come from discovery (:meth:`~Links._refresh_workers`, every 50 ms of
+the loop): a new or returning one is connected to without waiting
+(:mod:`.net`), its handshake checked (the peer id it announced; without a
+group key, the same user), and then its frames are read as the selector says
+(:meth:`~Links._on_readable`) and handed by type to the batching (ACCEPT,
+REFUSE) and the results (RESULT). What is sent waits in its pump until the end
+of the turn (``_corked``), so that the frames of one turn leave in one send.
+
+A connection that breaks voids its ASKs (their tasks are placed again) and is
+made again at once: the worker sends every result not yet acknowledged on the
+new one. A worker whose announcements stop, or that refuses the connection,
+is lost: its batches go to other workers (:mod:`.retries`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import time
+from typing import Any
+
+from ..util.errors import PeerError, ProtocolError
+from .access import same_user
+from .announce import PeerState
+from .controlstate import ControllerState
+from .messages import Accept, Bye, Error, Ping, Refuse, Result
+from .net import connect_error, connect_tcp, watch_after_flush
+from .placement import Worker
+from .stream import Closed, ConnectionPump
+from .wire import Connection, HandshakeComplete, Received, Role
+
+__all__ = ["Links"]
+
+log = logging.getLogger("elsewhere.peer.controller")
+
+
+class Links(ControllerState):
+    """The connections of :class:`~.controller.Controller` to its workers (see the module doc)."""
+
+    def _refresh_workers(self, now: float) -> None:
+        assert self.listener is not None
+        listed: set[str] = set()
+        for info in self.listener.peers():
+            a = info.announcement
+            if a.state is PeerState.CONTROLLER or a.peer_id == self.peer_id:
+                continue
+            listed.add(a.peer_id)
+            w = self.workers.get(a.peer_id)
+            if w is None:
+                w = self.workers[a.peer_id] = Worker(a.peer_id, info)
+            else:
+                w.info = info
+                w.listed = True
+            if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
+                w.unsuitable = ""  # its offer changed, or a while passed: ask again
+            if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
+                self._connect(w, now)
+        for w in list(self.workers.values()):
+            if w.peer_id not in listed and w.listed:
+                w.listed = False
+                self._lose(w, "its announcements stopped (it expired)")
+        self._update_note()
+
+    def _connect(self, w: Worker, now: float) -> None:
+        w.state, w.since = "connecting", now
+        sock, why = connect_tcp(w.info.connect_address)
+        if sock is None:
+            self._connect_failed(w, why)
+            return
+        w.sock = sock
+        self.sel.register(sock, selectors.EVENT_WRITE, ("connect", w))
+        w.events = selectors.EVENT_WRITE
+
+    def _on_connected(self, w: Worker) -> None:
+        sock = w.sock
+        assert sock is not None
+        why = connect_error(sock)
+        if why:
+            self.sel.unregister(sock)
+            sock.close()
+            w.sock = None
+            self._connect_failed(w, why)
+            return
+        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity, allocate=self.buffers)
+        w.pump = ConnectionPump(sock, w.conn)
+        w.state = "handshake"
+        self.sel.modify(sock, selectors.EVENT_READ, ("worker", w))
+        w.events = selectors.EVENT_READ
+        self._flush(w)
+
+    def _connect_failed(self, w: Worker, why: str) -> None:
+        w.state = "closed"
+        w.failures += 1
+        w.since = time.monotonic()
+        log.debug("cannot connect to worker %s (%s): %s", w.host, w.info.connect_address, why)
+        if w.failures >= 2 or w.batches:
+            self._lose(w, f"its connection was refused ({why})")
+
+    def _on_readable(self, w: Worker, mask: int) -> None:
+        if w.pump is None:
+            return
+        try:
+            if mask & selectors.EVENT_READ:
+                pump = w.pump
+                for event in pump.read():
+                    self._on_event(w, event)
+                    if w.pump is not pump:
+                        return
+                if pump.failed is not None:
+                    raise pump.failed
+            self._flush(w)
+        except (Closed, ProtocolError, OSError) as exc:
+            self._disconnected(w, str(exc) or type(exc).__name__)
+
+    def _on_event(self, w: Worker, event: Any) -> None:
+        if isinstance(event, HandshakeComplete):
+            self._on_handshake(w, event)
+            return
+        msg = event.message
+        assert isinstance(event, Received)
+        if isinstance(msg, Accept):
+            self._on_accept(w, msg.task_id)
+        elif isinstance(msg, Refuse):
+            self._on_refuse(w, msg)
+        elif isinstance(msg, Result):
+            for bid in msg.accepted:  # folded ACCEPTs (the wire checked they were asked for)
+                self.stats["accepts_folded"] += 1
+                self._on_accept(w, bid)
+            self._on_result(w, msg, event.buffers)
+        elif isinstance(msg, Ping):
+            pass
+        elif isinstance(msg, (Bye, Error)):
+            self._disconnected(w, getattr(msg, "reason", "") or getattr(msg, "message", ""))
+
+    def _on_handshake(self, w: Worker, event: HandshakeComplete) -> None:
+        g = event.peer
+        if g.peer_id != w.peer_id:  # another process at that address now: ours is gone
+            self._lose(w, "it was restarted")
+            w.unsuitable, w.unsuitable_for = "it answers with another peer id", w.offer
+            return
+        if self.settings.key is None and w.sock is not None and not same_user(w.sock):
+            self._drop_connection(w)
+            w.unsuitable, w.unsuitable_for = "it runs as another user (no group key)", w.offer
+            return
+        w.state = "ready"
+        w.failures = 0
+        w.host = g.host or w.host
+        if not w.wid:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in w.host)[:40] or "peer"
+            w.wid = f"peer-{safe}-{w.peer_id[:8]}-{self.short}"
+            self._write_worker_info(w)
+
+    def _write_worker_info(self, w: Worker) -> None:
+        from ..folder.store import write_json
+
+        info = {"host": w.host, "pid": w.pid, "peer_id": w.peer_id, "user": w.info.announcement.user,
+                "address": list(w.info.connect_address), "python": ""}  # fmt: skip
+        with contextlib.suppress(OSError):
+            write_json(self.store.path / "workers" / f"{w.wid}.json", info, fsync=False)
+
+    def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
+        if w.conn is None or w.state != "ready":
+            return False
+        try:
+            w.conn.send(message, buffers)
+        except PeerError as exc:
+            log.debug("cannot send %s to %s: %s", type(message).__name__, w.host, exc)
+            return False
+        if flush:
+            if self._corked:
+                self.unflushed.add(w)
+            else:
+                self._flush(w)
+        return True
+
+    def _flush(self, w: Worker) -> None:
+        if w.pump is None or w.sock is None:
+            return
+        try:
+            done = w.pump.flush()
+        except OSError as exc:
+            self._disconnected(w, str(exc))
+            return
+        watch_after_flush(self.sel, w.sock, w, "worker", done)
+
+    def _flush_unflushed(self) -> None:
+        for w in self.unflushed:
+            self._flush(w)
+        self.unflushed.clear()
+
+    def _drop_connection(self, w: Worker) -> None:
+        if w.pump is not None:
+            self.stats["bytes_sent"] += w.pump.bytes_sent
+            self.stats["bytes_received"] += w.pump.bytes_received
+        if w.sock is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.sel.unregister(w.sock)
+            with contextlib.suppress(OSError):
+                w.sock.close()
+        w.sock = w.conn = w.pump = None
+        w.sent_fns.clear()
+        w.state = "closed"
+        w.since = time.monotonic()
+
+    def _disconnected(self, w: Worker, why: str) -> None:
+        """The connection broke: ASKs are void; running batches wait for a reconnect."""
+        log.debug("connection to %s lost: %s", w.host, why)
+        self.stats["disconnections"] += 1
+        self._drop_connection(w)
+        for b in list(w.batches.values()):
+            if not b.sent:
+                self._unplace(b, requeue_front=True)
+        if w.listed and w.connectable():
+            self._connect(w, time.monotonic())  # results it keeps come again on the new one
+        elif w.batches:
+            self._lose(w, f"its connection broke ({why})")
+
+    def _lose(self, w: Worker, why: str) -> None:
+        """The worker is gone: its batches go elsewhere."""
+        if w.batches:
+            log.info("worker %s lost (%s): %d batch(es) placed again", w.host, why, len(w.batches))
+        for b in list(w.batches.values()):
+            self._unplace(b, requeue_front=True, resubmit=bool(b.sent))
+        self._drop_connection(w)
+        if not w.listed:
+            self.workers.pop(w.peer_id, None)

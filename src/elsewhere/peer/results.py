@@ -1,0 +1,181 @@
+"""The controller's results: from a worker's RESULT to the job folder, and the ACK back.
+
+A RESULT carries the outcomes of the tasks of one batch that ended together
+(see "Layout of TASK and RESULT" in docs/peer.md). Each outcome is, by its fate
+(:class:`~.child.Outcome`): a value or an error, stored; a task lost with its
+process, run again while the job's ``retries`` last, then written off; a task
+handed back, placed again. Duplicates (a task that ran twice) are dropped: the
+first result is the one stored.
+
+The values go to an open Executor at once (``on_outcome``, called once the
+turn's lock is released and its frames are sent), from the buffers just
+received; the pickles go to the :class:`~.recorder.Recorder`, handed over every
+``_ACK_S`` rather than one by one, which writes and syncs them off the loop.
+Only once they are durable does the loop acknowledge them (:meth:`~Results._send_acks`,
+one ACK for many where the worker reads ``ack-many``), and may the buffers they
+arrived in take the next results.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from typing import Any
+
+from .child import Outcome
+from .controlstate import ControllerState
+from .messages import MAX_ACKS, Ack, Result
+from .placement import Worker
+from .recorder import GroupWriter
+
+__all__ = ["Results"]
+
+log = logging.getLogger("elsewhere.peer.controller")  # the controller's log, whichever part writes
+
+_ACK_S = 0.02
+"""How soon the loop looks for results the recorder made durable, to acknowledge them."""
+
+
+class Results(ControllerState):
+    """What :class:`~.controller.Controller` does with RESULTs (see the module doc)."""
+
+    def _on_result(self, w: Worker, msg: Result, buffers: tuple[Any, ...]) -> None:
+        info = msg.info
+        pid = int(info.get("pid") or 0)
+        if pid and pid != w.pid:
+            w.pid = pid
+            self._write_worker_info(w)
+        b = self.batches.get(msg.task_id)
+        if b is not None:
+            self._forget(b)
+        try:
+            self._store_items(w, msg.task_id, info, buffers)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            log.warning("malformed RESULT from %s: %s", w.host, exc)
+            self._disconnected(w, f"malformed RESULT: {exc}")
+            return
+        if b is not None:
+            for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
+                if i not in self.final and i not in self.cancelled and not self.inflight.get(i):
+                    if i not in self.pending:
+                        self.pending.appendleft(i)
+                    self.attempts.setdefault(i, a)
+
+    def _store_items(self, w: Worker, bid: str, info: dict[str, Any], buffers: tuple[Any, ...]) -> None:
+        """Hand a RESULT's outcomes to the Executor (if any) and to the recorder, which
+        writes them to the job folder; the worker is acknowledged once they are durable."""
+        pickles = memoryview(buffers[0]).cast("B")
+        logs = memoryview(buffers[1]).cast("B")
+        nbytes = sum(memoryview(b).nbytes for b in buffers)
+        self.stats["result_bytes"] += nbytes
+        groups: list[tuple[memoryview, list[Any]]] = []
+        ppos, opos = 0, 2
+        for plen, noob in info.get("groups", []):
+            groups.append((pickles[ppos : ppos + plen], list(buffers[opos : opos + noob])))
+            ppos, opos = ppos + plen, opos + noob
+        items = info["items"]
+        if items and info.get("seconds"):
+            per_task = float(info["seconds"]) / len(items)
+            self.mean_s = per_task if not self.n_measured else 0.7 * self.mean_s + 0.3 * per_task
+            self.n_measured += len(items)
+        if items:  # batches are sized to bring back at most placement.BATCH_BYTES
+            per_task = nbytes / len(items)
+            mean = self.result_bytes_per_task
+            self.result_bytes_per_task = per_task if not mean else 0.7 * mean + 0.3 * per_task
+        lpos = 0
+        rows: dict[int, list[tuple[Any, ...]]] = {}  # group -> rows to write
+        for index, attempt, status, group, item, t0, t1, rss, log_len in items:
+            index, attempt, status = int(index), int(attempt), Outcome(int(status))
+            log_bytes = bytes(logs[lpos : lpos + log_len])
+            lpos += log_len
+            if index in self.final or index in self.cancelled or not 0 <= index < self.n:
+                self.stats["duplicates"] += 1
+                continue
+            if status is Outcome.REQUEUE:
+                self._requeue(index)
+                continue
+            if status is Outcome.LOST:
+                self.lost_count[index] = self.lost_count.get(index, 0) + 1
+                if self.lost_count[index] <= self.retries:
+                    self.attempts[index] = attempt + 1
+                    self._requeue(index)
+                    continue
+                self._write_lost(w, index, attempt, groups[group][0], log_bytes, t0, t1)
+                continue
+            seed = (int(self.seed) + index) if self.seed is not None else 0
+            rows.setdefault(int(group), []).append(
+                (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed))
+            self._finalise(index)
+        if self.on_outcome is not None:
+            self._hand_out(groups, rows)
+        if w.writer is None:
+            if not w.wid:
+                w.wid = f"peer-x-{w.peer_id[:8]}-{self.short}"
+                self._write_worker_info(w)
+            w.writer = GroupWriter(self.store, w.wid)
+        parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
+        if not self.to_record:
+            self.first_to_record = time.monotonic()
+        self.to_record.append((w.writer, parts, (w, bid), buffers))
+
+    def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
+                  rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
+        """Give the Executor each finished task's value from the buffers just received
+        (no copy; the buffers are not reused while the values hold them). A value that
+        cannot be unpickled here is left to the Executor's reading of the job folder."""
+        from ..folder import serial
+
+        for group, group_rows in rows.items():
+            pickled, oob = groups[group]
+            try:
+                values = serial.loads(pickled, oob)
+            except Exception as exc:
+                log.debug("a result is read back from the job folder: %s", exc)
+                continue
+            for index, ok, item, *_rest, seed in group_rows:
+                self.outcomes.append((index, ok, values[item], seed))
+
+    def _deliver_outcomes(self) -> None:
+        """Hand the values of this turn to the Executor, once the turn's lock is released and
+        its frames are sent: the thread a value wakes may then place its next task at once."""
+        outcomes, self.outcomes = self.outcomes, []
+        for index, ok, value, seed in outcomes:
+            try:
+                self.on_outcome(index, ok, value, seed)
+            except Exception:
+                log.exception("the Executor's result callback failed")
+
+    def _on_durable(self, acks: list[Any], buffers: list[Any]) -> None:
+        # The recorder thread: what it wrote is durable. The loop sends the ACKs at its next
+        # turn (at most _ACK_S later): waking it for each would cost more than the wait.
+        self.durable.put((acks, buffers))
+
+    def _send_acks(self, *, wait: bool = False) -> None:
+        """Acknowledge the results the recorder made durable (all of them, with ``wait``);
+        their buffers may then take the next results (once nothing else holds them)."""
+        if self.recorder is not None and self.to_record and (
+                wait or time.monotonic() - self.first_to_record >= _ACK_S):  # fmt: skip
+            # handed over every few milliseconds, not per result: each hand-over wakes a thread
+            self.recorder.record_many(self.to_record)
+            self.to_record = []
+        if wait and self.recorder is not None:
+            self.recorder.wait_idle()
+        while True:
+            try:
+                acks, buffers = self.durable.get_nowait()
+            except queue.Empty:
+                return
+            by_worker: dict[Worker, list[str]] = {}
+            for w, bid in acks:
+                by_worker.setdefault(w, []).append(bid)
+            for w, bids in by_worker.items():
+                peer = w.conn.peer if w.conn is not None else None
+                if peer is not None and "ack-many" in peer.caps:  # one frame for them all
+                    for i in range(0, len(bids), MAX_ACKS):
+                        self._send(w, Ack(bids[i], tuple(bids[i + 1 : i + MAX_ACKS])), flush=False)
+                else:
+                    for bid in bids:
+                        self._send(w, Ack(bid), flush=False)  # they leave with the next frame
+            for buf in buffers:
+                self.buffers.free(buf)
