@@ -1,17 +1,33 @@
 """The peer network: group keys, the wire protocol, announcements, discovery.
 
-Modules, from the bottom up:
+Modules, from the bottom up. The protocol, sans-IO (bytes in, events out):
 
 - :mod:`.keys`: the group key and its file (no key: loopback-only mode);
-- :mod:`.messages`: the protocol's numbers, the fixed frame header and the
-  messages with their msgpack header codec;
+- :mod:`.layout`: the frame's byte table, the protocol's numbers, the fixed
+  frame header and the caps on what a frame may carry (:class:`Limits`);
+- :mod:`.messages`: the messages with their msgpack header codec;
 - :mod:`.frames`: the keys and MACs of a connection's frames, and a frame
   ready to send (:class:`OutgoingFrame`);
-- :mod:`.wire`: frames, handshake, MACs and admission rules of one TCP
-  connection, sans-IO (:class:`Connection`), and the protocol's description;
-- :mod:`.announce`: the signed UDP announcement and the table of known peers,
-  sans-IO (:class:`AnnouncementDecoder`, :class:`PeerTable`);
-- :mod:`.discovery`: the announcer and listener threads on real sockets.
+- :mod:`.events`: a connection's role, state and events;
+- :mod:`.handshake`, :mod:`.reader`: a connection's handshake, and its reading
+  of frames stage by stage;
+- :mod:`.wire`: one TCP connection (:class:`Connection`): what it sends, its
+  admission rules, and the protocol's description;
+- :mod:`.announce`: the signed UDP announcement and the table of known peers
+  (:class:`AnnouncementDecoder`, :class:`PeerTable`).
+
+On real sockets: :mod:`.net` (opening them; the selector loops' waker),
+:mod:`.stream` (a connection on a socket, received buffers), :mod:`.discovery`
+(the announcer and listener threads).
+
+The controller (one job's tasks on the peers): :mod:`.controller`, its state
+(:mod:`.controlstate`) and parts (:mod:`.links`, :mod:`.batching`,
+:mod:`.results`, :mod:`.retries`, :mod:`.notes`), with :mod:`.placement`,
+:mod:`.encoder` and :mod:`.recorder`. The worker daemon: :mod:`.daemon`, its
+state (:mod:`.workerstate`) and parts (:mod:`.inbound`, :mod:`.intake`,
+:mod:`.dispatch`, :mod:`.delivery`, :mod:`.offer`), with :mod:`.options`,
+:mod:`.admission`, :mod:`.fairshare`, :mod:`.access`, :mod:`.runs`,
+:mod:`.children` and the task process, :mod:`.child`.
 
 The protocol is described in ``docs/peer-protocol.md``.
 """
