@@ -66,6 +66,8 @@ def tsp(ew_home, tmp_path, monkeypatch):
     sock = str(tmp_path / "ts.sock")
     assert len(sock) < 100, f"socket path too long for a unix socket: {sock}"
     monkeypatch.setenv("TS_SOCKET", sock)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # tsp's output files, not in /tmp
     start = [TSP, "-S", "4"]
     subprocess.run(start, check=True, timeout=10)
     pid = _server_pid(sock, start)
@@ -321,7 +323,7 @@ def test_purge_leaves_nothing(tsp):
     done = ew.submit(square, range(4), on=cl, name="tsp-done")
     done.wait(timeout=30)
     outputs = [tsp("-o", str(e["id"])).stdout.strip() for e in _entries(cl, done)]
-    assert all(os.path.exists(o) for o in outputs)  # tsp's own output files, under TMPDIR
+    assert all(os.path.exists(o) and o.startswith(os.environ["TMPDIR"]) for o in outputs)  # tsp's own
     tsp("-S", "1")
     busy = ew.submit(sleepy, [60, 60], on=cl, name="tsp-busy")
     _wait(lambda: busy.tasks[0].state is ew.TaskState.RUNNING, busy.check)
