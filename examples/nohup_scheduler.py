@@ -11,14 +11,18 @@ results back into the folder, which is all the client ever reads. What the plugi
 find again later (from a new Python process too) is kept with ``set_job_cluster_data``:
 the pid, start time and task range of every process.
 
+The library does the rest, whatever started the worker: a task shows ``running`` while its
+worker runs it, a cancelled task is marked in the job folder before ``cancel_task`` is called,
+``job.retry()`` and ``retries=`` call ``submit_independent`` again with exactly the tasks to
+rerun (``job.tasks``), and a worker of this machine that dies mid-task is reported lost.
+
 Use it by module path, or register it under the entry-point group ``elsewhere.schedulers``
 of your package (``nohup = "mypkg.nohup_scheduler:NohupCluster"``) and say ``"nohup"``::
 
     import elsewhere as ew
-    from elsewhere.backends import cluster_class
 
-    NohupCluster = cluster_class("examples.nohup_scheduler:NohupCluster")
-    print(ew.map(abs, [-1, -2, -3], on=NohupCluster(slots=2)))
+    cluster = ew.batch("examples.nohup_scheduler:NohupCluster", slots=2)
+    print(ew.map(abs, [-1, -2, -3], on=cluster))
 
 or ``python examples/nohup_scheduler.py`` for a small demonstration.
 """
@@ -35,8 +39,6 @@ from typing import Any
 import psutil
 
 import elsewhere as ew
-from elsewhere.folder.records import Kind, make_record
-from elsewhere.util.errors import ConfigError, SchedulerError
 
 
 class NohupCluster(ew.Cluster):
@@ -50,16 +52,15 @@ class NohupCluster(ew.Cluster):
     """
 
     kind = "nohup"
+    #: What the plugin reads of ``additional_properties`` (anything else is refused).
+    properties = {"nice": ew.Property(int, 0, "the niceness of the worker processes (nice -n)")}
 
-    def __init__(
-        self, *, slots: int | None = None, python: str | None = None, **common: Any
-    ) -> None:
+    def __init__(self, *, slots: int | None = None, python: str | None = None, **common: Any) -> None:
         super().__init__(**common)
         if slots is not None and (not isinstance(slots, int) or slots < 1):
-            raise ConfigError(f"slots must be a positive integer, not {slots!r}")
+            raise ew.ConfigError(f"slots must be a positive integer, not {slots!r}")
         self.slots = slots or max(1, (os.cpu_count() or 1) // self.cores_per_task)
         self.python = python or sys.executable
-        self.post_construct()  # the base class leaves this call to the plugin
 
     # -- description: what rebuilds this cluster in another process -----------------
     def settings(self) -> dict[str, Any]:
@@ -72,103 +73,71 @@ class NohupCluster(ew.Cluster):
 
     # -- plugin operations ------------------------------------------------------
     def post_construct(self) -> None:
-        """Check what the plugin needs: the nohup command and the interpreter."""
+        """Check what the plugin needs: the nohup command and the interpreter (the library
+        calls this when the cluster is first used, not when it only reads a job)."""
         import shutil
 
         if shutil.which("nohup") is None:
-            raise ConfigError("the nohup cluster needs the nohup command (coreutils) on PATH")
+            raise ew.ConfigError("the nohup cluster needs the nohup command (coreutils) on PATH")
         if not os.access(self.python, os.X_OK):
-            raise ConfigError(f"python={self.python!r} is not an executable interpreter")
+            raise ew.ConfigError(f"python={self.python!r} is not an executable interpreter")
 
-    def submit_independent(self, job: ew.Job) -> None:
-        """Split the tasks into ``slots`` ranges; one detached process per range."""
-        n = job.n_tasks
-        per = -(-n // self.slots) if n else 1
-        with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = n  # tasks are handed out by range, never claimed
+    def submit_independent(self, job: ew.JobHandle) -> None:
+        """Split ``job.tasks`` (all of them, or the ones to rerun) into ``slots`` parts; one
+        detached process per part."""
+        tasks = job.tasks
+        per = -(-len(tasks) // self.slots) if tasks else 1
         logs = job.path / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
-        processes = []
-        for first in range(0, n, per):
-            last = min(n, first + per)
-            argv = [
-                "nohup",
-                self.python,
-                "-m",
-                "elsewhere.worker",
-                "--job",
-                str(job.path),
-                "--tasks",
-                f"{first}:{last}",
-            ]
-            with open(logs / f"nohup-{first}.log", "ab") as out:
+        data = self.get_job_cluster_data(job)
+        processes = data.setdefault("processes", [])
+        for k in range(0, len(tasks), per):
+            part = tasks[k : k + per]
+            spec = ",".join(map(str, part))
+            argv = ["nohup", "nice", "-n", str(self.additional_properties["nice"]), self.python, "-m",
+                    "elsewhere.worker", "--job", str(job.path), "--tasks", spec]
+            log = logs / f"nohup-{len(processes)}.log"
+            with open(log, "ab") as out:
                 try:
-                    proc = subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=out,
-                        start_new_session=True,
-                        cwd=os.getcwd(),
-                    )
+                    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                            start_new_session=True, cwd=os.getcwd())
                 except OSError as exc:
-                    raise SchedulerError(
-                        f"cannot start a worker for tasks {first}..{last - 1}",
-                        command=argv,
-                        stderr=str(exc),
-                    ) from exc
-            processes.append(
-                {
-                    "pid": proc.pid,
-                    "started": _start_time(proc.pid),
-                    "tasks": [first, last],
-                    "log": out.name,
-                }
-            )
-        self.set_job_cluster_data(job, {"processes": processes})
+                    raise ew.SchedulerError(f"cannot start a worker for tasks {spec}", command=argv,
+                                            stderr=str(exc)) from exc
+            processes.append({"pid": proc.pid, "started": _start_time(proc.pid), "tasks": part, "log": str(log)})
+        self.set_job_cluster_data(job, data)
 
-    def job_state(self, job: ew.Job, snapshot: Any) -> Any:
+    def poll(self, job: ew.JobHandle) -> None:
         """A process that is gone while some of its tasks have no result lost them."""
+        final = job.refresh()
         lost: dict[int, str] = {}
-        for proc in self.get_job_cluster_data(job).get("processes", []):
-            first, last = proc["tasks"]
-            open_tasks = [t for t in range(first, last) if t not in snapshot.final]
+        procs = self.get_job_cluster_data(job).get("processes", [])
+        owner = {t: k for k, p in enumerate(procs) for t in p["tasks"]}  # a rerun's process holds it now
+        for k, proc in enumerate(procs):
+            open_tasks = [t for t in proc["tasks"] if t not in final and owner[t] == k]
             if open_tasks and not _alive(proc):
-                why = (
-                    f"nohup worker (pid {proc['pid']}) exited without a result: "
-                    f"killed, or see {proc['log']}"
-                )
+                why = f"nohup worker (pid {proc['pid']}) exited without a result: killed, or see {proc['log']}"
                 lost.update(dict.fromkeys(open_tasks, why))
         if lost:
-            _write_off(job, lost)
-            snapshot.note = f"{len(lost)} task(s) lost with their process"
-        return snapshot
+            self.report_lost(job, lost)
 
-    def cancel_job(self, job: ew.Job) -> None:
-        """Mark the job cancelled, then stop its processes (SIGTERM, then SIGKILL)."""
-        with job.store.locked_queue() as q:
-            q["cancelled"] = True
-        procs = [p for p in self.get_job_cluster_data(job).get("processes", []) if _alive(p)]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in procs:
-                try:
-                    os.killpg(p["pid"], sig)  # its own session: the worker and its children
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline and any(_alive(p) for p in procs):
-                time.sleep(0.05)
+    def cancel_job(self, job: ew.JobHandle) -> None:
+        """Stop the job's processes (SIGTERM, then SIGKILL)."""
+        _stop([p for p in self.get_job_cluster_data(job).get("processes", []) if _alive(p)])
 
-    def cancel_task(self, job: ew.Job, index: int) -> None:
-        """A task not yet started is skipped (one that runs finishes: its process runs others too)."""
-        with job.store.locked_queue() as q:
-            q["cancelled_tasks"] = sorted(set(q.get("cancelled_tasks", [])) | {index})
+    def cancel_task(self, job: ew.JobHandle, index: int) -> None:
+        """Stop the process running task ``index`` when it has nothing else left to run; a
+        process with other tasks to do skips it if it has not reached it."""
+        final = job.refresh()
+        cancelled = job.snapshot().cancelled_tasks
+        for p in self.get_job_cluster_data(job).get("processes", []):
+            rest = [t for t in p["tasks"] if t != index]
+            if index in p["tasks"] and _alive(p) and all(t in final or t in cancelled for t in rest):
+                _stop([p])
 
-    def delete_job(self, job: ew.Job) -> None:
+    def delete_job(self, job: ew.JobHandle) -> None:
         """Nothing lives outside the job folder but the processes: stop them."""
-        if any(_alive(p) for p in self.get_job_cluster_data(job).get("processes", [])):
-            self.cancel_job(job)
+        self.cancel_job(job)
 
 
 def _start_time(pid: int) -> float:
@@ -187,23 +156,16 @@ def _alive(proc: dict[str, Any]) -> bool:
         return False
 
 
-def _write_off(job: ew.Job, reasons: dict[int, str]) -> None:
-    """Fail tasks as "lost" with a reason, once each (what the built-in backends do)."""
-    with job.store.locked_queue() as q:
-        if q.get("cancelled"):
-            return
-        known = q.setdefault("lost_reason", {})
-        attempts = q.get("attempts", {})
-        recs = []
-        for task, why in reasons.items():
-            if str(task) in known:
-                continue
-            known[str(task)] = why
-            recs.append(
-                make_record(Kind.LOST, task, int(attempts.get(str(task), 0)), t_end=time.time())
-            )
-        if recs:
-            job.store.append_control(recs)
+def _stop(procs: list[dict[str, Any]]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in procs:
+            try:
+                os.killpg(p["pid"], sig)  # its own session: the worker and its children
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and any(_alive(p) for p in procs):
+            time.sleep(0.05)
 
 
 def _demo() -> None:
@@ -215,11 +177,8 @@ def _demo() -> None:
     job = ew.submit(slow_square, range(6), on=cluster, name="nohup-demo")
     print(job.check())
     job.wait(timeout=60)
-    print(
-        job.results(),
-        "from processes",
-        [p["pid"] for p in cluster.get_job_cluster_data(job)["processes"]],
-    )
+    print(job.results(), "from processes", [p["pid"] for p in cluster.get_job_cluster_data(job.handle)["processes"]])
+    job.purge()
 
 
 if __name__ == "__main__":

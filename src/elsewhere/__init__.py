@@ -38,11 +38,14 @@ _EXPORTS = {
     "Executor": "api.executor",
     "submit_communicating": "api.mpi",
     "Job": "api.job",
-    "Task": "api.tasks",
-    "Status": "api.tasks",
+    "Task": "api.job",
+    "Status": "api.job",
     "task": "run.context",
     "TaskContext": "run.context",
     "Cluster": "backends.base",
+    "Property": "backends.base",
+    "JobHandle": "folder.handle",
+    "Snapshot": "folder.snapshot",
     "TaskState": "util.states",
     "JobState": "util.states",
     "ElsewhereError": "util.errors",
@@ -51,6 +54,7 @@ _EXPORTS = {
     "JobError": "util.errors",
     "JobNotFound": "util.errors",
     "NameInUse": "util.errors",
+    "StateError": "util.errors",
     "TimeoutError": "util.errors",
     "SchedulerError": "util.errors",
     "TransportError": "util.errors",
@@ -89,10 +93,11 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         ssh,
         submit,
     )
-    from .api.job import Job
+    from .api.job import Job, Status, Task
     from .api.mpi import submit_communicating
-    from .api.tasks import Status, Task
-    from .backends.base import Cluster
+    from .backends.base import Cluster, Property
+    from .folder.handle import JobHandle
+    from .folder.snapshot import Snapshot
     from .run.context import TaskContext, task
     from .util.errors import (
         ConfigError,
@@ -103,6 +108,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         PeerError,
         SchedulerError,
         SerializationError,
+        StateError,
         TaskError,
         TimeoutError,
         TransportError,

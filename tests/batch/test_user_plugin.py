@@ -67,7 +67,7 @@ def sleepy(x):
 
 
 def _procs(cl, job):
-    return cl.get_job_cluster_data(job)["processes"]
+    return cl.get_job_cluster_data(job.handle)["processes"]
 
 
 def _wait(cond, what, timeout_s=30):
@@ -86,7 +86,7 @@ def test_by_module_path(ew_home):
     job.wait(timeout=30)
     assert job.results() == [x * x for x in range(7)]
     assert "squaring 6" in job.log(6)
-    assert [p["tasks"] for p in _procs(cl, job)] == [[0, 3], [3, 6], [6, 7]]
+    assert [p["tasks"] for p in _procs(cl, job)] == [[0, 1, 2], [3, 4, 5], [6]]
     assert ew.map(square, range(5), on=cl) == [0, 1, 4, 9, 16]
 
 
@@ -108,12 +108,12 @@ def test_by_profile(ew_home, tmp_path, monkeypatch):
         scheduler = "{TARGET}"
         slots = 2
         [profiles.bg.additional_properties]
-        note = "from the profile"
+        nice = 5
     """)
     )
     assert ew.map(square, [5, 6], on="bg") == [25, 36]
     cl = ew.cluster("bg")
-    assert cl.slots == 2 and cl.additional_properties == {"note": "from the profile"}
+    assert cl.slots == 2 and cl.additional_properties == {"nice": 5}
 
 
 def test_bad_settings_are_refused(ew_home):
@@ -129,7 +129,7 @@ def test_killed_process_loses_its_tasks_with_reason_others_kept(ew_home):
     cl = ew.batch(TARGET, slots=3)
     job = ew.submit(sleepy, [0, 60, 0], on=cl)
     victim = _procs(cl, job)[1]
-    assert victim["tasks"] == [1, 2]
+    assert victim["tasks"] == [1]
     _wait(lambda: job.check().counts["finished"] == 2, job.check)
     os.killpg(victim["pid"], signal.SIGKILL)
     job.wait(timeout=30)
@@ -192,3 +192,111 @@ def test_a_scheduler_syntax_alone_gets_the_batch_base(ew_home, entry_points):
     assert type(cl).__name__ == "SGESyntaxCluster" and cl.syntax.submit_command == "qsub"
     assert ew.map(square, range(3), on=cl) == [0, 1, 4]
     assert [c[0] for c in cl.commands_run].count("qsub") == 1
+
+
+# -- the plugin contract: what the library does for a plugin, whatever it starts ---------------
+
+
+def flaky(marker):
+    """Fails on its first run, succeeds on the next (the marker file remembers)."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    return "second attempt"
+
+
+def sleepy_once(marker):
+    """Sleeps (to be killed) on its first run, returns at once on the next."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        time.sleep(60)
+    return "rerun"
+
+
+def test_tasks_of_a_plugin_show_running_while_they_run(ew_home):
+    cl = ew.batch(TARGET, slots=2)
+    job = ew.submit(sleepy, [60, 60], on=cl)
+    _wait(lambda: job.check().counts["running"] == 2, job.check)
+    assert [t.state for t in job.tasks] == [ew.TaskState.RUNNING] * 2
+    job.cancel()
+    assert job.check().state is ew.JobState.CANCELLED
+
+
+def test_cancelling_one_task_of_a_plugin_leaves_the_others_to_finish(ew_home):
+    cl = ew.batch(TARGET, slots=4)
+    job = ew.submit(sleepy, [0, 60, 0, 0], on=cl)
+    _wait(lambda: job.tasks[1].state is ew.TaskState.RUNNING, job.check)
+    assert job.tasks[1].cancel() is True
+    job.wait(timeout=30)
+    assert job.tasks[1].state is ew.TaskState.CANCELLED
+    assert job.check().state is ew.JobState.FINISHED
+    assert job.results(partial=True)[0] == 0 and job.results(partial=True)[3] == 0
+    assert job.tasks[0].cancel() is False  # it has ended: nothing to cancel
+
+
+def test_a_lost_task_of_a_plugin_runs_again_while_retries_last(ew_home, tmp_path):
+    cl = ew.batch(TARGET, slots=1)
+    job = ew.submit(sleepy_once, [str(tmp_path / "m")], on=cl, retries=1)
+    _wait(lambda: (tmp_path / "m").exists() and job.tasks[0].state is ew.TaskState.RUNNING, job.check)
+    os.killpg(_procs(cl, job)[0]["pid"], signal.SIGKILL)
+    job.wait(timeout=30)
+    assert job.results() == ["rerun"]
+    assert len(_procs(cl, job)) == 2  # submit_independent was asked for exactly the lost task
+    assert _procs(cl, job)[1]["tasks"] == [0]
+
+
+def test_retry_of_a_failed_task_reaches_the_plugin(ew_home, tmp_path):
+    cl = ew.batch(TARGET, slots=2)
+    job = ew.submit(flaky, [str(tmp_path / "a"), str(tmp_path / "b")], on=cl)
+    job.wait(timeout=30)
+    assert job.check().state is ew.JobState.FAILED
+    (tmp_path / "b").unlink()  # task 1 fails again; only task 0 is asked for
+    job.retry([0])
+    job.wait(timeout=30)
+    assert job.results()[0] == "second attempt"
+    assert _procs(cl, job)[-1]["tasks"] == [0]
+    with pytest.raises(ew.StateError, match="cannot move from finished"):
+        job.retry([0])
+
+
+class Fussy(__import__("examples.nohup_scheduler", fromlist=["NohupCluster"]).NohupCluster):
+    """A plugin whose post_construct fails when told to (a command missing on this machine)."""
+
+    calls = 0
+
+    def post_construct(self) -> None:
+        type(self).calls += 1
+        if os.environ.get("FUSSY_FAILS"):
+            raise ew.ConfigError("the fussy command is missing here")
+
+
+def test_post_construct_runs_for_a_new_cluster_not_for_reading_a_job(ew_home, monkeypatch):
+    from elsewhere.backends import from_description
+
+    Fussy.calls = 0
+    cl = Fussy(slots=1)
+    assert Fussy.calls == 0  # made, not used yet
+    job = ew.submit(square, [3], on=cl, name="fussy")
+    assert Fussy.calls == 1
+    ew.submit(square, [4], on=cl).wait(timeout=30)
+    assert Fussy.calls == 1  # once per cluster object
+    job.wait(timeout=30)
+    monkeypatch.setenv("FUSSY_FAILS", "1")
+    from_description(cl.describe())  # rebuilt only to read: no check
+    assert ew.recover("fussy").results() == [9]
+    with pytest.raises(ew.ConfigError, match="fussy command is missing"):
+        ew.submit(square, [5], on=Fussy(slots=1))
+
+
+def test_additional_properties_are_checked_against_what_the_plugin_reads(ew_home):
+    with pytest.raises(ew.ConfigError, match=r"unknown additional property 'nicee'.*nice \(the niceness"):
+        ew.batch(TARGET, additional_properties={"nicee": 3})
+    with pytest.raises(ew.ConfigError, match=r"'nice' of the nohup cluster must be int, not '3'"):
+        ew.batch(TARGET, additional_properties={"nice": "3"})
+    assert ew.batch(TARGET).additional_properties == {"nice": 0}
+
+
+def test_an_unknown_scheduler_names_the_group_and_the_interpreter(ew_home):
+    with pytest.raises(ew.ConfigError) as err:
+        ew.batch("tsp")
+    assert "'elsewhere.schedulers'" in str(err.value) and sys.executable in str(err.value)

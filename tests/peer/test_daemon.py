@@ -868,7 +868,7 @@ def test_peer_list_shows_the_workers(tmp_path: Path, key_file: Path,
 
 def test_sizes_and_durations() -> None:
     assert parse_size("8G") == 8 << 30 and parse_size("512M") == 512 << 20
-    assert parse_size("1.5GiB") == 3 << 29 and parse_size(100) == 100 and parse_size(None) is None
+    assert parse_size("1.5GiB") == 3 << 29 and parse_size(100) == 100 << 20 and parse_size(None) is None
     assert parse_duration("10min") == 600 and parse_duration("1h30m") == 5400
     assert parse_duration("8h") == 28800 and parse_duration("90") == 90
     assert parse_duration("01:00:00") == 3600 and parse_duration("inf") == math.inf

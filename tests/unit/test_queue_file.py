@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from elsewhere.folder.store import QUEUE, QUEUE_B, JobStore, new_queue, read_queue, write_queue
+from elsewhere.folder.queue import QUEUE, QUEUE_B, new_queue, read_queue, write_queue
+from elsewhere.folder.store import JobStore
 
 
 @pytest.fixture

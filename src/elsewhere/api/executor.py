@@ -119,6 +119,7 @@ class Executor(cf.Executor):
     def __init__(self, on: Any = None, *, name: str | None = None, keep: bool = False, **options: Any) -> None:
         from ..folder.payload import PayloadWriter
         from . import functions as api
+        from .job import write_and_submit
 
         self._job = api.create_job(on, name=name or f"executor-{os.urandom(3).hex()}", _stream=True, **options)
         self._keep = keep
@@ -130,12 +131,12 @@ class Executor(cf.Executor):
         self._n = 0
         self._shutdown = False
         self._by_value_cache: dict[Any, Any] = {}
-        api._write_and_submit(self._job, None, [])
+        write_and_submit(self._job, None, [])
         self._stop = threading.Event()
         self._link: Any = None  # the in-process controller that takes tasks in memory
         link = getattr(self._job.cluster, "executor_link", None)
         if link is not None:
-            self._link = link(self._job, self._on_outcome)
+            self._link = link(self._job.handle, self._on_outcome)
             self._pickle_lock = threading.Lock()
             self._to_write: queue.SimpleQueue[Any] = queue.SimpleQueue()
             self._payload_thread = threading.Thread(target=self._write_payload, daemon=True,
@@ -203,19 +204,17 @@ class Executor(cf.Executor):
             if n <= self._queued:
                 return
             with self._job.store.locked_queue() as q:
-                q["n"] = max(int(q.get("n", 0)), n)
-                waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
-                live = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
-                pending = len(q.get("dispatched", {}))
-                need = live + pending < q.get("max_workers", 1) and q["n"] - q["next"] > len(waiting)
+                q.grow(n)
+                waiting = q.waiting_fifos()
+                need = q.live_members() + len(q.dispatched()) < q.max_workers and q.n - q.next > len(waiting)
             self._queued = n
         for fifo in waiting:
             _wake(fifo)
         added = getattr(self._job.cluster, "tasks_added", None)
         if added is not None:
-            added(self._job)  # backends that push tasks hear of them at once
+            added(self._job.handle)  # backends that push tasks hear of them at once
         elif need:
-            self._job.cluster.poll(self._job)
+            self._job.cluster.poll(self._job.handle)
 
     def _submit_direct(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> cf.Future:
         from ..folder import serial
@@ -298,10 +297,10 @@ class Executor(cf.Executor):
                 self._writer.write_tasks(tasks[start][0], [t[1] for t in tasks[start:end]])
             start = end
         with self._job.store.locked_queue() as q:
-            q["n"] = max(int(q.get("n", 0)), tasks[-1][0] + 1)
+            q.grow(tasks[-1][0] + 1)
         if self._link is not None and not self._link.alive():
             with contextlib.suppress(Exception):
-                self._job.cluster.poll(self._job)  # a new controller reads them from the payload
+                self._job.cluster.poll(self._job.handle)  # a new controller reads them from the payload
 
     def _on_outcome(self, index: int, ok: bool, value: Any, seed: int) -> None:
         """The controller thread: task ``index`` ended with ``value`` (an error description
@@ -314,7 +313,7 @@ class Executor(cf.Executor):
             if ok:
                 fut.set_result(value)
             else:
-                from .tasks import _task_error
+                from ..folder.outcomes import task_error as _task_error
 
                 rec = Record(int(Kind.ERROR), 0, 0, index, seed=seed)
                 fut.set_exception(_task_error(value, self._job.name, rec).as_original_type())
@@ -322,7 +321,9 @@ class Executor(cf.Executor):
             pass
 
     def _cancel_task(self, index: int) -> None:
-        self._job.cluster.cancel_task(self._job, index)
+        from ..core import control
+
+        control.cancel_task(self._job.cluster, self._job.handle, index)
 
     def _collect(self) -> None:
         job = self._job
@@ -350,13 +351,13 @@ class Executor(cf.Executor):
                 if now - last_poll > 1.0:
                     last_poll = now
                     try:
-                        job.cluster.poll(job)
+                        job.cluster.poll(job.handle)
                     except Exception:
                         pass
                 with self._lock:
                     if self._stop.is_set() and not self._futures:
                         return
-                    if self._stop.is_set() and job.store.queue().get("cancelled"):
+                    if self._stop.is_set() and job.store.queue().cancelled:
                         for f in self._futures.values():
                             f.cancel()
                         return
@@ -404,8 +405,8 @@ class Executor(cf.Executor):
         else:
             self._count_now()  # every task counted before the job is closed
         with self._job.store.locked_queue() as q:
-            q["closed"] = True
-            waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+            q.close()
+            waiting = q.waiting_fifos()
         for fifo in waiting:
             _wake(fifo)
         self._writer.close()

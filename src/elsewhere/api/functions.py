@@ -9,14 +9,13 @@ from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Cluster
-from ..folder import serial
-from ..folder.lifecycle import busy, create_store, new_job_meta, remove_folder
+from ..backends.base import Cluster, ensure_post_constructed
+from ..folder.lifecycle import busy, create_store, new_job_meta
 from ..folder.registry import Registry
-from ..folder.store import META, JobStore
+from ..folder.store import JobStore
 from ..util import paths
 from ..util.errors import ConfigError, JobNotFound
-from .job import Job
+from .job import Job, write_and_submit
 
 
 def local(cores: int | None = None, **options: Any) -> Cluster:
@@ -28,7 +27,7 @@ def local(cores: int | None = None, **options: Any) -> Cluster:
     """
     from ..backends.local import LocalCluster
 
-    return LocalCluster(cores, **options)
+    return ensure_post_constructed(LocalCluster(cores, **options))
 
 
 def ssh(nodes: Any, **settings: Any) -> Cluster:
@@ -41,7 +40,7 @@ def ssh(nodes: Any, **settings: Any) -> Cluster:
     """
     from ..backends.ssh import SSHCluster
 
-    return SSHCluster(nodes, **settings)
+    return ensure_post_constructed(SSHCluster(nodes, **settings))
 
 
 def peers(group: str | None = None, **settings: Any) -> Cluster:
@@ -53,7 +52,7 @@ def peers(group: str | None = None, **settings: Any) -> Cluster:
     """
     from ..backends.peer import PeerCluster
 
-    return PeerCluster(group, **settings)
+    return ensure_post_constructed(PeerCluster(group, **settings))
 
 
 def slurm(**settings: Any) -> Cluster:
@@ -65,7 +64,7 @@ def slurm(**settings: Any) -> Cluster:
     """
     from ..backends.schedulers import SlurmCluster
 
-    return SlurmCluster(**settings)
+    return ensure_post_constructed(SlurmCluster(**settings))
 
 
 def batch(scheduler: str, **settings: Any) -> Cluster:
@@ -73,21 +72,21 @@ def batch(scheduler: str, **settings: Any) -> Cluster:
     or a user's own registered under the entry-point group ``elsewhere.schedulers``."""
     from ..backends import cluster_class
 
-    return cluster_class(scheduler)(**settings)
+    return ensure_post_constructed(cluster_class(scheduler)(**settings))
 
 
 def cluster(name: str, **overrides: Any) -> Cluster:
     """The cluster a profile describes (``[profiles.NAME]`` in config.toml)."""
     from .profiles import load_profile
 
-    return load_profile(name, **overrides)
+    return ensure_post_constructed(load_profile(name, **overrides))
 
 
 def _resolve(on: Cluster | str | None) -> Cluster:
     if on is None:
         return local()
     if isinstance(on, Cluster):
-        return on
+        return ensure_post_constructed(on)
     if isinstance(on, str):
         if on == "local":
             return local()
@@ -127,15 +126,6 @@ def tasks_from_inputs(iterables: tuple[Iterable[Any], ...]) -> tuple[list[Any], 
             "(itertools.repeat, which zips to the others' length) or bind it with functools.partial"
         )
     return list(zip(*iterables)), "args"
-
-
-def _as_entries(tasks: list[Any], form: str) -> list[Any]:
-    """``(fn, args, kwargs)`` triples from tasks in ``form``."""
-    if form == "single":
-        return [(None, (a,), {}) for a in tasks]
-    if form == "args":
-        return [(None, a, {}) for a in tasks]
-    return tasks
 
 
 def _default_name(fn: Any) -> str:
@@ -241,88 +231,6 @@ def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> Non
             shutil.copy2(src, target)
 
 
-def _write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
-                      *, communicating: bool = False) -> None:
-    """Write the payload, register the job, hand it to its cluster.
-
-    ``tasks`` are in ``form`` (see ``tasks_from_inputs``).
-    """
-    from ..folder.payload import PayloadWriter
-
-    store = job.store
-    entries: list[Any] = list(tasks or [])
-    if job._staged:
-        entries = _as_entries(entries, form)
-        form = "entries"
-        entries += job._staged
-    fns = [fn] + [e[0] for e in job._staged]
-    if not communicating:
-        try:
-            job.cluster.prepare(job, len(entries))  # workers start while the inputs are written
-        except Exception:
-            pass  # submit_independent will try again and report
-    try:
-        shared = job.cluster.shares_filesystem()
-        with (PayloadWriter(store.path / "payload.log", compress=not shared) as w,
-              serial.by_value_for(fns, shared_fs=shared)):
-            try:
-                w.write_common(fn, job._job_data)
-                if entries:
-                    w.write_tasks(0, entries, form=form)
-            except Exception:
-                serial.check_serialisable(fn, _as_entries(entries, form), job_data=job._job_data)  # names the culprit
-                raise
-    except BaseException:
-        remove_folder(store.path)  # workers started early may be inside: rename, then remove
-        raise
-    n = len(entries)
-    job._staged = []
-    meta = job._meta
-    if meta.get("stream"):
-        meta = store.update_meta(fsync=False, submitted=time.time())
-    elif meta.get("n_tasks") != n or not meta.get("submitted"):
-        meta = store.update_meta(fsync=False, n_tasks=n, submitted=time.time())
-    from ..folder import housekeeping
-
-    housekeeping.sync_later(store.path, (META, "payload.log"))  # durable in the background, at exit at the latest
-    job._meta = meta
-    if not meta.get("stream") and job._queue_n != n and store.queue().get("n") != n:  # usually written at creation
-        with store.locked_queue() as q:
-            q["n"] = n
-    reg = Registry()
-    try:
-        reg.add(meta, store.path, _current_state)
-    except BaseException:
-        remove_folder(store.path)  # workers started early may be inside: rename, then remove
-        raise
-    try:
-        if communicating:
-            job.cluster.submit_communicating(job)
-        else:
-            job.cluster.submit_independent(job)
-        if not store.seen_submitted and not store.queue().get("submitted"):  # only ever set: no lock to look
-            with store.locked_queue() as q:
-                q["submitted"] = True  # whatever the plugin did: the job is now in its hands
-    except BaseException:
-        # Nothing runs: do not leave a half-submitted job behind.
-        reg.remove(job.id)
-        remove_folder(store.path)
-        raise
-    job._dirty()
-
-
-def _current_state(row: dict[str, Any]) -> str | None:
-    path = Path(row["path"])
-    if not (path / "job.json").exists():
-        return None
-    try:
-        job = _open(path)
-        job.cluster.poll(job)  # a job whose workers all died is not running
-        return job.state.value
-    except Exception:
-        return None
-
-
 def submit(
     fn: Callable[..., Any],
     *iterables: Iterable[Any],
@@ -357,7 +265,7 @@ def submit(
         _warn_repeated(fn, tasks, form, stacklevel=4 if _waited else 3)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
                          **options)  # fmt: skip
-        _write_and_submit(job, fn, tasks, form)
+        write_and_submit(job, fn, tasks, form)
     return job
 
 
@@ -448,7 +356,7 @@ def map(
     combines results like ``job.get()`` (lists concatenated, DataFrames
     row-bound).
     """
-    from .tasks import combine as combine_values
+    from .job import combine as combine_values
 
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
@@ -477,11 +385,10 @@ def map(
 
 
 def _open(path: Path) -> Job:
-    from ..backends import from_description
+    from ..core.submit import open_job
 
-    store = JobStore(path)
-    meta = store.meta()
-    return Job(store, from_description(meta["cluster"]), meta)
+    cluster, handle = open_job(path)
+    return Job(handle.store, cluster, dict(handle.spec))
 
 
 def recover(name_or_id: str) -> Job:

@@ -9,25 +9,23 @@ its folder in ``jobfolder.py``.
 
 from __future__ import annotations
 
-import os
-import select
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..backends.base import Cluster
+from ..core import control, waiting
+from ..core.submit import as_entries, submit_job
 from ..folder import records
-from ..folder.journal import JournalReader, read_body, read_log
+from ..folder.handle import JobHandle
 from ..folder.lifecycle import busy, remove_folder
-from ..folder.records import Kind
+from ..folder.outcomes import OutcomeReader
 from ..folder.snapshot import Snapshot
-from ..folder.store import CONTROL, JobStore
-from ..util.errors import ConfigError, JobError, TaskError, TimeoutError
-from ..util.states import JobState, TaskState, derive_job_state
-from .tasks import Status, Task, _task_error, combine
-
-_LOOK_S = 0.1  # Job.wait reads the whole state at least this often
+from ..folder.store import JobStore
+from ..util.errors import ConfigError, JobError, TaskError
+from ..util.states import JobState, TaskState
 
 
 class Job:
@@ -41,10 +39,11 @@ class Job:
         self.store = store
         self.cluster = cluster
         self._meta = meta if meta is not None else store.meta()
-        self._reader = JournalReader(store)
+        self._handle = JobHandle(store, self._meta, restart=control.restarter(cluster))
+        self._reader = self._handle.reader
+        self._outcomes = OutcomeReader(self._handle)
         self._snap: Snapshot | None = None
         self._snap_at = 0.0
-        self._cache: dict[tuple[str, int], list[Any]] = {}
         self._staged: list[tuple[Any, tuple, dict]] = []
         self._common_fn: Any = None
         self._job_data: Any = None
@@ -101,6 +100,12 @@ class Job:
         return max(times) if times else None
 
     @property
+    def handle(self) -> JobHandle:
+        """What the job's backend sees of it (:class:`~elsewhere.folder.handle.JobHandle`):
+        for plugins' tests and tools; users do not need it."""
+        return self._handle
+
+    @property
     def path(self) -> Path:
         """The job folder."""
         return self.store.path
@@ -108,7 +113,7 @@ class Job:
     @property
     def n_tasks(self) -> int:
         if self._meta.get("stream"):
-            return int(self.store.queue().get("n", 0))
+            return self.store.queue().n
         return int(self._meta.get("n_tasks", 0)) + len(self._staged)
 
     @property
@@ -119,7 +124,7 @@ class Job:
     @property
     def state(self) -> JobState:
         """The job's state now."""
-        return derive_job_state(self._snapshot(fresh=True).counts())
+        return self._snapshot(fresh=True).job_state()
 
     def __repr__(self) -> str:
         return f"<Job {self.name!r} ({self.id}) on {self.cluster.kind}: {self.state.value}, {self.n_tasks} tasks>"
@@ -139,13 +144,11 @@ class Job:
 
     def submit(self) -> Job:
         """Write the staged tasks and hand the job to its cluster; returns at once."""
-        from . import functions as api
-
         if self._meta.get("submitted"):
             raise JobError(f"job {self.name!r} was already submitted")
         if not self._staged:  # it would wait for ever (as MATLAB, a job needs a task)
             raise ConfigError(f"job {self.name!r} has no tasks: add them with job.add_task(fn, ...) first")
-        api._write_and_submit(self)
+        write_and_submit(self)
         return self
 
     # -- following ---------------------------------------------------------------
@@ -156,28 +159,7 @@ class Job:
         now = time.monotonic()
         if self._snap is not None and not fresh and now - self._snap_at < 0.05:
             return self._snap
-        self._reader.refresh()
-        q = self.store.queue()
-        if q.get("rerun"):
-            self._reader.forget({int(t): int(a) for t, a in q["rerun"].items()})
-        running: dict[int, tuple[str, float]] = {}
-        for wid, m in q.get("members", {}).items():
-            if m.get("state") == "active" and m.get("claim"):
-                idx, since, _ = self.store.read_running(wid)
-                if idx >= 0 and idx not in self._reader.final:
-                    running[idx] = (wid, since)
-        n = int(q.get("n", 0)) if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
-        snap = Snapshot(
-            n=n,
-            submitted=bool(q.get("submitted")),
-            cancelled=bool(q.get("cancelled")),
-            final=self._reader.final,
-            running=running,
-            cancelled_tasks=set(q.get("cancelled_tasks", [])),
-            kind_counts=dict(self._reader.kind_counts),
-        )
-        if snap.submitted and not snap.cancelled and len(snap.final) < n:
-            snap = self.cluster.job_state(self, snap)
+        snap = control.snapshot(self.cluster, self._handle)
         self._snap, self._snap_at = snap, now
         return snap
 
@@ -188,13 +170,12 @@ class Job:
         failed/"lost", or is retried) and starts replacements.
         """
         if self._meta.get("submitted"):
-            self.cluster.poll(self)
+            control.poll(self.cluster, self._handle)
         snap = self._snapshot(fresh=True)
-        counts = snap.counts()
-        return Status(self, counts, derive_job_state(counts), snap.note, snap.reasons)
+        return Status(self, snap.counts(), snap.job_state(), snap.note, snap.reasons)
 
     def _done(self, snap: Snapshot) -> bool:
-        return derive_job_state(snap.counts()).done
+        return snap.job_state().done
 
     def wait(
         self,
@@ -215,133 +196,21 @@ class Job:
         target = JobState(state) if not isinstance(state, JobState) else state
         if not self._meta.get("submitted") and target.rank > JobState.PENDING.rank:
             raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
-        from ..util.progress import Progress
-
-        deadline = None if timeout is None else time.monotonic() + timeout
-        fd = _open_notify(self.store)
-        bar = Progress(self.name, enabled=progress)
-        # Waiting for the end of a job of known size, a wake-up that leaves tasks
-        # without an outcome cannot end the wait: only the journals are read then,
-        # the whole state (queue, running tasks, the bar) at most every _LOOK_S.
         n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
-        looked = time.monotonic() if n_known else 0.0  # just submitted: the journals first
         try:
-            return self._wait_loop(target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s)
-        except FileNotFoundError:
-            if self.store.path.is_dir():
-                raise
-            raise JobError(f"job {self.name!r} was deleted while it was waited for") from None
+            waiting.wait_for(self.cluster, self._handle, target, timeout=timeout, progress=progress,
+                             poll_interval_s=poll_interval_s, n_known=n_known)  # fmt: skip
         finally:
-            bar.close()
-            if fd >= 0:
-                os.close(fd)
-
-    def _wait_loop(self, target: JobState, timeout: float | None, deadline: float | None, fd: int,
-                   bar: Any, n_known: int, looked: float, poll_interval_s: float) -> Job:  # fmt: skip
-        """The loop of :meth:`wait`."""
-        last_poll = time.monotonic()
-        interval = poll_interval_s
-        while True:
-            now = time.monotonic()
-            look = True
-            if n_known and now - looked < _LOOK_S:
-                self._reader.refresh()
-                look = len(self._reader.final) >= n_known
-            if look:
-                if not self.store.path.is_dir():  # purged meanwhile (by another process)
-                    raise JobError(f"job {self.name!r} was deleted while it was waited for")
-                snap = self._snapshot(fresh=True)
-                counts = snap.counts()
-                st = derive_job_state(counts)
-                bar.update(counts, snap.n, snap.note)
-                if st.rank >= target.rank:
-                    if snap.cancelled:  # perhaps by another process: the cluster acts on it
-                        self.cluster.poll(self)  # (a peer controller here tells its workers)
-                    return self
-                looked = now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                snap = self._snapshot(fresh=True)  # the last word, and the message's
-                counts = snap.counts()
-                st = derive_job_state(counts)
-                if st.rank >= target.rank:
-                    return self
-                held = f"; {snap.note}" if snap.note else ""
-                raise TimeoutError(
-                    f"job {self.name!r} did not reach {target.value} within {timeout} s "
-                    f"(now {st.value}: {_fmt_counts(counts)}{held}); it goes on running"
-                )
-            if now - last_poll >= interval:
-                self.cluster.poll(self)
-                last_poll = now
-                # Results from other machines arrive by polling: poll often there.
-                interval = min(interval * 1.5, 5.0 if self.cluster.shares_filesystem() else 1.0)
-            left = interval - (now - last_poll)
-            if n_known:
-                left = min(left, looked + _LOOK_S - now)
-            if deadline is not None:
-                left = min(left, deadline - now)
-            if fd >= 0:
-                r, _, _ = select.select([fd], [], [], max(0.0, left))
-                if r:
-                    _drain(fd)
-                    interval = poll_interval_s
-            else:
-                time.sleep(min(max(0.0, left), 0.05))
+            self._dirty()
+        return self
 
     # -- results ------------------------------------------------------------------
     def _value(self, index: int) -> Any:
-        value = self._value_of(index)
+        """Task ``index``'s value or TaskError (for ``Task.result`` and the Executor)."""
+        value = self._outcomes.value(index, None if index in self._reader.final else self._snapshot())
         if isinstance(value, TaskError) and self._meta.get("communicating"):
             value.rank = index
         return value
-
-    def _value_of(self, index: int) -> Any:
-        # An outcome already read stands (a rerun makes the reader forget it first): no
-        # new look at the job for it (an Executor reads each value as it arrives).
-        f = self._reader.final.get(index)
-        if f is None:
-            snap = self._snapshot()
-            f = snap.final.get(index)
-        if f is None:
-            st = snap.task_state(index)
-            if st is TaskState.CANCELLED:
-                return TaskError("the task was cancelled before it finished", type_name="Cancelled",
-                                 index=index, job=self.name, reason="cancelled", seed=self.seed + index)
-            raise JobError(f"task {index} of job {self.name!r} has no result yet (it is {st.value})")
-        wid, rec = f
-        if rec.kind == Kind.LOST:
-            return self._lost_error(index, rec)
-        if rec.kind == Kind.CANCELLED:
-            return TaskError("the task was cancelled", type_name="Cancelled", index=index,
-                             job=self.name, reason="cancelled", seed=rec.seed)
-        value = read_body(self.store, wid, rec, self._cache, index)
-        if rec.kind == Kind.ERROR:
-            return _task_error(value, self.name, rec)
-        return value
-
-    def _lost_error(self, index: int, rec: records.Record) -> TaskError:
-        q = self.store.queue()
-        if str(index) not in q.get("lost_by", {}) and str(index) not in q.get("lost_reason", {}):
-            # The reaper appends the record before it writes the queue that says
-            # who was lost: wait for it to finish (it holds the lock meanwhile).
-            with self.store.locked_queue() as q:
-                pass
-        why = q.get("lost_reason", {}).get(str(index))
-        if why:
-            return TaskError(why, type_name="WorkerLost", index=index, seed=self.seed + index,
-                             job=self.name, reason="lost")
-        wid = q.get("lost_by", {}).get(str(index), "")
-        info = self.store.worker_info(wid) if wid else {}
-        host = info.get("host", "")
-        output = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
-        # a crash report (faulthandler) names the error and the innermost frames first
-        head = "\n".join(output.strip().splitlines()[:8])
-        msg = (f"the worker running it (pid {info.get('pid', '?')}) vanished: it crashed or was "
-               "killed (out of memory? a segfault in compiled code? a kill signal?)")
-        if head:
-            msg += f"; its output:\n{head}"
-        return TaskError(msg, type_name="WorkerLost", host=host, index=index, seed=self.seed + index,
-                         job=self.name, reason="lost")
 
     def results(self, *, partial: bool = False) -> list[Any]:
         """One entry per task, in task order; a failed task's entry is a TaskError.
@@ -350,51 +219,10 @@ class Job:
         (then unfinished tasks give None).
         """
         with busy():
-            return self._results(partial)
-
-    def _results(self, partial: bool) -> list[Any]:
-        snap = self._snapshot()
-        if len(snap.final) < snap.n or not snap.done:  # a done job's outcomes are all in: no second look
-            snap = self._snapshot(fresh=True)
-        out: list[Any] = []
-        missing = 0
-        failed = self._failed = []  # where the TaskErrors are (errors, lost, cancelled tasks)
-        final = snap.final
-        ok = int(Kind.OK)
-        cache = self._cache
-        store = self.store
-        get = final.get
-        append = out.append
-        n = snap.n
-        i = 0
-        while i < n:
-            f = get(i)
-            if f is not None and f[1][0] == ok and not f[1][1]:
-                rec = f[1]
-                values = cache.get((f[0], rec.res_off))
-                if values is None:
-                    value = read_body(store, f[0], rec, cache, i)
-                    values = cache.get((f[0], rec.res_off))
-                    if values is None:
-                        append(value)
-                        i += 1
-                        continue
-                end = min(n, final.run_end(i)) if rec.count > 1 else i
-                if end - i > 1:
-                    # the rest of a range record, none of it overtaken by a retry: one slice
-                    out.extend(values[rec.item + i - rec.task:rec.item + end - rec.task])
-                    i = end
-                    continue
-                append(values[rec.item + i - rec.task])
-            elif f is not None or snap.task_state(i) is TaskState.CANCELLED:  # errors, single bodies
-                v = self._value(i)
-                if isinstance(v, TaskError):
-                    failed.append(i)
-                out.append(v)
-            else:
-                missing += 1
-                out.append(None)
-            i += 1
+            snap = self._snapshot()
+            if len(snap.final) < snap.n or not snap.done:  # a done job's outcomes are all in
+                snap = self._snapshot(fresh=True)
+            out, self._failed, missing = self._outcomes.values(snap)
         if missing and not partial:
             raise JobError(
                 f"job {self.name!r} has {missing} of {snap.n} tasks without a result yet; "
@@ -416,7 +244,7 @@ class Job:
         if files:
             fetch = getattr(self.cluster, "fetch_files", None)
             if fetch is not None:
-                fetch(self)
+                fetch(self._handle)
         values = self.results(partial=partial)
         if errors == "raise":
             self._raise_first_failure(values)
@@ -431,64 +259,25 @@ class Job:
             raise err.as_original_type() from err.__cause__
 
     def log(self, index: int) -> str:
-        """The captured stdout and stderr of task ``index``."""
+        """The captured stdout and stderr of task ``index`` (so far, while it runs)."""
         if not 0 <= index < self.n_tasks:
             raise IndexError(f"job {self.name!r} has no task {index} (it has {self.n_tasks})")
-        snap = self._snapshot(fresh=True)
-        f = snap.final.get(index)
-        if f is not None:
-            wid, rec = f
-            if wid == CONTROL:
-                wid = self.store.queue().get("lost_by", {}).get(str(index), "")
-            text = read_log(self.store, wid, rec.log_off, rec.log_len) if wid else ""
-            if rec.count > 1 and text:
-                text = (f"[tasks {rec.task}..{rec.task + rec.count - 1} ran as one fast batch; "
-                        "this is their output together]\n") + text
-            return text
-        r = snap.running.get(index)
-        if r is not None:
-            _, _, off = self.store.read_running(r[0])
-            return read_log(self.store, r[0], off, -1)
-        return ""
+        return self._outcomes.log(index, self._snapshot(fresh=True))
 
     # -- control -----------------------------------------------------------------
     def cancel(self) -> None:
         """Stop what runs; nothing new starts (dMod2's terminate)."""
-        with self.store.locked_queue() as q:
-            q["cancelled"] = True  # first: nothing new starts, whatever the plugin does
-        if self._meta.get("submitted"):
-            self.cluster.cancel_job(self)
+        control.cancel(self.cluster, self._handle)
         self._dirty()
-        from ..folder.registry import Registry
 
-        Registry().set_state(self.id, self.state.value)
-
-    def retry(self, **resources: Any) -> Job:
+    def retry(self, tasks: Iterable[int] | None = None, **resources: Any) -> Job:
         """Run the failed and cancelled tasks again (the others keep their results).
 
-        Backends that take resources (batch schedulers) accept them here, e.g.
-        ``job.retry(mem="8G", walltime="02:00:00")``.
+        ``tasks``: only these (each must have failed or been cancelled: anything else raises
+        :class:`~elsewhere.StateError`). Backends that take resources (batch schedulers)
+        accept them here, e.g. ``job.retry(mem="8G", walltime="02:00:00")``.
         """
-        snap = self._snapshot(fresh=True)
-        again = [i for i in range(snap.n) if snap.task_state(i) in (TaskState.FAILED, TaskState.CANCELLED)]
-        if not again:
-            return self
-        retry = getattr(self.cluster, "retry_tasks", None)
-        if retry is not None:
-            retry(self, again, **resources)
-        else:
-            if resources:
-                raise ConfigError(f"the {self.cluster.kind} cluster takes no resources for retry: {resources}")
-            with self.store.locked_queue() as q:
-                q["cancelled"] = False
-                q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in again]
-                rerun = q.setdefault("rerun", {})
-                for i in again:
-                    f = snap.final.get(i)
-                    q["attempts"][str(i)] = (f[1].attempt + 1) if f else q["attempts"].get(str(i), 0) + 1
-                    rerun[str(i)] = q["attempts"][str(i)]
-                q["retry"] = sorted(set(q["retry"]) | set(again))
-            self.cluster.poll(self)
+        control.retry(self.cluster, self._handle, tasks, **resources)
         self._dirty()
         return self
 
@@ -505,27 +294,134 @@ class Job:
         if local is None:
             local = self.cluster.shares_filesystem()
         try:
-            self.cluster.delete_job(self)
+            self.cluster.delete_job(self._handle)
         finally:
             if local:
                 remove_folder(self.store.path)
                 Registry().remove(self.id)
 
 
-def _open_notify(store: JobStore) -> int:
-    try:
-        return os.open(store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
-    except OSError:
-        return -1
+class Status:
+    """The answer of ``job.check()``: counts per state; true once nothing runs.
+
+    ``status.counts`` maps each state name to a count; ``status.state`` is the
+    job's state; ``status.reasons`` holds backend notes (e.g. why tasks pend).
+    """
+
+    def __init__(self, job: Job, counts: dict[TaskState, int], state: JobState, note: str = "",
+                 reasons: dict[int, str] | None = None) -> None:
+        self.job = job.name
+        self.counts = {s.value: n for s, n in counts.items()}
+        self.state = state
+        self.note = note
+        self.reasons = reasons or {}
+
+    def __bool__(self) -> bool:
+        return self.state.done
+
+    def __getitem__(self, key: str) -> int:
+        return self.counts[key]
+
+    def __getattr__(self, name: str) -> int:
+        counts = self.__dict__.get("counts", {})
+        if name in counts:
+            return counts[name]
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
+        text = f"<job {self.job!r}: {self.state.value}; {parts or 'no tasks'}>"
+        if self.note:
+            text += f"  ({self.note})"
+        return text
+
+    __str__ = __repr__
 
 
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
+class Task:
+    """One task of a job: its state, where it ran, its result and log."""
+
+    def __init__(self, job: Job, index: int) -> None:
+        self.job = job
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"<Task {self.index} of {self.job.name!r}: {self.state.value}>"
+
+    def _final(self) -> tuple[str, records.Record] | None:
+        return self.job._snapshot().final.get(self.index)
+
+    @property
+    def state(self) -> TaskState:
+        """The task's state now."""
+        return self.job._snapshot().task_state(self.index)
+
+    @property
+    def host(self) -> str:
+        """The host the task ran (or runs) on; "" if not started."""
+        wid = self.job._outcomes.worker_of(self.index, self.job._snapshot())
+        return self.job.store.worker_info(wid).get("host", "") if wid else ""
+
+    @property
+    def started(self) -> float | None:
+        """Unix time the task started; None if it has not."""
+        f = self._final()
+        if f is not None:
+            return f[1].t_start or None
+        r = self.job._snapshot().running.get(self.index)
+        return r[1] if r else None
+
+    @property
+    def finished(self) -> float | None:
+        """Unix time the task ended; None if it has not."""
+        f = self._final()
+        return f[1].t_end if f is not None else None
+
+    @property
+    def seconds(self) -> float | None:
+        """How long the task ran."""
+        f = self._final()
+        return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
+
+    @property
+    def result(self) -> Any:
+        """The task's value, or its TaskError; raises JobError while unfinished."""
+        return self.job._value(self.index)
+
+    def log(self) -> str:
+        """The task's captured stdout and stderr."""
+        return self.job.log(self.index)
+
+    def cancel(self) -> bool:
+        """Cancel this task only: it is marked cancelled in the job folder (it will not start,
+        nor run again), then its backend stops it if it runs. The job's other tasks go on,
+        and a job whose other tasks finish ends finished. False if the task had ended."""
+        done = control.cancel_task(self.job.cluster, self.job.handle, self.index)
+        self.job._dirty()
+        return done
 
 
-def _fmt_counts(counts: dict[TaskState, int]) -> str:
-    return ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no tasks"
+def combine(values: list[Any]) -> Any:
+    """Concatenate lists, row-bind DataFrames, else return the list."""
+    if values and all(isinstance(v, list) for v in values):
+        return [x for v in values for x in v]
+    pd = sys.modules.get("pandas")
+    if values and pd is not None and all(isinstance(v, pd.DataFrame) for v in values):
+        return pd.concat(values, ignore_index=True)
+    return list(values)
+
+
+def write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
+                     *, communicating: bool = False) -> None:
+    """Submit ``job`` with ``tasks`` (in ``form``, see ``tasks_from_inputs``) and the tasks
+    staged by ``add_task``: the core writes, registers and hands it to its cluster."""
+    entries: list[Any] = list(tasks or [])
+    staged = job._staged
+    if staged:
+        entries = as_entries(entries, form) + staged
+        form = "entries"
+    meta = submit_job(job.cluster, job._handle, fn, entries, form, job._job_data, queue_n=job._queue_n,
+                      communicating=communicating, extra_fns=tuple(e[0] for e in staged))  # fmt: skip
+    job._staged = []
+    job._meta = meta
+    job._dirty()

@@ -34,6 +34,7 @@ def submit_communicating(
     those of :func:`elsewhere.create_job` (seed, tag, env, files, job_data).
     """
     from . import functions as api
+    from .job import write_and_submit
 
     if not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"ranks must be a positive integer, not {ranks!r}")
@@ -44,5 +45,5 @@ def submit_communicating(
     job.store.update_meta(communicating=True, ranks=ranks)
     job._meta["ranks"] = ranks
     tasks = [(None, tuple(args), dict(kwargs or {})) for _ in range(ranks)]
-    api._write_and_submit(job, fn, tasks, "entries", communicating=True)
+    write_and_submit(job, fn, tasks, "entries", communicating=True)
     return job

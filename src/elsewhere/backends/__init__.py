@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from ..util.errors import ConfigError
-from .base import Cluster
+from .base import Cluster, ensure_post_constructed
 
 _BUILTIN = {
     "local": "elsewhere.backends.local:LocalCluster",
@@ -65,12 +65,19 @@ def cluster_class(kind: str) -> type[Cluster]:
             raise ConfigError(
                 f"entry point {kind!r} of elsewhere.schedulers is neither a Cluster subclass "
                 "nor a scheduler syntax (see elsewhere.schedulers.syntax)")
-    known = sorted(_BUILTIN) + sorted(ep.name for ep in entry_points(group="elsewhere.schedulers"))
-    raise ConfigError(f"unknown cluster kind {kind!r}; known: {', '.join(known)} (or 'module:Class')")
+    import sys
+
+    plugins = sorted(ep.name for ep in entry_points(group="elsewhere.schedulers"))
+    raise ConfigError(
+        f"unknown cluster kind {kind!r}: not built in ({', '.join(sorted(_BUILTIN))}), and no entry point "
+        f"of that name in the group 'elsewhere.schedulers' of the packages installed for {sys.executable} "
+        f"({', '.join(plugins) if plugins else 'none there'}); install the plugin's package into that "
+        "interpreter, or name its class as 'module:Class'")
 
 
-def from_description(desc: dict[str, Any]) -> Cluster:
-    """Rebuild a cluster from ``Cluster.describe()``."""
+def from_description(desc: dict[str, Any], *, check: bool = False) -> Cluster:
+    """Rebuild a cluster from ``Cluster.describe()``; ``check``: run its ``post_construct``
+    (not when it is rebuilt only to read a job)."""
     desc = dict(desc)
     kind = desc.pop("kind")
     target = desc.pop("class", None)
@@ -80,7 +87,8 @@ def from_description(desc: dict[str, Any]) -> Cluster:
         if not target:
             raise
         cls = _load(target)  # a plugin named by module path when the job was made
-    return cls.from_settings(desc)
+    cluster = cls.from_settings(desc)
+    return ensure_post_constructed(cluster) if check else cluster
 
 
-__all__ = ["Cluster", "cluster_class", "from_description", "register_builtin"]
+__all__ = ["Cluster", "cluster_class", "ensure_post_constructed", "from_description", "register_builtin"]

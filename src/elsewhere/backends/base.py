@@ -1,72 +1,131 @@
-"""The one plugin interface every backend implements.
+"""The one plugin interface every backend implements: :class:`Cluster`.
 
-This is the Python form of MATLAB's generic scheduler plugin scripts. The
-client calls each operation at the same stage MATLAB calls its script:
+This is the Python form of MATLAB's generic scheduler plugin scripts. A backend, built in
+or a user's own, subclasses :class:`Cluster` and the library calls its operations; every one
+receives a :class:`~elsewhere.JobHandle` (what a backend sees of a job), never the user's Job.
 
-=========================  ===============================================
+=========================  ==================================================================
 operation                  called when
-=========================  ===============================================
-``post_construct``         a cluster object is made: check commands, settings
-``submit_independent``     ``job.submit()`` of a job of independent tasks
-``submit_communicating``   ``job.submit()`` of a communicating (MPI) job
-``job_state``              ``job.check()``/``wait()``: given the state read
-                           from the job folder, return a fresher one
-``poll``                   periodically while a client waits: find lost
-                           workers, start replacements, mirror results
-``cancel_job``             ``job.cancel()``
-``cancel_task``            ``job.tasks[i].cancel()``
-``delete_job``             ``job.purge()``, before the folder is removed
-``delete_task``            a task is removed from a job
-=========================  ===============================================
+=========================  ==================================================================
+``post_construct()``       once, when a user's cluster is first used (not on a rebuild to
+                           read a job): check commands and settings, set up
+``prepare(job, n)``        before the inputs are written: start slow things early (optional)
+``submit_independent(job)``  ``job.submit()``: start ``job.tasks``; again on ``job.retry()``
+                           and on a rerun of lost tasks, with exactly the tasks to rerun
+``submit_communicating(job)``  ``ew.submit_communicating``: start N ranks together
+``job_state(job, snap)``   ``check()``, ``wait()``, ``Task.state``: a pure query that may
+                           make the folder's view fresher (pending reasons, a note)
+``poll(job)``              periodically while a client looks at the job: find tasks that
+                           ended without a result and ``report_lost`` them, mirror results
+``cancel_job(job)``        ``job.cancel()``, after the job is marked cancelled in its folder
+``cancel_task(job, i)``    ``job.tasks[i].cancel()``, after the task is marked cancelled
+``delete_job(job)``        ``job.purge()``, before the folder is removed
+=========================  ==================================================================
 
-A backend keeps what it must find again (scheduler job ids, hosts, pids) with
-``set_job_cluster_data`` / ``get_job_cluster_data``; it lands in the job
-folder (``cluster.json``) so a job recovered in a new process still knows
-it. ``additional_properties`` are free per-cluster settings a plugin reads
-(a node list, a constraint); they travel with the cluster's description.
+What the library does, whatever the backend: a task shows ``running`` while a worker runs it
+(``python -m elsewhere.worker`` records it in the job folder), cancels and retries are
+written to the job folder first, and a worker on this machine that dies mid-task is reported
+lost. A backend keeps what it must find again (scheduler ids, hosts, pids) with
+:meth:`~Cluster.set_job_cluster_data` / :meth:`~Cluster.get_job_cluster_data`, stored in the job
+folder (``cluster.json``), so a job recovered in a new process still knows it. It declares its
+``additional_properties`` (:class:`Property`) and its ``capabilities``.
 
 A cluster is rebuilt in another process from :meth:`Cluster.describe`, via
-:func:`elsewhere.backends.from_description`.
+:func:`elsewhere.backends.from_description`. docs/plugins.md is the guide.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..api.job import Job
+    from ..folder.handle import JobHandle
     from ..folder.snapshot import Snapshot
+
+#: The capabilities a backend may declare (``Cluster.capabilities``).
+CAPABILITIES = frozenset({
+    "communicating",  # submit_communicating starts MPI ranks together
+    "retry_resources",  # job.retry(mem=..., walltime=...) reaches submit_independent as job.resources
+    "fetch_files",  # job.get(files=True) brings back the files tasks wrote where they ran
+})
+
+
+@dataclass(frozen=True)
+class Property:
+    """One of a backend's ``additional_properties`` (MATLAB's ``AdditionalProperties``): its
+    type (or types), its default, and what it means (shown in errors and in the docs)."""
+
+    type: type | tuple[type, ...]
+    default: Any = None
+    doc: str = ""
+
+    def check(self, name: str, value: Any, owner: str) -> Any:
+        """``value`` if it has the property's type; ConfigError naming it otherwise."""
+        if value is None or (isinstance(value, self.type) and not (isinstance(value, bool) and self.type is int)):
+            return value
+        want = " or ".join(t.__name__ for t in (self.type if isinstance(self.type, tuple) else (self.type,)))
+        raise ConfigError(f"additional property {name!r} of the {owner} cluster must be {want}, not "
+                          f"{value!r} ({type(value).__name__}){': ' + self.doc if self.doc else ''}")  # fmt: skip
 
 
 class Cluster(abc.ABC):
-    """Where tasks run. Subclass it to add a backend.
+    """Where tasks run. Subclass it to add a backend (see the module's table).
 
     Args:
         cores_per_task: cores each task gets (``ew.task().cores``); a node
             with C cores runs ``C // cores_per_task`` tasks at once.
         storage: where job folders go; default ``<home>/jobs``.
-        additional_properties: free settings for the plugin.
+        additional_properties: the backend's free settings, checked against its
+            declared :attr:`properties` (an unknown name or a wrong type is a ConfigError
+            that lists the known ones); defaults fill what is not given.
     """
 
     #: The registry key of the backend ("local", "slurm", ...).
     kind: ClassVar[str] = ""
+
+    #: The ``additional_properties`` this backend reads: ``{name: Property(type, default, doc)}``.
+    #: None: any name is accepted (a batch scheduler's templates may read anything).
+    properties: ClassVar[Mapping[str, Property] | None] = {}
+
+    #: What this backend can do beyond the common operations (see ``CAPABILITIES``); an
+    #: operation it lacks raises a ConfigError that says so.
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
         *,
         cores_per_task: int = 1,
         storage: str | Path | None = None,
-        additional_properties: dict[str, Any] | None = None,
+        additional_properties: Mapping[str, Any] | None = None,
     ) -> None:
-        if not isinstance(cores_per_task, int) or cores_per_task < 1:
+        if not isinstance(cores_per_task, int) or isinstance(cores_per_task, bool) or cores_per_task < 1:
             raise ConfigError(f"cores_per_task must be a positive integer, not {cores_per_task!r}")
         self.cores_per_task = cores_per_task
         self.storage = Path(storage).expanduser().absolute() if storage else None
-        self.additional_properties: dict[str, Any] = dict(additional_properties or {})
+        self.additional_properties: dict[str, Any] = self._check_properties(additional_properties or {})
+
+    def _check_properties(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(given, Mapping):
+            raise ConfigError(f"additional_properties must be a dict, not {given!r}")
+        declared = self.properties
+        if declared is None:
+            return dict(given)
+        owner = self.kind or type(self).__name__
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            known = ", ".join(f"{n} ({p.doc})" if p.doc else n for n, p in sorted(declared.items())) or "none"
+            raise ConfigError(f"unknown additional property {unknown[0]!r} for the {owner} cluster; "
+                              f"it reads: {known} (a backend declares what it reads in its "
+                              "`properties`)")  # fmt: skip
+        out = {n: p.default for n, p in declared.items() if p.default is not None}
+        out.update({n: declared[n].check(n, v, owner) for n, v in given.items()})
+        return out
 
     # -- description --------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -92,74 +151,98 @@ class Cluster(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     # -- the plugin operations ---------------------------------------------
+    #: post_construct has run for this object (see :func:`ensure_post_constructed`)
+    _post_constructed = False
+
     def post_construct(self) -> None:
-        """Check that the cluster can work (commands present, settings valid)."""
+        """Check that the cluster can work (commands present, settings valid) and set up what
+        it needs. The library calls it once, when a user's cluster is first used
+        (``ew.submit(..., on=cluster)``, ``ew.Executor(on=cluster)``, a profile), and never
+        when a cluster is only rebuilt from a job folder to read the job's results or state.
+        Raise :class:`~elsewhere.ConfigError` (or :class:`~elsewhere.CommandNotFound`) with
+        what is wrong and how to fix it."""
 
     def max_workers(self, n_tasks: int) -> int:
-        """How many tasks of a job may run at once."""
+        """How many tasks of a job of ``n_tasks`` may run at once (``ew.Executor`` sizes
+        itself by it)."""
         return max(1, n_tasks)
 
-    def prepare(self, job: Job, n_tasks: int) -> None:
-        """Called before the inputs are written: start what takes time (workers), if anything."""
+    def prepare(self, job: JobHandle, n_tasks: int) -> None:
+        """Called before the inputs are written: start what takes time (workers), if
+        anything. An error here is ignored (``submit_independent`` reports it)."""
 
     @abc.abstractmethod
-    def submit_independent(self, job: Job) -> None:
-        """Start the tasks of ``job``; return at once (they run detached)."""
+    def submit_independent(self, job: JobHandle) -> None:
+        """Start the tasks ``job.tasks``; return at once (they run detached).
 
-    def submit_communicating(self, job: Job) -> None:
-        """Start ``job``'s ranks together (an MPI job)."""
+        On ``job.submit()`` these are all the job's tasks; on ``job.retry()`` and on a
+        rerun of lost tasks (``retries=``, :meth:`report_lost`), exactly the tasks to run
+        again (``job.attempt(i)`` tells which attempt is due). A worker started with
+        ``python -m elsewhere.worker --job DIR --tasks 3,5-7`` runs the given tasks and
+        records their outcomes and running state in the job folder; the library derives
+        every task's state from there. Raise an :class:`~elsewhere.ElsewhereError` subclass
+        (e.g. :class:`~elsewhere.SchedulerError`) if nothing could be started: the job is
+        then removed, nothing half-submitted is left.
+        """
+
+    def submit_communicating(self, job: JobHandle) -> None:
+        """Start ``job``'s ``job.n_tasks`` ranks together (an MPI job), each running
+        ``python -m elsewhere.worker --job DIR --mpi`` under an MPI launcher. Only for
+        backends with the capability "communicating"."""
         raise ConfigError(f"the {self.kind or type(self).__name__} cluster cannot run communicating jobs")
 
-    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
-        """A fresher view than ``snapshot`` (read from the folder), if the backend knows one."""
+    def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
+        """A fresher view than ``snapshot`` (read from the job folder), if the backend knows
+        one: return it, or a copy with ``reasons`` (``{task: "pending: Resources"}``),
+        ``note`` or ``running`` filled in. A pure query: do not change the job here (report
+        lost tasks from :meth:`poll`). The default returns ``snapshot``."""
         return snapshot
 
-    def poll(self, job: Job) -> None:
-        """Periodic care while a client waits: find lost workers, replace them."""
+    def poll(self, job: JobHandle) -> None:
+        """Periodic care while a client looks at the job (``check``, ``wait``): find tasks
+        that ended without a result and :meth:`report_lost` them, start replacements,
+        mirror results back. The default does nothing."""
 
-    def cancel_job(self, job: Job) -> None:
-        """Stop everything of ``job``; nothing new starts."""
+    def cancel_job(self, job: JobHandle) -> None:
+        """Stop everything of ``job``. The library has marked it cancelled in the job folder
+        already (nothing new starts); stop what runs."""
 
-    def cancel_task(self, job: Job, index: int) -> None:
-        """Stop one task; the others go on."""
+    def cancel_task(self, job: JobHandle, index: int) -> None:
+        """Stop task ``index``; the others go on. The library has marked it cancelled in the
+        job folder already (it will not start; a result, if one comes, is kept); stop it if
+        it runs. The default does nothing more."""
 
-    def delete_job(self, job: Job) -> None:
-        """Remove what the backend keeps of ``job`` outside its folder."""
+    def delete_job(self, job: JobHandle) -> None:
+        """Remove what the backend keeps of ``job`` outside its folder (copies on other
+        machines, scheduler records); stop what still runs. The library removes the folder
+        and the registry entry afterwards. The default does nothing."""
 
-    def delete_task(self, job: Job, index: int) -> None:
-        """Remove one task from the backend."""
+    def report_lost(self, job: JobHandle, reasons: dict[int, str]) -> Snapshot:
+        """Tasks that ended without a result (``{task: why}``): their scheduler job ended,
+        their process is gone. Call it from ``poll`` or ``job_state``.
 
-    def report_lost(self, job: Job, reasons: dict[int, str]) -> None:
-        """Fail tasks that ended without a result (``{task: why}``), unless a result came.
-
-        For plugins: a scheduler said the tasks' job ended, their process is
-        gone. The reason becomes the message of each task's TaskError.
+        While the job's ``retries`` last, each such task runs again: the library calls
+        :meth:`submit_independent` with ``job.tasks`` set to exactly those tasks. After
+        that, the task fails as "lost" and ``why`` becomes its TaskError's message. A task
+        that has a result meanwhile is left alone. Returns the tasks' states after the
+        report (current: the next ``snapshot()`` sees it too). Workers started by a plugin
+        on this machine that die while they run a task are found and reported by the
+        library itself.
         """
-        import time
+        return job.report_lost(reasons)
 
-        from ..folder.records import Kind, make_record
-
-        job._reader.refresh()
-        with job.store.locked_queue() as q:
-            if q.get("cancelled"):
-                return
-            said = q.setdefault("lost_reason", {})
-            recs = []
-            for t, why in reasons.items():
-                if t in job._reader.final or str(t) in said:
-                    continue
-                said[str(t)] = why
-                recs.append(make_record(Kind.LOST, t, int(q["attempts"].get(str(t), 0)), t_end=time.time()))
-            if recs:
-                job.store.append_control(recs)
-        job._dirty()
+    def takes_resources(self) -> bool:
+        """Whether ``job.retry(**resources)`` may give this backend resources (``mem=``,
+        ``walltime=``), which reach ``submit_independent`` as ``job.resources``: the
+        capability "retry_resources"."""
+        return "retry_resources" in self.capabilities
 
     # -- cluster data -----------------------------------------------------------
-    def set_job_cluster_data(self, job: Job, data: dict[str, Any]) -> None:
+    def set_job_cluster_data(self, job: JobHandle, data: dict[str, Any]) -> None:
         """Store what this backend must find again (scheduler ids, hosts, pids)."""
         job.store.set_cluster_data(data)
 
-    def get_job_cluster_data(self, job: Job) -> dict[str, Any]:
+    def get_job_cluster_data(self, job: JobHandle) -> dict[str, Any]:
         """What :meth:`set_job_cluster_data` stored; ``{}`` if nothing."""
         return job.store.cluster_data()
 
@@ -171,3 +254,11 @@ class Cluster(abc.ABC):
     def sends_files(self) -> bool:
         """True when a job's ``files=`` reach its tasks wherever they run."""
         return True
+
+
+def ensure_post_constructed(cluster: Cluster) -> Cluster:
+    """Run ``cluster.post_construct()`` unless it ran already for this object; the cluster."""
+    if not cluster._post_constructed:
+        cluster.post_construct()
+        cluster._post_constructed = True
+    return cluster

@@ -38,13 +38,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..folder.store import JobStore, write_json
+from ..folder.store import write_json
 from ..util.errors import CommandNotFound, ConfigError, SchedulerError
 from ..util.states import TaskState
-from .base import Cluster
+from .base import Cluster, ensure_post_constructed
 
 if TYPE_CHECKING:
-    from ..api.job import Job
+    from ..folder.handle import JobHandle
     from ..folder.snapshot import Snapshot
     from ..hosts.transport import Transport
     from ..schedulers.syntax import NativeStatus, SchedulerSyntax
@@ -107,6 +107,10 @@ class BatchCluster(Cluster):
     kind: ClassVar[str] = ""
     #: The key of the syntax in elsewhere.schedulers (defaults to ``kind``).
     syntax_name: ClassVar[str] = ""
+    #: Any name: job-script templates (a user's own included) read what they like from
+    #: ``additional`` (``additional.get("pe", "smp")``).
+    properties = None
+    capabilities = frozenset({"communicating", "retry_resources"})
 
     def __init__(
         self,
@@ -201,7 +205,7 @@ class BatchCluster(Cluster):
         self.commands_run: list[list[str]] = []
         self._check = check
         if check:
-            self.post_construct()
+            ensure_post_constructed(self)
 
     # -- description ----------------------------------------------------------
     def settings(self) -> dict[str, Any]:
@@ -305,13 +309,13 @@ class BatchCluster(Cluster):
             return setup, last
         return [], py
 
-    def worker_dir(self, job: Job) -> str:
+    def worker_dir(self, job: JobHandle) -> str:
         """The job folder as workers see it."""
         if self.remote_storage:
             return f"{self.remote_storage.rstrip('/')}/{job.id}"
         return str(job.store.path)
 
-    def script_context(self, job: Job, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
+    def script_context(self, job: JobHandle, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
         from ..schedulers import ScriptContext, parse_walltime
 
         resources = dict(resources or {})
@@ -356,7 +360,7 @@ class BatchCluster(Cluster):
             additional=self.additional_properties,
         )
 
-    def job_script(self, job: Job) -> str:
+    def job_script(self, job: JobHandle) -> str:
         """The script that would be submitted for ``job`` (its first array)."""
         sub = job.store.path / "submissions" / "0.sh"
         if sub.exists():
@@ -385,23 +389,23 @@ class BatchCluster(Cluster):
         return self.syntax.default_max_array_size
 
     # -- plugin operations ------------------------------------------------------
-    def submit_independent(self, job: Job) -> None:
+    def submit_independent(self, job: JobHandle) -> None:
+        """One array job (two where the scheduler's largest array is smaller) for
+        ``job.tasks``: every task at first, the ones to run again on a retry or a rerun of
+        lost tasks (with ``job.resources``: ``mem=``, ``walltime=``... raised for them)."""
         n = job.n_tasks
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = n  # tasks are assigned to array elements, not claimed
-            q["max_workers"] = n
-        self._submit_tasks(job, list(range(n)))
+            q.submit(assigned=n, max_workers=n)  # tasks are assigned to array elements, not claimed
+        self._submit_tasks(job, job.tasks, resources=job.resources or None)
 
-    def submit_communicating(self, job: Job) -> None:
+
+    def submit_communicating(self, job: JobHandle) -> None:
         """One job of N ranks; the template starts them with the scheduler's MPI launcher."""
         import dataclasses
 
         ranks = job.n_tasks
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = ranks
-            q["max_workers"] = ranks
+            q.submit(assigned=ranks, max_workers=ranks)
         data = self.get_job_cluster_data(job)
         subs = data.setdefault("submissions", [])
         (job.store.path / "submissions").mkdir(mode=0o700, exist_ok=True)
@@ -430,7 +434,7 @@ class BatchCluster(Cluster):
         self._status_jobs.add(native)
         self._status_cache = None
 
-    def _submit_tasks(self, job: Job, tasks: list[int], resources: dict[str, Any] | None = None) -> None:
+    def _submit_tasks(self, job: JobHandle, tasks: list[int], resources: dict[str, Any] | None = None) -> None:
         if not tasks:
             return
         per = self._per_element(len(tasks))
@@ -470,7 +474,7 @@ class BatchCluster(Cluster):
         self._status_cache = None
 
     # -- status ---------------------------------------------------------------
-    def _native_ids(self, job: Job) -> list[str]:
+    def _native_ids(self, job: JobHandle) -> list[str]:
         return [s["native_id"] for s in self.get_job_cluster_data(job).get("submissions", [])]
 
     def statuses(self, job_ids: list[str], *, force: bool = False) -> dict[str, NativeStatus]:
@@ -508,29 +512,45 @@ class BatchCluster(Cluster):
         self._status_cache = (now, got)
         return got
 
-    def poll(self, job: Job) -> None:
+    def poll(self, job: JobHandle) -> None:
+        """Mirror results down, then act on what the scheduler says: elements that ended
+        without a result for some of their tasks make those tasks lost (run again while the
+        job's retries last); elements that can never start are cancelled."""
         self._mirror_down(job)
+        survey = self._survey(job, job.refresh())
+        if survey is None:
+            return
+        if survey.never:
+            try:
+                self._cancel(sorted(survey.never))
+            except SchedulerError:
+                pass
+        if survey.lost:
+            self._mirror_down(job)  # re-read first: a result may have landed while we asked
+            self.report_lost(job, survey.lost)
 
-    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
-        data = self.get_job_cluster_data(job)
-        subs = data.get("submissions", [])
-        if not subs:
-            return snapshot
+    def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
+        """The scheduler's view, on top of the folder's: why tasks pend, which run. A query:
+        nothing is changed here (``poll`` reports lost tasks and cancels what never starts)."""
         try:
-            st = self.statuses([s["native_id"] for s in subs])
+            survey = self._survey(job, snapshot.final)
         except SchedulerError as exc:
-            snapshot.note = f"status unknown: {exc}".splitlines()[0]
+            return snapshot.but(note=f"status unknown: {exc}".splitlines()[0])
+        if survey is None:
             return snapshot
-        self._mirror_down(job)
-        job._reader.refresh()
-        snapshot.final = job._reader.final
-        snapshot.kind_counts = dict(job._reader.kind_counts)
-        lost: list[tuple[int, str]] = []
-        reasons: dict[int, str] = {}
-        running: dict[int, tuple[str, float]] = dict(snapshot.running)
-        pend_reasons: dict[str, int] = {}
-        never: set[str] = set()
-        markers: dict[int, tuple[str, float]] | None = None
+        note = "; ".join(f"{n} pending: {r}" for r, n in survey.pending.items())
+        running = {t: v for t, v in snapshot.running.items() if t not in survey.not_running}
+        return snapshot.but(running=running, reasons=survey.reasons, note=note or snapshot.note)
+
+    def _survey(self, job: JobHandle, final: Any) -> _Survey | None:
+        """What the scheduler says of the elements holding tasks without an outcome (one
+        status command for every job of this cluster, rate-limited); None before any
+        submission."""
+        subs = self.get_job_cluster_data(job).get("submissions", [])
+        if not subs:
+            return None
+        st = self.statuses([s["native_id"] for s in subs])
+        out = _Survey()
         # A task belongs to the last submission that holds it (a retry resubmits it).
         owner: dict[int, str] = {}
         loaded: list[tuple[dict[str, Any], list[list[int]]]] = []
@@ -548,55 +568,12 @@ class BatchCluster(Cluster):
                 else:
                     elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
                     ns = st.get(elem) or (st.get(sub["native_id"]) if len(chunks) == 1 else None)
-                tasks = _chunk_tasks(chunk)
-                open_tasks = [t for t in tasks if t not in snapshot.final and owner.get(t) == sub["name"]]
-                if not open_tasks:
-                    continue
-                if ns is None:
-                    # Not in the queue, not in accounting: gone without a word.
-                    if time.time() - sub.get("submitted", 0) > 30:
-                        lost += [(t, "vanished from the scheduler's queue") for t in open_tasks]
-                    continue
-                if ns.state is TaskState.RUNNING:
-                    if markers is None:
-                        markers = _running_markers(job.store)  # once per call, not per element
-                    for t in open_tasks:
-                        if t in markers:
-                            running[t] = markers[t]
-                elif ns.state in _ENDED:
-                    why = ns.reason or ns.native_state
-                    if ns.exit_code not in (None, 0):
-                        why += f", exit code {ns.exit_code}"
-                    lost += [(t, f"{self.kind} {elem} ended ({why}) without a result") for t in open_tasks]
-                elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason in NEVER_STARTS:
-                    never.add(elem)
-                    lost += [(t, f"{self.kind} {elem} can never start ({ns.reason}): it asks for more "
-                                 "than the partition, QOS or account allows; it was cancelled") for t in open_tasks]
-                elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason:
-                    pend_reasons[ns.reason] = pend_reasons.get(ns.reason, 0) + len(open_tasks)
-                    for t in open_tasks:
-                        reasons[t] = f"pending: {ns.reason}"
-        if never:
-            try:
-                self._cancel(sorted(never))
-            except SchedulerError:
-                pass
-        if lost:
-            # Re-read first: a result may have landed while we asked.
-            self._mirror_down(job)
-            self.report_lost(job, dict(lost))
-            job._reader.refresh()
-        snapshot.final = job._reader.final
-        snapshot.kind_counts = dict(job._reader.kind_counts)
-        snapshot.running = running
-        snapshot.reasons = reasons
-        if pend_reasons:
-            snapshot.note = "; ".join(f"{n} pending: {r}" for r, n in pend_reasons.items())
-        return snapshot
+                open_tasks = [t for t in _chunk_tasks(chunk) if t not in final and owner.get(t) == sub["name"]]
+                if open_tasks:
+                    out.add(self.kind, elem, ns, open_tasks, age_s=time.time() - sub.get("submitted", 0))
+        return out
 
-    def cancel_job(self, job: Job) -> None:
-        with job.store.locked_queue() as q:
-            q["cancelled"] = True
+    def cancel_job(self, job: JobHandle) -> None:
         ids = self._native_ids(job)
         if ids:
             self._cancel(ids)
@@ -611,24 +588,24 @@ class BatchCluster(Cluster):
             raise SchedulerError(f"{argv[0]} failed", command=argv, returncode=res.returncode,
                                  stderr=res.stderr.decode(errors="replace"))
 
-    def cancel_task(self, job: Job, index: int) -> None:
-        with job.store.locked_queue() as q:
-            ct = set(q.get("cancelled_tasks", []))
-            ct.add(index)
-            q["cancelled_tasks"] = sorted(ct)
-        for sub in self.get_job_cluster_data(job).get("submissions", []):
+    def cancel_task(self, job: JobHandle, index: int) -> None:
+        """Cancel the array element of task ``index`` when nothing else of it is left to run;
+        an element that still holds other tasks runs on (it skips the cancelled task if it
+        has not reached it; a result that comes is kept)."""
+        if not getattr(self.syntax, "can_cancel_elements", True):
+            return  # this scheduler cancels whole jobs only: the task is marked, the others run on
+        cancelled = job.store.queue().cancelled_tasks
+        final = job.refresh()
+        for sub in reversed(self.get_job_cluster_data(job).get("submissions", [])):  # the newest holds it
             chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
             for k, chunk in enumerate(chunks):
-                if index in _chunk_tasks(chunk):
-                    if not getattr(self.syntax, "can_cancel_elements", True):
-                        # This scheduler can only cancel whole jobs: the task is marked
-                        # cancelled (a result, if one comes, is kept) and the others run on.
-                        return
-                    elem = self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)
-                    self._cancel([elem])
+                tasks = _chunk_tasks(chunk)
+                if index in tasks:
+                    if all(t in cancelled or t in final for t in tasks if t != index):
+                        self._cancel([self.syntax.element_id(sub["native_id"], k + self.syntax.array_index_base)])
                     return
 
-    def delete_job(self, job: Job) -> None:
+    def delete_job(self, job: JobHandle) -> None:
         st = job.state
         if not st.done:
             self.cancel_job(job)
@@ -638,27 +615,14 @@ class BatchCluster(Cluster):
             except Exception:
                 pass
 
-    def retry_tasks(self, job: Job, tasks: list[int], **resources: Any) -> None:
-        """Submit ``tasks`` again, in a new array; ``mem=``/``walltime=`` raise the resources."""
-        with job.store.locked_queue() as q:
-            q["cancelled"] = False
-            q["cancelled_tasks"] = [i for i in q.get("cancelled_tasks", []) if i not in tasks]
-            rerun = q.setdefault("rerun", {})
-            for t in tasks:
-                f = job._reader.final.get(t)
-                q["attempts"][str(t)] = (f[1].attempt + 1) if f else q["attempts"].get(str(t), 0) + 1
-                rerun[str(t)] = q["attempts"][str(t)]
-                q.get("lost_reason", {}).pop(str(t), None)
-        self._submit_tasks(job, tasks, resources=resources)
-
     # -- remote storage ---------------------------------------------------------
-    def _mirror_up(self, job: Job) -> None:
+    def _mirror_up(self, job: JobHandle) -> None:
         if not self.remote_storage:
             return
         self.transport.run(["mkdir", "-p", "--", self.remote_storage], timeout=60)
         self.transport.sync_up(job.store.path, self.worker_dir(job))
 
-    def _mirror_down(self, job: Job) -> None:
+    def _mirror_down(self, job: JobHandle) -> None:
         if not self.remote_storage:
             return
         self.transport.sync_down(self.worker_dir(job), job.store.path,
@@ -671,16 +635,35 @@ def _chunk_tasks(chunk: list[int]) -> list[int]:
     return list(range(chunk[0], chunk[1]))
 
 
-def _running_markers(store: JobStore) -> dict[int, tuple[str, float]]:
-    """Every task a worker of the job runs now: {task: (worker id, since)}."""
-    try:
-        names = os.listdir(store.path / "workers")
-    except FileNotFoundError:
-        return {}
-    out: dict[int, tuple[str, float]] = {}
-    for n in names:
-        if n.endswith(".cur"):
-            idx, since, _ = store.read_running(n[:-4])
-            if idx >= 0:
-                out[idx] = (n[:-4], since)
-    return out
+class _Survey:
+    """What the scheduler's statuses mean for a job's open tasks (see ``BatchCluster._survey``)."""
+
+    def __init__(self) -> None:
+        self.lost: dict[int, str] = {}  # task -> why it ended without a result
+        self.never: set[str] = set()  # elements that can never start
+        self.reasons: dict[int, str] = {}  # task -> "pending: <reason>"
+        self.pending: dict[str, int] = {}  # reason -> tasks pending for it
+        self.not_running: set[int] = set()  # tasks whose element is known not to run
+
+    def add(self, kind: str, elem: str, ns: NativeStatus | None, tasks: list[int], *, age_s: float) -> None:
+        """Element ``elem`` of status ``ns`` holds the open ``tasks``."""
+        if ns is None:
+            # Not in the queue, not in accounting: gone without a word (once it had time to show).
+            if age_s > 30:
+                self.lost.update((t, "vanished from the scheduler's queue") for t in tasks)
+            return
+        if ns.state is TaskState.RUNNING:
+            return
+        self.not_running.update(tasks)
+        if ns.state in _ENDED:
+            why = ns.reason or ns.native_state
+            if ns.exit_code not in (None, 0):
+                why += f", exit code {ns.exit_code}"
+            self.lost.update((t, f"{kind} {elem} ended ({why}) without a result") for t in tasks)
+        elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason in NEVER_STARTS:
+            self.never.add(elem)
+            self.lost.update((t, f"{kind} {elem} can never start ({ns.reason}): it asks for more than the "
+                                 "partition, QOS or account allows; it was cancelled") for t in tasks)  # fmt: skip
+        elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason:
+            self.pending[ns.reason] = self.pending.get(ns.reason, 0) + len(tasks)
+            self.reasons.update((t, f"pending: {ns.reason}") for t in tasks)

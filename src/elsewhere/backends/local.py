@@ -32,10 +32,11 @@ from typing import TYPE_CHECKING, Any
 from ..folder.journal import lock_is_free, reap
 from ..util import paths
 from ..util.errors import ConfigError
-from .base import Cluster
+from .base import Cluster, Property, ensure_post_constructed
 
 if TYPE_CHECKING:
-    from ..api.job import Job
+    from ..folder.handle import JobHandle
+    from ..folder.queue import Queue
 
 _DISPATCH_GRACE_S = 15.0
 #: ``python -m elsewhere.worker`` without runpy (and what it imports): a few ms less per start
@@ -78,6 +79,11 @@ class LocalCluster(Cluster):
     """
 
     kind = "local"
+    properties = {
+        "mpi_launcher": Property(str, None, "the MPI launcher command (default mpiexec)"),
+        "mpi_args": Property(list, None, "extra arguments of the MPI launcher"),
+    }
+    capabilities = frozenset({"communicating"})
 
     def __init__(
         self,
@@ -101,7 +107,7 @@ class LocalCluster(Cluster):
         self.cores = cores
         self.idle_timeout_s = float(idle_timeout_s)
         self.python = python or sys.executable
-        self.post_construct()
+        ensure_post_constructed(self)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -180,7 +186,7 @@ class LocalCluster(Cluster):
             taken.append((wid, fd))
         return taken
 
-    def dispatch(self, job: Job, count: int, *, max_workers: int | None = None) -> list[str]:
+    def dispatch(self, job: JobHandle, count: int, *, max_workers: int | None = None) -> list[str]:
         """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.
 
         ``max_workers``, if given, is written to the queue in the same update.
@@ -192,14 +198,14 @@ class LocalCluster(Cluster):
         try:
             with job.store.locked_queue() as q:
                 if max_workers is not None:
-                    q["max_workers"] = max_workers
+                    q.set_max_workers(max_workers)
                 new = _note_dispatched(q, idle[:count], count)
         except BaseException:
             self._hand_over(pool, job, [], idle, [])
             raise
         return self._hand_over(pool, job, idle[:count], idle[count:], new)
 
-    def _hand_over(self, pool: Path, job: Job, use: list[tuple[str, int]], spare: list[tuple[str, int]],
+    def _hand_over(self, pool: Path, job: JobHandle, use: list[tuple[str, int]], spare: list[tuple[str, int]],
                    new: list[str]) -> list[str]:
         """Send ``job`` to the idle workers ``use``, put ``spare`` back, start ``new`` ones."""
         started: list[str] = []
@@ -226,7 +232,7 @@ class LocalCluster(Cluster):
             started += new
         return started
 
-    def _spawn(self, pool: Path, wid: str, job: Job, also: tuple[str, ...] | list[str] = ()) -> None:
+    def _spawn(self, pool: Path, wid: str, job: JobHandle, also: tuple[str, ...] | list[str] = ()) -> None:
         from ..hosts.spawn import spawn_python_pid
 
         argv = ["-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
@@ -258,7 +264,7 @@ class LocalCluster(Cluster):
             return self.max_workers(n)
         return max(1, self.usable_cores() // self.cores_per_task)
 
-    def prepare(self, job: Job, n_tasks: int) -> None:
+    def prepare(self, job: JobHandle, n_tasks: int) -> None:
         """New workers start while the inputs are written (they take tens of ms to start);
         warm ones are told once the job is submitted (woken twice, they would take the
         CPU from the client writing the inputs, and claim once for nothing)."""
@@ -269,26 +275,26 @@ class LocalCluster(Cluster):
                 return
         except FileNotFoundError:
             pass
-        most = self._max_for(not job._meta.get("stream"), n_tasks)
+        most = self._max_for(not job.spec.get("stream"), n_tasks)
         self.dispatch(job, min(most, n_tasks), max_workers=most)
 
-    def submit_independent(self, job: Job) -> None:
+    def submit_independent(self, job: JobHandle) -> None:
+        """Hand the job to warm workers, or start new ones, as many as its tasks can use;
+        they claim the tasks from the job's queue (a retry's tasks first)."""
         n = job.n_tasks
         pool = self.pool_dir()
         # taken before the lock: one queue update says "submitted" and who comes
-        idle = self._take_idle(pool, self._max_for(not job._meta.get("stream"), n))
+        idle = self._take_idle(pool, self._max_for(not job.spec.get("stream"), n))
         use: list[tuple[str, int]] = []
         new: list[str] = []
         try:
             with job.store.locked_queue() as q:
-                q["submitted"] = True
-                q["max_workers"] = self._max_for(q.get("closed", True), n)
-                have = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
-                have += len(q.get("dispatched", {}))
-                want = min(q["max_workers"], max(1, n - q["next"])) - have if n else 0
-                if not n and not q.get("closed", True):
+                q.submit(max_workers=self._max_for(q.closed, n))
+                have = q.live_members() + len(q.dispatched())
+                want = min(q.max_workers, max(1, q.unclaimed())) - have if n else 0
+                if not n and not q.closed:
                     want = 1 - have  # an open stream (an Executor): one worker ready for its first task
-                waiting = [m.get("fifo") for m in q["members"].values() if m.get("state") == "waiting"]
+                waiting = q.waiting_fifos()
                 if want > 0:
                     use = idle[:want]
                     new = _note_dispatched(q, use, want)
@@ -299,7 +305,7 @@ class LocalCluster(Cluster):
             _wake(fifo)
         self._hand_over(pool, job, use, idle[len(use):], new)
 
-    def submit_communicating(self, job: Job) -> None:
+    def submit_communicating(self, job: JobHandle) -> None:
         from ..hosts import mpi
 
         ranks = job.n_tasks
@@ -309,9 +315,7 @@ class LocalCluster(Cluster):
         if ranks > have:
             warnings.warn(f"{ranks} ranks on {have} cores: ranks share cores (oversubscribed)", stacklevel=3)
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = ranks
-            q["max_workers"] = ranks
+            q.submit(assigned=ranks, max_workers=ranks)
         argv = mpi.launcher_argv(launcher, ranks, list(self.additional_properties.get("mpi_args", [])),
                                  oversubscribe=True)
         argv += [self.python, "-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi"]
@@ -331,7 +335,7 @@ class LocalCluster(Cluster):
         started = psutil.Process(proc.pid).create_time()
         self.set_job_cluster_data(job, {"launcher": argv, "pid": proc.pid, "create_time": started})
 
-    def _launcher_alive(self, job: Job) -> bool:
+    def _launcher_alive(self, job: JobHandle) -> bool:
         data = self.get_job_cluster_data(job)
         pid = data.get("pid")
         if not pid:
@@ -344,37 +348,32 @@ class LocalCluster(Cluster):
         except psutil.NoSuchProcess:
             return False
 
-    def _poll_communicating(self, job: Job) -> None:
+    def _poll_communicating(self, job: JobHandle) -> None:
         if self._launcher_alive(job):
             return
         self.report_lost(job, {i: f"rank {i} ended without a result: the MPI job was aborted or killed "
                                   "(another rank failed? see job.log(rank) and logs/launcher.log)"
                                for i in range(job.n_tasks)})
 
-    def poll(self, job: Job) -> None:
+    def poll(self, job: JobHandle) -> None:
         _reap()
-        if job._meta.get("communicating"):
+        if job.spec.get("communicating"):
             self._poll_communicating(job)
             return
         with job.store.locked_queue() as q:
-            if not q.get("submitted") or q.get("cancelled"):
+            if not q.submitted or q.cancelled:
                 return
             reap(job.store, q)
             now = time.time()
-            d = q.setdefault("dispatched", {})
-            for wid, t in list(d.items()):
+            for wid, t in q.dispatched().items():
                 if now - t > _DISPATCH_GRACE_S:
-                    del d[wid]
-            live = sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
-            work = len(q["retry"]) + q["n"] - q["next"]
-            want = min(q.get("max_workers", 1), work) - live - len(d)
+                    q.forget_dispatched(wid)
+            want = min(q.max_workers, q.unclaimed()) - q.live_members() - len(q.dispatched())
         if want > 0:
             self.dispatch(job, want)
 
-    def cancel_job(self, job: Job) -> None:
-        if job._meta.get("communicating"):
-            with job.store.locked_queue() as q:
-                q["cancelled"] = True
+    def cancel_job(self, job: JobHandle) -> None:
+        if job.spec.get("communicating"):
             if self._launcher_alive(job):
                 pid = self.get_job_cluster_data(job)["pid"]
                 for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -389,43 +388,34 @@ class LocalCluster(Cluster):
                         break
             return
         with job.store.locked_queue() as q:
-            q["cancelled"] = True
-            q["retry"] = []
-            for m in q["members"].values():
-                if m.get("state") in ("active", "waiting"):
-                    _kill(m)
-                    m["state"] = "dead"
+            for m in q.cancel_job():
+                _kill(m)
+            reap(job.store, q, dead=set(q.members))
 
-    def cancel_task(self, job: Job, index: int) -> None:
+    def cancel_task(self, job: JobHandle, index: int) -> None:
+        """Stop the worker running task ``index`` (its other claimed tasks go back to the
+        queue, and another worker takes them)."""
         with job.store.locked_queue() as q:
-            ct = set(q.get("cancelled_tasks", []))
-            ct.add(index)
-            q["cancelled_tasks"] = sorted(ct)
-            if index in q["retry"]:
-                q["retry"].remove(index)
-            for wid, m in q["members"].items():
+            for wid, m in q.members.items():
                 if m.get("state") == "active" and job.store.read_running(wid)[0] == index:
                     _kill(m)
             reap(job.store, q)
 
-    def delete_job(self, job: Job) -> None:
+    def delete_job(self, job: JobHandle) -> None:
         # Workers of a finished job are about to leave it for the pool: let them
         # (they notice the folder is gone). Only a job with work left is stopped.
-        if not (job._snapshot().done or job.state.done):  # the last look, if recent, is enough when done
+        if not (job.snapshot().done or job.state.done):  # the last look, if recent, is enough when done
             self.cancel_job(job)
 
 
 _spawned: list[int] = []  # workers this process started and has not reaped yet
 
 
-def _note_dispatched(q: dict[str, Any], use: list[tuple[str, int]], count: int) -> list[str]:
+def _note_dispatched(q: Queue, use: list[tuple[str, int]], count: int) -> list[str]:
     """Record in queue ``q`` that the idle workers ``use`` and ``count - len(use)`` new ones
     are on their way; returns the new ones' ids."""
-    d = q.setdefault("dispatched", {})
-    now = time.time()
     new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
-    for wid in [w for w, _ in use] + new:
-        d[wid] = now
+    q.note_dispatched([w for w, _ in use] + new, time.time())
     return new
 
 

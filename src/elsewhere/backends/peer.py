@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..util import paths
 from ..util.errors import ConfigError
-from .base import Cluster
+from .base import Cluster, ensure_post_constructed
 
 if TYPE_CHECKING:
-    from ..api.job import Job
+    from ..folder.handle import JobHandle
     from ..folder.snapshot import Snapshot
     from ..peer.controller import Controller
     from ..peer.discovery import DiscoveryConfig
@@ -151,7 +151,7 @@ class PeerCluster(Cluster):
         self._lock = threading.Lock()
         self._controllers: dict[str, Controller] = {}
         self._spawned: dict[str, tuple[subprocess.Popen[bytes], float]] = {}  # job id -> background controller
-        self.post_construct()
+        ensure_post_constructed(self)
 
     def settings(self) -> dict[str, Any]:
         return {
@@ -208,7 +208,7 @@ class PeerCluster(Cluster):
         return max(1, n_tasks)
 
     # -- controllers ---------------------------------------------------------------
-    def controller_settings(self, job: Job) -> ControllerSettings:
+    def controller_settings(self, job: JobHandle) -> ControllerSettings:
         """What the controller of ``job`` needs to know."""
         from ..peer.announce import new_peer_id
         from ..peer.placement import ControllerSettings
@@ -224,19 +224,19 @@ class PeerCluster(Cluster):
             prefer_local=self.prefer_local, peer_id=peer_id,
         )  # fmt: skip
 
-    def counters(self, job: Job) -> dict[str, int]:
+    def counters(self, job: JobHandle) -> dict[str, int]:
         """The counters of ``job``'s controller in this process (see ``Controller.counters``)."""
         with self._lock:
             c = self._controllers.get(job.id)
         return c.counters() if c is not None else {}
 
-    def controller(self, job: Job) -> Controller | None:
+    def controller(self, job: JobHandle) -> Controller | None:
         """The live controller of ``job`` in this process, if any."""
         with self._lock:
             c = self._controllers.get(job.id)
         return c if c is not None and c.alive() else None
 
-    def _start_controller(self, job: Job) -> Controller:
+    def _start_controller(self, job: JobHandle) -> Controller:
         from ..peer.controller import Controller
 
         with self._lock:
@@ -253,7 +253,7 @@ class PeerCluster(Cluster):
         self.set_job_cluster_data(job, data)
         return c
 
-    def _other_controller(self, job: Job) -> dict[str, Any] | None:
+    def _other_controller(self, job: JobHandle) -> dict[str, Any] | None:
         """Where the job's controller runs (host, pid), if in another live process here."""
         spawned = self._spawned.get(job.id)
         if spawned is not None:
@@ -265,7 +265,7 @@ class PeerCluster(Cluster):
         ct = _create_time(pid)
         return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
 
-    def _shown_elsewhere(self, job: Job) -> dict[str, Any]:
+    def _shown_elsewhere(self, job: JobHandle) -> dict[str, Any]:
         """What the job's controller in another live process (there is one) says runs
         (see ``Controller._show``)."""
         import json
@@ -278,14 +278,14 @@ class PeerCluster(Cluster):
             return {}
         return shown if isinstance(shown, dict) and isinstance(shown.get("running"), dict) else {}
 
-    def _runs_here(self, job: Job) -> bool:
+    def _runs_here(self, job: JobHandle) -> bool:
         """Whether this process runs the job's controller (else a background one does:
         ``detach``; an Executor's and ``ew.map``'s, whose callers wait, always run here)."""
-        meta = job._meta
+        meta = job.spec
         return (not self.detach or os.environ.get(_IN_BACKGROUND) == "1" or bool(meta.get("stream"))
                 or bool(meta.get("waited")))  # fmt: skip
 
-    def _carry_on(self, job: Job) -> None:
+    def _carry_on(self, job: JobHandle) -> None:
         """Start the job's controller: here, or in a background process (``detach``; not
         again within a minute of the last, whose log then says why it ended)."""
         if self._runs_here(job):
@@ -296,11 +296,11 @@ class PeerCluster(Cluster):
             return
         self._spawn_controller(job)
 
-    def _spawn_controller(self, job: Job) -> None:
+    def _spawn_controller(self, job: JobHandle) -> None:
         """Run the job's controller in a background process: ``elsewhere wait NAME``."""
         # It reads the tasks from the payload, which names the user's modules: it runs
         # where the job was made, with its sys.path, as the workers' children do.
-        meta = job._meta
+        meta = job.spec
         cwd = meta.get("cwd") if isinstance(meta.get("cwd"), str) and os.path.isdir(meta["cwd"]) else None
         from ..folder.lifecycle import job_folders
 
@@ -318,7 +318,7 @@ class PeerCluster(Cluster):
                               "create_time": _create_time(proc.pid), "log": str(log_path)}  # fmt: skip
         self.set_job_cluster_data(job, data)
 
-    def _no_controller_note(self, job: Job, info: dict[str, Any] | None) -> str:
+    def _no_controller_note(self, job: JobHandle, info: dict[str, Any] | None) -> str:
         """What runs an unfinished, submitted job that has no controller in this process
         (``info``: :meth:`_other_controller`'s)."""
         if info is not None:
@@ -333,13 +333,18 @@ class PeerCluster(Cluster):
                 "for 10 minutes (ew.peers(..., detach=True) runs a job's controller in the background)")
 
     # -- the plugin operations ---------------------------------------------------------
-    def submit_independent(self, job: Job) -> None:
+    def submit_independent(self, job: JobHandle) -> None:
+        """Start the job's controller in this process (or in the background, ``detach=True``);
+        on a retry, the running controller re-reads the queue and places the tasks again."""
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["max_workers"] = max(1, int(q.get("n", 0)))
+            q.submit(max_workers=max(1, q.n))
+        c = self.controller(job)
+        if c is not None:
+            c.refresh_queue()
+            return
         self._carry_on(job)
 
-    def poll(self, job: Job) -> None:
+    def poll(self, job: JobHandle) -> None:
         c = self.controller(job)
         if c is not None:
             if not self._cancelled_elsewhere(job, c):
@@ -353,23 +358,23 @@ class PeerCluster(Cluster):
             raise PeerError(f"the peer controller of job {job.name!r} failed: "
                             f"{type(dead.error).__name__}: {dead.error}") from dead.error
         q = job.store.queue()
-        if not q.get("submitted") or q.get("cancelled"):
+        if not q.submitted or q.cancelled:
             return
-        snap = job._snapshot(fresh=True)
-        unfinished = len(snap.final) < snap.n or q.get("retry") or not q.get("closed", True)
+        snap = job.snapshot()
+        unfinished = len(snap.final) < snap.n or q.to_rerun or not q.closed
         if unfinished and _carry_on_here and self._other_controller(job) is None:
             self._carry_on(job)
 
-    def _cancelled_elsewhere(self, job: Job, c: Controller) -> bool:
+    def _cancelled_elsewhere(self, job: JobHandle, c: Controller) -> bool:
         """If another process (``elsewhere cancel``) cancelled the job, stop its controller
         here, telling the workers to drop its running tasks, before saying so."""
-        if not job.store.queue().get("cancelled"):
+        if not job.store.queue().cancelled:
             return False
         c.cancel()
         c.stop()
         return True
 
-    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+    def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
         c = self.controller(job)
         if c is None:
             if len(snapshot.final) < snapshot.n and not snapshot.note:
@@ -385,14 +390,14 @@ class PeerCluster(Cluster):
         snapshot.reasons = {i: r for i, r in dict(c.reasons).items() if i not in final}
         return snapshot
 
-    def tasks_added(self, job: Job) -> None:
+    def tasks_added(self, job: JobHandle) -> None:
         """The Executor appended a task to a stream job: place it now."""
         c = self.controller(job)
         if c is None:
             c = self._start_controller(job)
         c.tasks_added()
 
-    def executor_link(self, job: Job, on_outcome: Any) -> Controller:
+    def executor_link(self, job: JobHandle, on_outcome: Any) -> Controller:
         """For an ``ew.Executor`` on stream job ``job``: its controller in this process,
         which takes tasks in memory (``put``) and calls ``on_outcome(index, ok, value,
         seed)`` with each value as it arrives (the job folder is written all the same)."""
@@ -402,27 +407,18 @@ class PeerCluster(Cluster):
         c.on_outcome = on_outcome
         return c
 
-    def cancel_job(self, job: Job) -> None:
-        with job.store.locked_queue() as q:
-            q["cancelled"] = True
-            q["retry"] = []
+    def cancel_job(self, job: JobHandle) -> None:
         c = self.controller(job)
         if c is not None:
             c.cancel()
             c.stop()
 
-    def cancel_task(self, job: Job, index: int) -> None:
-        with job.store.locked_queue() as q:
-            ct = set(q.get("cancelled_tasks", []))
-            ct.add(index)
-            q["cancelled_tasks"] = sorted(ct)
-            if index in q.get("retry", []):
-                q["retry"].remove(index)
+    def cancel_task(self, job: JobHandle, index: int) -> None:
         c = self.controller(job)
         if c is not None:
             c.cancel_task(index)
 
-    def delete_job(self, job: Job) -> None:
+    def delete_job(self, job: JobHandle) -> None:
         with self._lock:
             c = self._controllers.pop(job.id, None)
         if c is not None:
@@ -432,8 +428,7 @@ class PeerCluster(Cluster):
         if self._other_controller(job) is not None:  # a background controller: it ends with
             if not job.state.done:  # the job (cancelled first), acknowledging its results
                 with job.store.locked_queue() as q:
-                    q["cancelled"] = True
-                    q["retry"] = []
+                    q.cancel_job()
                 job.store.notify()
             deadline = time.monotonic() + 10.0
             while self._other_controller(job) is not None and time.monotonic() < deadline:
@@ -462,11 +457,11 @@ class PeerCluster(Cluster):
                     and os.environ.get(_IN_BACKGROUND) != "1")  # fmt: skip
         for c in self.stop(timeout):
             job = c.job
-            if not hand_off or job._meta.get("stream"):
+            if not hand_off or job.spec.get("stream"):
                 continue
             with contextlib.suppress(Exception):
                 q = job.store.queue()
-                if q.get("submitted") and not q.get("cancelled") and not job.state.done:
+                if q.submitted and not q.cancelled and not job.state.done:
                     self._spawn_controller(job)
 
 

@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..util.errors import ConfigError, RemoteSetupError, TransportError
-from .base import Cluster
+from .base import Cluster, Property
 
 if TYPE_CHECKING:
-    from ..api.job import Job
+    from ..folder.handle import JobHandle
     from ..folder.snapshot import Snapshot
     from ..hosts.session import AgentSession
     from ..hosts.ssh import SSHTransport
@@ -70,6 +70,13 @@ class SSHCluster(Cluster):
     """
 
     kind = "ssh"
+    properties = {
+        "mpi_launcher": Property(str, None, "the MPI launcher command (default mpiexec)"),
+        "mpi_args": Property(list, None, "extra arguments of the MPI launcher"),
+        "mpi_host_names": Property(str, None, '"destinations": mpiexec --host names the ssh '
+                                   'destinations, not the nodes\' own host names'),
+    }
+    capabilities = frozenset({"communicating", "fetch_files"})
 
     def __init__(
         self,
@@ -200,19 +207,19 @@ class SSHCluster(Cluster):
         with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as ex:
             return list(ex.map(fn, hosts))
 
-    def prepare(self, job: Job, n_tasks: int) -> None:
+    def prepare(self, job: JobHandle, n_tasks: int) -> None:
         """While the client writes the inputs: ask the nodes about themselves, and
         stream the payload into each node's copy as it is written."""
         finished = threading.Event()
         self._early[job.id] = (finished, {h: _background(self._early_copy, job, h, finished)
                                           for h in self.nodes})
 
-    def _copy_dir(self, job: Job, host: str, info: dict[str, Any]) -> str:
+    def _copy_dir(self, job: JobHandle, host: str, info: dict[str, Any]) -> str:
         # nodes may share a file system (an NFS home): never one copy for two nodes
         copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
         return f"{info['writable']}/{copy}"
 
-    def _early_copy(self, job: Job, host: str, finished: threading.Event) -> tuple[dict[str, Any], int]:
+    def _early_copy(self, job: JobHandle, host: str, finished: threading.Event) -> tuple[dict[str, Any], int]:
         info = self.probe(host)
         where = self._copy_dir(job, host, info)
         sent = self.session(host).put_growing(where, "payload.log", job.store.path / "payload.log",
@@ -223,7 +230,13 @@ class SSHCluster(Cluster):
             sent = 0
         return info, sent
 
-    def submit_independent(self, job: Job) -> None:
+    def submit_independent(self, job: JobHandle) -> None:
+        """Copy the job folder to each node and start workers there, each node running its
+        share from a queue of its own; on a retry (the job was submitted), each node that
+        holds tasks to run again is told to run them."""
+        if job.store.queue().submitted:
+            self._rerun(job, job.tasks)
+            return
         n = job.n_tasks
         (job.store.path / "files").mkdir(exist_ok=True)
         plan: dict[str, dict[str, Any]] = {}
@@ -253,8 +266,7 @@ class SSHCluster(Cluster):
             plan[host]["workers"] = max(1, min(plan[host]["workers"], share)) if share else 0
             start += share
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = n
+            q.submit(assigned=n)
         data = {"hosts": plan}
         self.set_job_cluster_data(job, data)
         busy = [h for h, p in plan.items() if p["workers"]]
@@ -266,7 +278,42 @@ class SSHCluster(Cluster):
             plan[h]["last_seen"] = time.time()
         self.set_job_cluster_data(job, data)
 
-    def _place(self, job: Job, host: str, p: dict[str, Any], streamed: int) -> None:
+    def _holder(self, hosts: dict[str, Any], task: int) -> str | None:
+        """The node whose copy of the job holds ``task`` now (a task moved off an abandoned
+        node is held by the node it moved to)."""
+        for host, p in hosts.items():
+            if task in p.get("moved_in", ()):
+                return host
+        for host, p in hosts.items():
+            a, b = p.get("tasks", (0, 0))
+            if a <= task < b and not p.get("abandoned"):
+                return host
+        return None
+
+    def _rerun(self, job: JobHandle, tasks: list[int]) -> None:
+        """Tell the nodes that hold ``tasks`` to run them again, with their new attempts."""
+        data = self.get_job_cluster_data(job)
+        hosts = data.get("hosts", {})
+        by_host: dict[str, dict[str, int]] = {}
+        for t in tasks:
+            h = self._holder(hosts, t)
+            if h is None:
+                raise TransportError(f"no reachable node holds task {t} of job {job.name!r} to run it again")
+            by_host.setdefault(h, {})[str(t)] = job.attempt(t)
+        for h, attempts in by_host.items():
+            self._agent(h, "retry", job=hosts[h]["dir"], attempts=attempts, workers=hosts[h]["workers"])
+            hosts[h]["done"] = False
+        self.set_job_cluster_data(job, data)
+
+    def cancel_task(self, job: JobHandle, index: int) -> None:
+        """Tell the node that holds task ``index`` to cancel it (its worker running it, if
+        any, is stopped; the node's other tasks go on)."""
+        hosts = self.get_job_cluster_data(job).get("hosts", {})
+        h = self._holder(hosts, index)
+        if h is not None:
+            self._agent(h, "cancel_task", job=hosts[h]["dir"], task=index, timeout=60)
+
+    def _place(self, job: JobHandle, host: str, p: dict[str, Any], streamed: int) -> None:
         # the rest of the folder on the agent's session (files/ included), then start there
         self.session(host).put_tree(job.store.path, p["dir"], sent={"payload.log": streamed})
         a, b = p["tasks"]
@@ -282,10 +329,10 @@ class SSHCluster(Cluster):
                     command=["sh", "-c", self.setup], returncode=res.returncode,
                     stderr=res.stderr.decode(errors="replace"))
         self._agent(host, "start", job=p["dir"], workers=p["workers"], tasks=f"{a}:{b}",
-                    retries=int(job._meta.get("retries", 0)))
+                    retries=int(job.spec.get("retries", 0)))
 
     # -- communicating jobs: mpiexec on the first node, a host list of all -----------
-    def submit_communicating(self, job: Job) -> None:
+    def submit_communicating(self, job: JobHandle) -> None:
         """Ranks started together by ``mpiexec`` on the first node, over every node.
 
         The job folder is copied to the same path on every node (the ranks'
@@ -300,9 +347,7 @@ class SSHCluster(Cluster):
         rdir = f"{infos[first]['writable']}/{job.id}"
         slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
         with job.store.locked_queue() as q:
-            q["submitted"] = True
-            q["next"] = ranks
-            q["max_workers"] = ranks
+            q.submit(assigned=ranks, max_workers=ranks)
         for h in hosts:
             t = self.transport(h)
             t.run(["mkdir", "-p", "--", rdir + "/files"], timeout=60)
@@ -328,7 +373,7 @@ class SSHCluster(Cluster):
         res = self.transport(mpi["host"]).run(["kill", "-0", str(mpi["pid"])], check=False, timeout=30)
         return res.returncode == 0
 
-    def _poll_mpi(self, job: Job, data: dict[str, Any]) -> None:
+    def _poll_mpi(self, job: JobHandle, data: dict[str, Any]) -> None:
         mpi = data["mpi"]
         for host, p in data["hosts"].items():
             self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
@@ -340,10 +385,10 @@ class SSHCluster(Cluster):
                                   "or killed (another rank failed? see job.log(rank) and logs/launcher.log)"
                                for r in range(job.n_tasks)})
 
-    def poll(self, job: Job) -> None:
+    def poll(self, job: JobHandle) -> None:
         data = self.get_job_cluster_data(job)
         hosts = data.get("hosts", {})
-        if not hosts or job.store.queue().get("cancelled"):
+        if not hosts or job.store.queue().cancelled:
             return
         if "mpi" in data:
             self._poll_mpi(job, data)
@@ -388,16 +433,13 @@ class SSHCluster(Cluster):
         if changed:
             self.set_job_cluster_data(job, data)
         with job.store.locked_queue() as q:
-            for key in ("lost_by", "lost_reason"):
-                q.setdefault(key, {}).update(merged[key])
-            for wid, m in merged["members"].items():
-                q["members"][wid] = m
+            q.adopt(members=merged["members"], lost_by=merged["lost_by"], lost_reason=merged["lost_reason"])
 
-    def _abandon(self, job: Job, host: str, p: dict[str, Any], hosts: dict[str, Any], why: str) -> None:
-        job._reader.refresh()
+    def _abandon(self, job: JobHandle, host: str, p: dict[str, Any], hosts: dict[str, Any], why: str) -> None:
+        job.refresh()
         a, b = p["tasks"]
-        moved = [t for t in range(a, b) if t not in job._reader.final] + [
-            t for t in p.get("moved_in", []) if t not in job._reader.final]
+        moved = [t for t in range(a, b) if t not in job.outcomes] + [
+            t for t in p.get("moved_in", []) if t not in job.outcomes]
         p["abandoned"] = why
         others = [h for h, o in hosts.items() if h != host and not o.get("abandoned") and o.get("workers")]
         if not moved:
@@ -414,12 +456,10 @@ class SSHCluster(Cluster):
                 hosts[h].setdefault("moved_in", []).extend(part)
                 hosts[h]["done"] = False
 
-    def job_state(self, job: Job, snapshot: Snapshot) -> Snapshot:
+    def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
         return snapshot
 
-    def cancel_job(self, job: Job) -> None:
-        with job.store.locked_queue() as q:
-            q["cancelled"] = True
+    def cancel_job(self, job: JobHandle) -> None:
         data = self.get_job_cluster_data(job)
         if "mpi" in data:  # the launcher leads its own session: stop it and every rank
             mpi = data["mpi"]
@@ -439,7 +479,7 @@ class SSHCluster(Cluster):
                 except TransportError as exc:
                     warnings.warn(f"could not cancel on {host}: {exc}", stacklevel=2)
 
-    def delete_job(self, job: Job) -> None:
+    def delete_job(self, job: JobHandle) -> None:
         if not job.state.done:
             self.cancel_job(job)
         for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
@@ -449,7 +489,7 @@ class SSHCluster(Cluster):
                 except TransportError as exc:
                     warnings.warn(f"could not remove the job copy on {host}: {exc}", stacklevel=2)
 
-    def fetch_files(self, job: Job) -> Path:
+    def fetch_files(self, job: JobHandle) -> Path:
         """Bring back what tasks wrote in their working folder on each node."""
         dest = job.store.path / "files"
         dest.mkdir(exist_ok=True)

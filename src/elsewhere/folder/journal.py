@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
+    from .queue import Queue
     from .store import JobStore
 
 
@@ -351,7 +352,7 @@ def resulted_by(store: JobStore, wid: str) -> set[int]:
     return {t for r in recs for t in range(r.task, r.task + r.count)}
 
 
-def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> list[str]:
+def reap(store: JobStore, q: Queue, dead: set[str] | None = None) -> list[str]:
     """Write off the workers of ``q`` that have vanished (caller holds the queue lock).
 
     A member counts as gone when it is in ``dead`` or, by default, when its
@@ -361,7 +362,8 @@ def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> li
     """
     gone: list[str] = []
     lost: list[Record] = []
-    for wid, m in q["members"].items():
+    cancelled = q.cancelled_tasks
+    for wid, m in q.members.items():
         if m.get("state") not in ("active", "waiting"):
             continue
         if dead is not None:
@@ -373,7 +375,7 @@ def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> li
         m["state"] = "dead"
         claim = m.get("claim") or []
         m["claim"] = []
-        if not claim or q.get("cancelled"):
+        if not claim or q.cancelled:
             continue
         done = resulted_by(store, wid)
         running, since, log_off = store.read_running(wid)
@@ -384,9 +386,12 @@ def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> li
             if idx != running:
                 back.append(idx)
                 continue
-            attempts = q["attempts"].get(str(idx), 0) + 1
-            q["attempts"][str(idx)] = attempts
-            if attempts <= q.get("retries", 0):
+            if idx in cancelled:  # stopped because it was cancelled: that is its outcome
+                lost.append(records.make_record(Kind.CANCELLED, idx, q.attempt(idx), t_start=since,
+                                                t_end=time.time()))  # fmt: skip
+                continue
+            attempts = q.count_attempt(idx)
+            if attempts <= q.retries:
                 back.append(idx)
             else:
                 log_len = max(0, _log_size(store, wid) - log_off)
@@ -396,8 +401,8 @@ def reap(store: JobStore, q: dict[str, Any], dead: set[str] | None = None) -> li
                         t_start=since, t_end=time.time(),
                     )
                 )
-                q.setdefault("lost_by", {})[str(idx)] = wid
-        q["retry"][:0] = back
+                q.lose(idx, by=wid)
+        q.requeue(back)
     if lost:
         store.append_control(lost)
     return gone

@@ -13,9 +13,11 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .store import JobStore, new_queue
+from .queue import new_queue
+from .store import JobStore
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -81,12 +83,12 @@ def new_job_meta(
     }
 
 
-def job_folders(meta: dict[str, Any]) -> list[str]:
+def job_folders(meta: Mapping[str, Any]) -> list[str]:
     """The folders of a job's recorded ``sys.path`` that exist on this machine, in order."""
     return [p for p in meta.get("sys_path") or [] if isinstance(p, str) and p and os.path.isdir(p)]
 
 
-def import_from_job(meta: dict[str, Any]) -> bool:
+def import_from_job(meta: Mapping[str, Any]) -> bool:
     """Make the modules a job's pickles name importable in this process: append to
     ``sys.path`` the folders of the job's ``sys.path`` and working directory (as recorded
     in ``meta``) that exist here and are not on it yet. Appended, they shadow nothing this
@@ -128,7 +130,7 @@ def create_store(root: Path, meta: dict[str, Any], *, retries: int, stream: bool
     Nothing is claimed before the queue says "submitted", so the count may be
     written before the inputs are.
     """
-    from .store import write_queue
+    from .queue import write_queue
 
     store = JobStore.create(root / meta["id"], meta)
     write_queue(store, new_queue(n_tasks, closed=not stream, retries=retries), 1, 0)

@@ -7,9 +7,9 @@ backend (``Cluster.job_state``); every answer about task states (``job.check()``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..util.states import TaskState, derive_job_state
+from ..util.states import JobState, TaskState, derive_job_state
 from .records import Kind
 
 if TYPE_CHECKING:
@@ -54,10 +54,27 @@ class Snapshot:
         return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
                 f"final={len(self.final)}, running={len(self.running)}, note={self.note!r})")
 
+    def but(self, **changes: Any) -> Snapshot:
+        """A copy with ``changes`` (``running``, ``reasons``, ``note``...): a backend's fresher
+        view, leaving the snapshot it was given as it was."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields.update(changes)
+        return Snapshot(**fields)
+
     @property
     def done(self) -> bool:
         """Nothing runs or waits any more (a done job stays done)."""
-        return derive_job_state(self.counts()).done
+        return self.job_state().done
+
+    def job_state(self) -> JobState:
+        """The job's state: from the task counts, where tasks cancelled one by one do not make
+        the job cancelled (a job whose other tasks finished ends finished); only a job
+        cancelled as a whole, or whose every task was cancelled, ends cancelled."""
+        counts = self.counts()
+        state = derive_job_state(counts)
+        if state is JobState.CANCELLED and not self.cancelled and counts[TaskState.CANCELLED] < self.n:
+            return JobState.FAILED if counts[TaskState.FAILED] else JobState.FINISHED
+        return state
 
     def task_state(self, i: int) -> TaskState:
         f = self.final.get(i)

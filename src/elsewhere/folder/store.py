@@ -20,7 +20,7 @@ writes go to a temporary name and are renamed; appends are whole,
 checksummed frames.
 
 Here: whole-file writes and reads (``atomic_write``, ``write_json``, ...),
-:class:`JobStore` and the queue file (two slots, see ``write_queue``). The
+:class:`JobStore` (the queue file and its state are ``queue.py``'s). The
 journals, result bodies and logs are read and written in ``journal.py``.
 
 This module is imported by the worker: keep its imports light.
@@ -28,13 +28,12 @@ This module is imported by the worker: keep its imports light.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import struct
-import zlib
 
 from . import records
+from .queue import QUEUE, QUEUE_B, QUEUE_LOCK, LockedQueue, Queue, new_queue, read_queue
 from .records import Record
 
 TYPE_CHECKING = False  # neither typing nor pathlib at run time: the worker imports this module
@@ -44,9 +43,6 @@ if TYPE_CHECKING:
 
 META = "job.json"
 PAYLOAD = "payload.log"
-QUEUE = "queue.json"
-QUEUE_B = "queue.b.json"  # the queue's second slot (see write_queue)
-QUEUE_LOCK = "queue.lock"
 CLUSTER = "cluster.json"
 NOTIFY = "notify.fifo"
 CONTROL = "_control"  # pseudo-worker id of records written by reapers and cancel
@@ -192,23 +188,24 @@ class JobStore:
         write_json(self._p(CLUSTER), data)
 
     # -- the queue ----------------------------------------------------------
-    def locked_queue(self) -> _LockedQueue:
-        """The queue state under its lock; changes are written back on exit::
+    def locked_queue(self) -> LockedQueue:
+        """The queue state under its lock (a :class:`~elsewhere.folder.queue.Queue`); changes,
+        made by its transitions, are written back on exit::
 
             with store.locked_queue() as q:
-                q["next"] += 1
+                q.cancel_task(3)
         """
-        return _LockedQueue(self)
+        return LockedQueue(self)
 
-    def queue(self) -> dict[str, Any]:
+    def queue(self) -> Queue:
         """A snapshot of the queue state (no lock: the file is replaced atomically)."""
         try:
             q = read_queue(self)[2]
         except FileNotFoundError:
-            return new_queue(0)
+            return Queue(new_queue(0))
         if q.get("submitted"):
             self.seen_submitted = True
-        return q
+        return Queue(q)
 
     def notify(self) -> None:
         """Wake a client waiting on this job, if any (never blocks)."""
@@ -270,168 +267,7 @@ class JobStore:
         except (FileNotFoundError, ValueError):
             pass
         try:
-            member = self.queue().get("members", {}).get(wid)
+            member = self.queue().members.get(wid)
         except (OSError, ValueError):
             return {}
         return dict(member) if member else {}
-
-
-class _LockedQueue:
-    """``with store.locked_queue() as q``: flock, read, yield, write back if changed."""
-
-    __slots__ = ("body", "fd", "gen", "q", "slot", "store")
-
-    def __init__(self, store: JobStore) -> None:
-        self.store = store
-
-    def __enter__(self) -> dict[str, Any]:
-        held = self.store._held
-        self.fd = held[0] if held else os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-            if held and os.fstat(held[1]).st_nlink == 0:  # the folder was purged: as if opened by path
-                raise FileNotFoundError(self.store._p(QUEUE))
-            try:
-                self.gen, self.slot, q, self.body = _read_newest(self.store)
-            except FileNotFoundError:
-                self.gen, self.slot, q, self.body = 0, 1, new_queue(0), b""
-        except BaseException:
-            self._release()
-            raise
-        self.q = q
-        return q
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        try:
-            if exc_type is None:
-                body = _json_bytes(self.q)  # the state read encodes to the bytes read: unchanged
-                if body != self.body:
-                    # over the older slot: the one just read stays whole if this write is torn
-                    _write_slot(self.store, body, self.gen + 1, 1 - self.slot)
-                if self.q.get("submitted"):
-                    self.store.seen_submitted = True
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        if self.store._held:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        else:
-            os.close(self.fd)  # releases the lock
-
-
-_QUEUE_MAGIC = b"EWQ1"
-
-
-def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None:
-    """Write queue state ``q`` as generation ``gen`` into ``slot`` (0: queue.json, 1: queue.b.json).
-
-    The queue is rewritten at every claim, join and leave, always under
-    queue.lock. It is written *in place*, into the slot that does not hold the
-    newest state, as one line ``EWQ1 <generation> <length> <crc32>`` and the
-    JSON; a reader takes the newest slot whose checksum holds. A write torn by
-    a crash leaves the other slot, the state before it, to be read; a reader
-    without the lock that meets a slot being written does the same. No file is
-    created or renamed per update (on many disks that costs more than the rest
-    of a claim).
-    """
-    _write_slot(store, _json_bytes(q), gen, slot)
-
-
-def _write_slot(store: JobStore, body: bytes, gen: int, slot: int) -> None:
-    data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
-    held = store._held
-    fd = held[1 + slot] if held else os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        view = memoryview(data)
-        off = 0
-        while off < len(data):
-            off += os.pwrite(fd, view[off:], off)
-        os.ftruncate(fd, len(data))
-    finally:
-        if not held:
-            os.close(fd)
-
-
-def _pread_all(fd: int) -> bytes:
-    data = os.pread(fd, 65536, 0)
-    if len(data) < 65536:
-        return data
-    parts = [data]
-    off = len(data)
-    while chunk := os.pread(fd, 1 << 20, off):
-        parts.append(chunk)
-        off += len(chunk)
-    return b"".join(parts)
-
-
-def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
-    """(generation, state, JSON body) of one slot's bytes; None if not whole."""
-    if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
-        try:
-            return 0, json.loads(data), b""
-        except ValueError:
-            return None
-    nl = data.find(b"\n")
-    head = data[:nl].split() if nl > 0 else []
-    if len(head) != 4 or head[0] != _QUEUE_MAGIC:
-        return None
-    try:
-        gen, length, crc = int(head[1]), int(head[2]), int(head[3], 16)
-        body = data[nl + 1:nl + 1 + length]
-        if len(body) != length or zlib.crc32(body) != crc:
-            return None
-        return gen, json.loads(body), body
-    except ValueError:
-        return None
-
-
-def _read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
-    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none."""
-    best: tuple[int, int, dict[str, Any], bytes] | None = None
-    found = False
-    held = store._held
-    for slot, name in ((0, QUEUE), (1, QUEUE_B)):
-        if held:
-            data = _pread_all(held[1 + slot])
-        else:
-            try:
-                fd = os.open(store._p(name), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                data = _pread_all(fd)
-            finally:
-                os.close(fd)
-        found = True
-        got = _parse_slot(data)
-        if got is not None and (best is None or got[0] > best[0]):
-            best = (got[0], slot, got[1], got[2])
-    if best is None:
-        if found:
-            raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
-        raise FileNotFoundError(store._p(QUEUE))
-    return best
-
-
-def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
-    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
-    gen, slot, q, _ = _read_newest(store)
-    return gen, slot, q
-
-
-def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:
-    """A fresh queue state for ``n`` tasks."""
-    return {
-        "n": n,
-        "next": 0,
-        "closed": closed,
-        "cancelled": False,
-        "retry": [],
-        "attempts": {},
-        "max_workers": max_workers,
-        "retries": retries,
-        "members": {},
-        "cancelled_tasks": [],
-        "submitted": False,
-    }

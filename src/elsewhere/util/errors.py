@@ -9,7 +9,9 @@ Every error elsewhere raises on its own account derives from
     ├── SerializationError       a function or an argument cannot be serialised
     ├── JobError                 a job cannot be created, found or used
     │   ├── JobNotFound          no job of that name or id in the registry
-    │   └── NameInUse            a running job already has that name
+    │   ├── NameInUse            a running job already has that name
+    │   └── StateError           a move the state does not allow (cancel a finished task,
+    │                            retry a running one, add tasks to a closed job)
     ├── TimeoutError             wait(timeout=...) ran out (also a builtins.TimeoutError)
     ├── SchedulerError           a scheduler command failed (command, exit code, stderr tail)
     │   └── CommandNotFound      a scheduler or transport command is not installed
@@ -63,6 +65,11 @@ class JobNotFound(JobError, KeyError):
 
 class NameInUse(JobError):
     """A job of this name is still running."""
+
+
+class StateError(JobError):
+    """A move that the task and job states do not allow (see :mod:`elsewhere.util.states`):
+    cancelling a task that has ended, retrying one that runs, adding tasks to a closed job."""
 
 
 class TimeoutError(ElsewhereError, builtins.TimeoutError):

@@ -100,6 +100,17 @@ def can_move(old: TaskState, new: TaskState, *, retry: bool = False) -> bool:
     return _ORDER[new] > _ORDER[old]
 
 
+def check_move(old: TaskState, new: TaskState, *, task: int, job: str = "", retry: bool = False) -> None:
+    """Raise :class:`~elsewhere.util.errors.StateError` unless ``task`` may move from ``old``
+    to ``new`` (see :func:`can_move`); the message names the job, the task and both states."""
+    if not can_move(old, new, retry=retry):
+        from .errors import StateError
+
+        of = f" of job {job!r}" if job else ""
+        raise StateError(f"task {task}{of} cannot move from {old.value} to {new.value}"
+                         + (" (only failed or cancelled tasks are retried)" if retry else ""))
+
+
 def count_states(states: Iterable[TaskState]) -> dict[TaskState, int]:
     """Count tasks per state; every state is present, zero when unused."""
     counts = dict.fromkeys(TaskState, 0)

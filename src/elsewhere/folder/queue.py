@@ -1,0 +1,471 @@
+"""The queue of a job (``queue.json``): which tasks exist, which are claimed and by whom, what
+is cancelled, lost or to be run again. This module is its one owner.
+
+:class:`Queue` is the typed state with its named transitions (submit, grow, close, join, claim,
+leave, lose, cancel the job, cancel a task, retry); every other module calls them instead of
+editing the JSON. A transition that the state does not allow raises
+:class:`~elsewhere.util.errors.StateError`. Changes are made under ``queue.lock``::
+
+    with store.locked_queue() as q:     # flock, read the newest slot, yield a Queue
+        q.cancel_task(3)                # written back (to the other slot) on exit, if changed
+
+and read without the lock from ``store.queue()`` (a snapshot: never change it).
+
+On disk the state is JSON in two slots (``queue.json``, ``queue.b.json``), each written in place
+with a generation and a checksum (see :func:`write_queue`): a write torn by a crash leaves the
+previous state whole in the other slot.
+
+This module is imported by the worker: keep its imports light.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import zlib
+
+TYPE_CHECKING = False  # no typing at run time: the worker imports this module
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any, Protocol
+
+    from ..util.errors import StateError
+
+    class JobStore(Protocol):  # what the queue uses of a store (store.py imports this module)
+        dir: str
+        seen_submitted: bool
+        _held: tuple[int, int, int] | None
+
+        def _p(self, *parts: str) -> str: ...
+
+QUEUE = "queue.json"
+QUEUE_B = "queue.b.json"  # the queue's second slot (see write_queue)
+QUEUE_LOCK = "queue.lock"
+
+
+def _refuse(message: str) -> StateError:
+    from ..util.errors import StateError  # here, not at the top: the worker never needs it
+
+    return StateError(message)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), default=str).encode()
+
+
+class LockedQueue:
+    """``with store.locked_queue() as q``: flock, read, yield, write back if changed."""
+
+    __slots__ = ("body", "fd", "gen", "q", "slot", "store")
+
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+
+    def __enter__(self) -> Queue:
+        held = self.store._held
+        self.fd = held[0] if held else os.open(self.store._p(QUEUE_LOCK), os.O_RDWR)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if held and os.fstat(held[1]).st_nlink == 0:  # the folder was purged: as if opened by path
+                raise FileNotFoundError(self.store._p(QUEUE))
+            try:
+                self.gen, self.slot, q, self.body = _read_newest(self.store)
+            except FileNotFoundError:
+                self.gen, self.slot, q, self.body = 0, 1, new_queue(0), b""
+        except BaseException:
+            self._release()
+            raise
+        self.q = q
+        return Queue(q)
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is None:
+                body = _json_bytes(self.q)  # the state read encodes to the bytes read: unchanged
+                if body != self.body:
+                    # over the older slot: the one just read stays whole if this write is torn
+                    _write_slot(self.store, body, self.gen + 1, 1 - self.slot)
+                if self.q.get("submitted"):
+                    self.store.seen_submitted = True
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self.store._held:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        else:
+            os.close(self.fd)  # releases the lock
+
+
+_QUEUE_MAGIC = b"EWQ1"
+
+
+def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None:
+    """Write queue state ``q`` as generation ``gen`` into ``slot`` (0: queue.json, 1: queue.b.json).
+
+    The queue is rewritten at every claim, join and leave, always under
+    queue.lock. It is written *in place*, into the slot that does not hold the
+    newest state, as one line ``EWQ1 <generation> <length> <crc32>`` and the
+    JSON; a reader takes the newest slot whose checksum holds. A write torn by
+    a crash leaves the other slot, the state before it, to be read; a reader
+    without the lock that meets a slot being written does the same. No file is
+    created or renamed per update (on many disks that costs more than the rest
+    of a claim).
+    """
+    _write_slot(store, _json_bytes(q), gen, slot)
+
+
+def _write_slot(store: JobStore, body: bytes, gen: int, slot: int) -> None:
+    data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
+    held = store._held
+    fd = held[1 + slot] if held else os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        view = memoryview(data)
+        off = 0
+        while off < len(data):
+            off += os.pwrite(fd, view[off:], off)
+        os.ftruncate(fd, len(data))
+    finally:
+        if not held:
+            os.close(fd)
+
+
+def _pread_all(fd: int) -> bytes:
+    data = os.pread(fd, 65536, 0)
+    if len(data) < 65536:
+        return data
+    parts = [data]
+    off = len(data)
+    while chunk := os.pread(fd, 1 << 20, off):
+        parts.append(chunk)
+        off += len(chunk)
+    return b"".join(parts)
+
+
+def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
+    """(generation, state, JSON body) of one slot's bytes; None if not whole."""
+    if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
+        try:
+            return 0, json.loads(data), b""
+        except ValueError:
+            return None
+    nl = data.find(b"\n")
+    head = data[:nl].split() if nl > 0 else []
+    if len(head) != 4 or head[0] != _QUEUE_MAGIC:
+        return None
+    try:
+        gen, length, crc = int(head[1]), int(head[2]), int(head[3], 16)
+        body = data[nl + 1:nl + 1 + length]
+        if len(body) != length or zlib.crc32(body) != crc:
+            return None
+        return gen, json.loads(body), body
+    except ValueError:
+        return None
+
+
+def _read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
+    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none."""
+    best: tuple[int, int, dict[str, Any], bytes] | None = None
+    found = False
+    held = store._held
+    for slot, name in ((0, QUEUE), (1, QUEUE_B)):
+        if held:
+            data = _pread_all(held[1 + slot])
+        else:
+            try:
+                fd = os.open(store._p(name), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                data = _pread_all(fd)
+            finally:
+                os.close(fd)
+        found = True
+        got = _parse_slot(data)
+        if got is not None and (best is None or got[0] > best[0]):
+            best = (got[0], slot, got[1], got[2])
+    if best is None:
+        if found:
+            raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
+        raise FileNotFoundError(store._p(QUEUE))
+    return best
+
+
+def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
+    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
+    gen, slot, q, _ = _read_newest(store)
+    return gen, slot, q
+
+
+def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:
+    """A fresh queue state for ``n`` tasks (the raw JSON state; ``Queue(new_queue(n))`` to use it)."""
+    return {
+        "n": n,
+        "next": 0,
+        "closed": closed,
+        "cancelled": False,
+        "retry": [],
+        "attempts": {},
+        "max_workers": max_workers,
+        "retries": retries,
+        "members": {},
+        "cancelled_tasks": [],
+        "submitted": False,
+    }
+
+
+class Queue:
+    """The state of a job's queue, changed only by its named transitions.
+
+    Read-only properties tell the state; the transitions check it and raise
+    :class:`~elsewhere.util.errors.StateError` on a move it does not allow (a task index
+    outside the job, growing a closed job, ...). Which task *outcomes* exist is not the
+    queue's to know (the journals hold them): callers that must know a task's state first
+    (cancelling a finished task, retrying a running one) check it with
+    :func:`elsewhere.util.states.check_move` before they call a transition.
+
+    Task indices are ints; on disk, in JSON, maps are keyed by their decimal text.
+    """
+
+    __slots__ = ("d",)
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.d = d
+
+    def __repr__(self) -> str:
+        return (f"Queue(n={self.n}, next={self.next}, submitted={self.submitted}, "
+                f"cancelled={self.cancelled}, closed={self.closed}, members={len(self.members)})")
+
+    # -- the state, read-only --------------------------------------------------------
+    @property
+    def n(self) -> int:
+        """How many tasks the job has (a stream job's count grows)."""
+        return int(self.d.get("n", 0))
+
+    @property
+    def next(self) -> int:
+        """The first task never claimed nor assigned; tasks below it have had a worker."""
+        return int(self.d.get("next", 0))
+
+    @property
+    def closed(self) -> bool:
+        """No task will be added (every job but an open stream)."""
+        return bool(self.d.get("closed", True))
+
+    @property
+    def submitted(self) -> bool:
+        """The job is in its backend's hands."""
+        return bool(self.d.get("submitted"))
+
+    @property
+    def cancelled(self) -> bool:
+        """The whole job is cancelled: nothing new starts."""
+        return bool(self.d.get("cancelled"))
+
+    @property
+    def retries(self) -> int:
+        """How many times a task whose worker was lost runs again."""
+        return int(self.d.get("retries", 0))
+
+    @property
+    def max_workers(self) -> int:
+        """How many workers may take part at once."""
+        return int(self.d.get("max_workers", 1))
+
+    @property
+    def members(self) -> dict[str, dict[str, Any]]:
+        """The workers that joined: ``{worker id: {"state", "claim", "pid", "host", ...}}``."""
+        return self.d.setdefault("members", {})
+
+    @property
+    def cancelled_tasks(self) -> frozenset[int]:
+        """Tasks cancelled one by one."""
+        return frozenset(int(t) for t in self.d.get("cancelled_tasks", ()))
+
+    @property
+    def to_rerun(self) -> list[int]:
+        """Tasks waiting to be claimed again (retried or given back by a lost worker), in order."""
+        return list(self.d.get("retry", ()))
+
+    @property
+    def reruns(self) -> dict[int, int]:
+        """Tasks run again by a retry: ``{task: attempt}``; outcomes of earlier attempts are void."""
+        return {int(t): int(a) for t, a in self.d.get("rerun", {}).items()}
+
+    def attempt(self, task: int) -> int:
+        """The attempt now due of ``task`` (0 for its first run)."""
+        return int(self.d.get("attempts", {}).get(str(task), 0))
+
+    def retried_at(self, task: int) -> float:
+        """When ``task`` was last put to run again (0.0: never): a worker started before
+        then ran an earlier attempt."""
+        return float(self.d.get("retried_at", {}).get(str(task), 0.0))
+
+    def lost_reason(self, task: int) -> str | None:
+        """Why ``task`` was reported lost by its backend (``report_lost``), if it was."""
+        return self.d.get("lost_reason", {}).get(str(task))
+
+    def lost_by(self, task: int) -> str | None:
+        """The worker that vanished while it ran ``task``, if one did."""
+        return self.d.get("lost_by", {}).get(str(task))
+
+    def live_members(self) -> int:
+        """Workers that joined and have not left nor died."""
+        return sum(1 for m in self.members.values() if m.get("state") in ("active", "waiting"))
+
+    def waiting_fifos(self) -> list[str]:
+        """The wake-up FIFOs of the workers waiting for more tasks (an open stream job)."""
+        return [m.get("fifo") or "" for m in self.members.values() if m.get("state") == "waiting"]
+
+    def unclaimed(self) -> int:
+        """Tasks that still want a worker: never claimed, or to run again."""
+        return max(0, self.n - self.next) + len(self.d.get("retry", ()))
+
+    # -- transitions ---------------------------------------------------------------------
+    def _check_task(self, task: int, what: str) -> None:
+        if not isinstance(task, int) or isinstance(task, bool) or not 0 <= task < self.n:
+            raise _refuse(f"cannot {what} task {task!r}: the job has tasks 0..{self.n - 1}")
+
+    def submit(self, *, assigned: int | None = None, max_workers: int | None = None) -> None:
+        """The job is now in its backend's hands. ``assigned``: the backend gave its tasks
+        ``0..assigned-1`` to workers itself (array elements, ranks) and nothing claims them
+        from the queue; ``max_workers``: how many workers may join."""
+        self.d["submitted"] = True
+        if assigned is not None:
+            if not 0 <= assigned <= self.n:
+                raise _refuse(f"cannot assign {assigned} tasks of a job of {self.n}")
+            self.d["next"] = max(self.next, assigned)
+        if max_workers is not None:
+            self.set_max_workers(max_workers)
+
+    def set_max_workers(self, n: int) -> None:
+        """How many workers may take part at once (at least 1)."""
+        self.d["max_workers"] = max(1, int(n))
+
+    def grow(self, n: int) -> None:
+        """An open stream job now has ``n`` tasks (never fewer than before)."""
+        if self.closed and n > self.n:
+            raise _refuse(f"cannot add tasks to a closed job (it has {self.n})")
+        self.d["n"] = max(self.n, int(n))
+
+    def set_size(self, n: int) -> None:
+        """The task count of a job being made, before it is submitted."""
+        if self.submitted:
+            raise _refuse("the task count of a submitted job is fixed")
+        self.d["n"] = int(n)
+
+    def close(self) -> None:
+        """No more tasks will be added to this (stream) job."""
+        self.d["closed"] = True
+
+    def cancel_job(self) -> list[dict[str, Any]]:
+        """Cancel the whole job: nothing new starts, nothing is run again. Returns the members
+        that were working (their processes are the backend's to stop)."""
+        self.d["cancelled"] = True
+        self.d["retry"] = []
+        return [m for m in self.members.values() if m.get("state") in ("active", "waiting")]
+
+    def cancel_task(self, task: int) -> None:
+        """Cancel one task: it does not start (or run again); a result that comes is kept."""
+        self._check_task(task, "cancel")
+        ct = set(self.d.get("cancelled_tasks", ()))
+        ct.add(task)
+        self.d["cancelled_tasks"] = sorted(ct)
+        retry = self.d.get("retry") or []
+        if task in retry:
+            retry.remove(task)
+
+    def retry(self, attempts: dict[int, int]) -> None:
+        """Run tasks again: ``{task: its new attempt number}``. The job is no longer cancelled;
+        the earlier outcomes of those tasks are void (``reruns``); their lost reasons go."""
+        for t in attempts:
+            self._check_task(t, "retry")
+        self.d["cancelled"] = False
+        cancelled = set(self.d.get("cancelled_tasks", ())) - set(attempts)
+        self.d["cancelled_tasks"] = sorted(cancelled)
+        rerun = self.d.setdefault("rerun", {})
+        att = self.d.setdefault("attempts", {})
+        lost = self.d.get("lost_reason", {})
+        when = self.d.setdefault("retried_at", {})
+        now = time.time()
+        for t, a in attempts.items():
+            att[str(t)] = int(a)
+            rerun[str(t)] = int(a)
+            when[str(t)] = now
+            lost.pop(str(t), None)
+        have = self.d.setdefault("retry", [])
+        seen = set(have)
+        have += [t for t in sorted(attempts) if t not in seen]
+
+    def requeue(self, tasks: Iterable[int], *, lost_attempt: bool = False) -> None:
+        """Put ``tasks`` back to be claimed first (a lost worker's unfinished claim). With
+        ``lost_attempt``, each counts one more attempt (the task was running when it was lost)."""
+        tasks = list(tasks)
+        if lost_attempt:
+            att = self.d.setdefault("attempts", {})
+            for t in tasks:
+                att[str(t)] = att.get(str(t), 0) + 1
+        self.d.setdefault("retry", [])[:0] = tasks
+
+    def count_attempt(self, task: int) -> int:
+        """One more attempt of ``task`` was used up (its worker was lost while it ran); the
+        number of attempts used."""
+        att = self.d.setdefault("attempts", {})
+        att[str(task)] = att.get(str(task), 0) + 1
+        return int(att[str(task)])
+
+    def lose(self, task: int, *, reason: str | None = None, by: str | None = None) -> None:
+        """Record why ``task`` ended without a result: the backend's ``reason`` (its
+        TaskError's message), or the worker ``by`` that vanished while it ran it."""
+        if reason is not None:
+            self.d.setdefault("lost_reason", {})[str(task)] = reason
+        if by is not None:
+            self.d.setdefault("lost_by", {})[str(task)] = by
+
+    def note_dispatched(self, wids: Iterable[str], when: float) -> None:
+        """Workers handed this job, not yet joined (a worker's start-up is not a loss)."""
+        d = self.d.setdefault("dispatched", {})
+        for w in wids:
+            d[w] = when
+
+    def dispatched(self) -> dict[str, float]:
+        """Workers handed this job that have not joined yet: ``{worker id: since}``."""
+        return dict(self.d.get("dispatched", {}))
+
+    def forget_dispatched(self, wid: str) -> None:
+        """Worker ``wid`` joined, or will never."""
+        self.d.get("dispatched", {}).pop(wid, None)
+
+    def adopt(self, *, members: dict[str, dict[str, Any]], lost_by: dict[str, str],
+              lost_reason: dict[str, str]) -> None:
+        """Take in what the queues of the job's copies on other machines say of their workers
+        and lost tasks (the ssh backend: each node runs its share from a queue of its own)."""
+        self.members.update(members)
+        if lost_by:
+            self.d.setdefault("lost_by", {}).update(lost_by)
+        if lost_reason:
+            self.d.setdefault("lost_reason", {}).update(lost_reason)
+
+    # -- during the move to typed transitions: the raw state, for the modules not yet moved --
+    def __getitem__(self, key: str) -> Any:
+        return self.d[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.d[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.d
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.d.get(key, default)
+
+    def setdefault(self, key: str, default: Any) -> Any:
+        return self.d.setdefault(key, default)
+
+    def update(self, other: dict[str, Any]) -> None:
+        self.d.update(other)
+
+    def clear(self) -> None:
+        self.d.clear()

@@ -1,0 +1,85 @@
+"""The core's control of a job on local workers: cancel one task, retry some, report lost,
+and job folders of other versions."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import elsewhere as ew
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def nap(s):
+    time.sleep(s)
+    return s
+
+
+def fail_once(marker):
+    import os
+
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise KeyError("first")
+    return "again"
+
+
+def _until(cond, what, timeout_s=20):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.05)
+
+
+def test_a_cancelled_task_ends_cancelled_and_the_job_finished(ew_home):
+    job = ew.submit(nap, [0, 30, 0, 0], on=ew.local(cores=2))
+    _until(lambda: job.tasks[1].state is ew.TaskState.RUNNING, job.check)
+    assert job.tasks[1].cancel() is True
+    job.wait(timeout=30)
+    assert [t.state for t in job.tasks] == [ew.TaskState.FINISHED, ew.TaskState.CANCELLED,
+                                            ew.TaskState.FINISHED, ew.TaskState.FINISHED]
+    assert job.check().state is ew.JobState.FINISHED
+    err = job.results()[1]
+    assert isinstance(err, ew.TaskError) and err.reason == "cancelled"
+    assert job.tasks[0].cancel() is False
+
+
+def test_retry_of_given_tasks_checks_their_states(ew_home, tmp_path):
+    job = ew.submit(fail_once, [str(tmp_path / "a"), str(tmp_path / "b")], on=ew.local(cores=2))
+    job.wait(timeout=30)
+    assert [t.state for t in job.tasks] == [ew.TaskState.FAILED] * 2
+    job.retry([1])
+    job.wait(timeout=30)
+    assert job.results()[1] == "again" and isinstance(job.results()[0], ew.TaskError)
+    with pytest.raises(ew.StateError, match=r"task 1 of job .* cannot move from finished to queued"):
+        job.retry([1])
+    with pytest.raises(IndexError):
+        job.retry([7])
+    with pytest.raises(ew.ConfigError, match="takes no resources"):
+        job.retry(mem="8G")
+
+
+def test_report_lost_is_current_at_once(ew_home):
+    job = ew.submit(nap, [30], on=ew.local(cores=1), retries=0)
+    _until(lambda: job.tasks[0].state is ew.TaskState.RUNNING, job.check)
+    snap = job.cluster.report_lost(job.handle, {0: "the node caught fire"})
+    assert snap.task_state(0) is ew.TaskState.FAILED  # no private refresh needed
+    assert job.tasks[0].state is ew.TaskState.FAILED
+    assert job.results()[0].message == "the node caught fire"
+    job.cancel()
+
+
+def test_a_folder_of_the_previous_layout_is_read_and_a_newer_one_refused(ew_home):
+    job = ew.submit(nap, [0, 0], on=ew.local(), name="old-one")
+    job.wait(timeout=30)
+    meta = json.loads((job.path / "job.json").read_text())
+    meta["cluster"]["class"] = "elsewhere.clusters.local:LocalCluster"  # the module before the layers
+    (job.path / "job.json").write_text(json.dumps(meta))
+    assert ew.recover("old-one").results() == [0, 0]
+    meta["format"] = 2
+    (job.path / "job.json").write_text(json.dumps(meta))
+    with pytest.raises(ew.JobError, match=r"written by a newer elsewhere \(format 2\).*reads format 1"):
+        ew.recover("old-one")
