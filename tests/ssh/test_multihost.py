@@ -76,7 +76,7 @@ def main():
         if isinstance(v, ew.TaskError):
             out.append({"error": {"type": v.type_name, "reason": v.reason, "message": v.message}})
         else:
-            out.append({"value": v, "wid": t._wid(), "host": t.host})
+            out.append({"value": v, "wid": t.worker, "host": t.host})
     print("RESULT " + json.dumps({
         "results": out, "submit_s": t_submit, "total_s": time.monotonic() - t0,
         "state": job.state.value,

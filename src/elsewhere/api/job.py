@@ -357,9 +357,15 @@ class Task:
         return self.job._snapshot().task_state(self.index)
 
     @property
+    def worker(self) -> str | None:
+        """The id of the worker that ran (or runs) the task (it names the worker's journal,
+        results and log in the job folder); None if not started."""
+        return self.job._outcomes.worker_of(self.index, self.job._snapshot())
+
+    @property
     def host(self) -> str:
         """The host the task ran (or runs) on; "" if not started."""
-        wid = self.job._outcomes.worker_of(self.index, self.job._snapshot())
+        wid = self.worker
         return self.job.store.worker_info(wid).get("host", "") if wid else ""
 
     @property

@@ -340,6 +340,11 @@ class Queue:
         if max_workers is not None:
             self.set_max_workers(max_workers)
 
+    def reset(self, fresh: dict[str, Any]) -> None:
+        """Replace the whole state by ``fresh`` (a node's copy of a job made to hold its share)."""
+        self.d.clear()
+        self.d.update(fresh)
+
     def set_max_workers(self, n: int) -> None:
         """How many workers may take part at once (at least 1)."""
         self.d["max_workers"] = max(1, int(n))

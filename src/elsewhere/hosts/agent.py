@@ -53,14 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from ..folder.journal import lock_is_free, reap
+from ..folder.queue import new_queue
 from ..folder.store import JobStore
 from .spawn import spawn_python
 
 MARKER = "ELSEWHERE-AGENT "
-
-
-def _live(q: Any) -> int:  # the queue: a dict, or a Queue read through its dict view
-    return sum(1 for m in q["members"].values() if m.get("state") in ("active", "waiting"))
 
 
 def _spawn(job: Path, count: int) -> list[int]:
@@ -72,17 +69,13 @@ def _spawn(job: Path, count: int) -> list[int]:
 
 def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[str, Any]:
     """Start workers; with ``tasks`` ("a:b"), first make this node's queue hold those tasks."""
-    from ..folder.store import new_queue
-
     store = JobStore(job)
     with store.locked_queue() as q:
         if tasks:
             a, b = (int(x) for x in tasks.split(":"))
-            q.clear()
-            q.update(new_queue(b, retries=retries, max_workers=workers))
-            q["next"] = a
-        q["submitted"] = True
-        q["max_workers"] = workers
+            q.reset(new_queue(b, retries=retries, max_workers=workers))
+            q.submit(assigned=a)
+        q.submit(max_workers=workers)
     (job / "files").mkdir(exist_ok=True)
     return {"pids": _spawn(job, workers)}
 
@@ -90,44 +83,74 @@ def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[st
 def poll(job: Path, workers: int) -> dict[str, Any]:
     store = JobStore(job)
     with store.locked_queue() as q:
-        gone = reap(store, q) if q.get("submitted") and not q.get("cancelled") else []
-        live = _live(q)
-        work = len(q["retry"]) + max(0, q["n"] - q["next"])
-        want = 0 if q.get("cancelled") else max(0, min(workers, work) - live)
+        gone = reap(store, q) if q.submitted and not q.cancelled else []
+        live = q.live_members()
+        work = q.unclaimed()
+        want = 0 if q.cancelled else max(0, min(workers, work) - live)
         if want:
-            q["max_workers"] = max(q.get("max_workers", 1), live + want)
-        state = {k: q.get(k) for k in ("n", "next", "retry", "cancelled", "lost_by", "lost_reason")}
-        state["members"] = {w: {"state": m.get("state"), "pid": m.get("pid"), "host": m.get("host")}
-                            for w, m in q["members"].items()}
+            q.set_max_workers(max(q.max_workers, live + want))
+        state = {"n": q.n, "next": q.next, "retry": q.to_rerun, "cancelled": q.cancelled,
+                 "lost_by": q.d.get("lost_by", {}), "lost_reason": q.d.get("lost_reason", {}),
+                 "members": {w: {"state": m.get("state"), "pid": m.get("pid"), "host": m.get("host")}
+                             for w, m in q.members.items()}}  # fmt: skip
     pids = _spawn(job, want) if want else []
     return {"gone": gone, "started": pids, "live": live, "work": work, "queue": state}
 
 
 def add(job: Path, tasks: list[int]) -> dict[str, Any]:
+    """Tasks moved here from a node that was abandoned: run them first."""
     store = JobStore(job)
     with store.locked_queue() as q:
-        have = set(q["retry"])
-        q["retry"] += [t for t in tasks if t not in have]
-        for t in tasks:
-            q["attempts"][str(t)] = q["attempts"].get(str(t), 0) + 1
-    return poll(job, int(store.queue().get("max_workers", 1)))
+        have = set(q.to_rerun)
+        q.requeue([t for t in tasks if t not in have], lost_attempt=True)
+    return poll(job, store.queue().max_workers)
+
+
+def retry(job: Path, attempts: dict[int, int], workers: int) -> dict[str, Any]:
+    """Run tasks of this node again (``{task: attempt}``: ``job.retry()`` or a rerun of lost
+    tasks, decided by the client), then start workers for them."""
+    store = JobStore(job)
+    with store.locked_queue() as q:
+        q.retry(attempts)
+    return poll(job, workers)
+
+
+def cancel_task(job: Path, task: int) -> dict[str, Any]:
+    """Cancel one task of this node: it does not start; its worker, if it runs it, is stopped
+    (the worker's other tasks go back to the queue)."""
+    store = JobStore(job)
+    killed = 0
+    with store.locked_queue() as q:
+        q.cancel_task(task)
+        dead = set()
+        for wid, m in q.members.items():
+            if m.get("state") == "active" and store.read_running(wid)[0] == task:
+                killed += _kill(m)
+                dead.add(wid)
+        if dead:
+            reap(store, q, dead=dead)
+    return {"killed": killed}
 
 
 def cancel(job: Path) -> dict[str, Any]:
     store = JobStore(job)
     killed = 0
     with store.locked_queue() as q:
-        q["cancelled"] = True
-        q["retry"] = []
-        for m in q["members"].values():
-            if m.get("state") in ("active", "waiting") and not lock_is_free(m.get("lock", "")):
-                try:
-                    os.killpg(int(m["pid"]), signal.SIGKILL)
-                    killed += 1
-                except (ProcessLookupError, PermissionError):
-                    pass
-                m["state"] = "dead"
+        for m in q.cancel_job():
+            killed += _kill(m)
+            m["state"] = "dead"
     return {"killed": killed}
+
+
+def _kill(member: dict[str, Any]) -> int:
+    """SIGKILL a worker that holds its lock (it lives); 1 if one was killed."""
+    if lock_is_free(member.get("lock", "")):
+        return 0
+    try:
+        os.killpg(int(member["pid"]), signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return 0
+    return 1
 
 
 def info(directory: str | None) -> dict[str, Any]:
@@ -281,6 +304,11 @@ def _answer(req: dict[str, Any], failed: str | None) -> dict[str, Any]:
         return poll(job, int(req.get("workers", 1)))
     if op == "add":
         return add(job, [int(t) for t in req.get("tasks", [])])
+    if op == "retry":
+        attempts = {int(t): int(a) for t, a in dict(req.get("attempts", {})).items()}
+        return retry(job, attempts, int(req.get("workers", 1)))
+    if op == "cancel_task":
+        return cancel_task(job, int(req.get("task", -1)))
     if op == "cancel":
         return cancel(job)
     return {"error": f"unknown request {op!r}"}
