@@ -27,7 +27,6 @@ wait has a timeout. The sockets are opened by :mod:`.net`.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import logging
@@ -54,7 +53,7 @@ from .announce import (
     with_fields,
 )
 from .keys import LOOPBACK_HOST, GroupKey
-from .net import udp_receivers, udp_sender
+from .net import Waker, udp_receivers, udp_sender
 
 __all__ = [
     "DEFAULT_MULTICAST_GROUP",
@@ -341,8 +340,7 @@ class Listener:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._socks: list[socket.socket] = []
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
+        self._waker: Waker | None = None  # stop() wakes the thread
         self.dropped = 0
         """Datagrams dropped: not authentic, stale, replayed, malformed, or not from loopback."""
         self._refused: dict[str, tuple[int, str, float, bool]] = {}  # source -> (count, why, when, authentic)
@@ -354,7 +352,7 @@ class Listener:
         if self._thread is not None:
             raise PeerError("listener already started")
         self._socks = _receiver_sockets(self.config)
-        self._wake_r, self._wake_w = socket.socketpair()
+        self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="elsewhere-listener", daemon=True)
         self._thread.start()
         return self
@@ -394,18 +392,18 @@ class Listener:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread and close the sockets."""
         self._stop.set()
-        if self._wake_w is not None:
-            with contextlib.suppress(OSError):
-                self._wake_w.send(b"x")
+        if self._waker is not None:
+            self._waker.wake()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("listener thread did not stop within %.1f s", timeout)
-        for s in [*self._socks, self._wake_r, self._wake_w]:
-            if s is not None:
-                s.close()
+        for s in self._socks:
+            s.close()
+        if self._waker is not None:
+            self._waker.close()
         self._socks = []
-        self._wake_r = self._wake_w = None
+        self._waker = None
 
     def __enter__(self) -> Listener:
         return self.start()
@@ -422,11 +420,12 @@ class Listener:
         with selectors.DefaultSelector() as sel:
             for s in self._socks:
                 sel.register(s, selectors.EVENT_READ)
-            assert self._wake_r is not None  # set by start()
-            sel.register(self._wake_r, selectors.EVENT_READ)
+            assert self._waker is not None  # set by start()
+            wake = self._waker.reader
+            sel.register(wake, selectors.EVENT_READ)
             while not self._stop.is_set():
                 for sk, _ in sel.select(timeout=_POLL_S):
-                    if sk.fileobj is not self._wake_r:
+                    if sk.fileobj is not wake:
                         self._drain(sk.fileobj)  # type: ignore[arg-type]
                 with self._cond:
                     if self._table.expire(time.monotonic()):

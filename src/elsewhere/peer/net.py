@@ -11,9 +11,9 @@ sockets, one way for every user:
 - UDP: discovery's sender and receivers (:func:`udp_sender`,
   :func:`udp_receivers`), multicast or unicast to static peers;
 - the selector loops of the controller and the daemon: a :class:`Waker` that
-  another thread or a signal handler uses to wake the loop, and
-  :func:`watch_after_flush`, what the selector watches a socket for once
-  queued frames were (or were not all) sent.
+  another thread or a signal handler uses to wake the loop (discovery's
+  listener thread uses one too), and :func:`watch_after_flush`, what the
+  selector watches a socket for once queued frames were (or were not all) sent.
 
 The two loops themselves stay with their owners: the controller's runs its
 turns under a lock that a caller's thread may take to place a task itself, the
