@@ -3,9 +3,9 @@
 :class:`DirectionKey` is AES-GCM used as a MAC (GMAC) for one direction of one
 connection, its key derived with HKDF (:func:`hkdf`); :class:`OutgoingFrame`
 is one encoded frame whose parts go out in order, its body tag computed at
-once or slice by slice as they are sent. Where the tags sit in a frame, and
-how the keys are derived from the group key and the handshake, is described
-in :mod:`.wire` (the byte table in :mod:`.layout`).
+once or slice by slice as they are sent. Where the tags sit in a frame is in
+the byte table of :mod:`.layout`; how the keys are derived from the group key
+and the handshake, in :mod:`.handshake`.
 """
 
 from __future__ import annotations

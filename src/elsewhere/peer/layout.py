@@ -7,7 +7,8 @@ buffer table after them (:func:`lengths_struct`, :func:`head_struct`), and the
 caps a receiver checks every length against before it reads or allocates
 anything (:class:`Limits`). The messages inside a frame are in :mod:`.messages`;
 the keys and MACs of its tags in :mod:`.frames`; the connection that frames,
-sends and receives them, and the handshake, in :mod:`.wire`.
+sends and receives them in :mod:`.wire` (its reading in :mod:`.reader`, its
+handshake in :mod:`.handshake`).
 
 Frame layout (all integers big-endian)::
 

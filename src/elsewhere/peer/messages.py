@@ -7,8 +7,8 @@ refuses an ASK (:class:`RefuseReason`, whose numbers never change).
 :class:`Identity` is what a peer says of itself in HELLO or CHALLENGE.
 
 The protocol's numbers, the message types, the flags and the fixed frame
-header are in :mod:`.layout` (and importable from here too); the handshake,
-the keys and the admission rules are described in :mod:`.wire`, whose
+header are in :mod:`.layout` (and importable from here too); the handshake
+and its keys in :mod:`.handshake`; the admission rules in :mod:`.wire`, whose
 :class:`~.wire.Connection` frames, sends and receives these messages.
 """
 
