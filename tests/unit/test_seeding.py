@@ -151,3 +151,24 @@ def test_random_imported_inside_a_task():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_two_seeders_in_one_process_both_see_a_module_loaded_later():
+    # A process with more than one seeder (a test's runners, one after another): each waits
+    # for numpy.random with a finder of its own, and the finders ask each other, not forever.
+    script = textwrap.dedent("""
+        import sys
+        from elsewhere.run.seeding import TaskSeeder
+        assert "numpy" not in sys.modules
+        old = TaskSeeder()
+        old.disarm()
+        s = TaskSeeder()
+        s.begin(5, 2)
+        import numpy as np
+        v = np.random.rand()
+        assert v == np.random.RandomState(np.random.SeedSequence(5, spawn_key=(2,)).generate_state(4)).rand(), v
+        assert old._np_module is np.random and s._np_module is np.random
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr

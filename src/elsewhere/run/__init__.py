@@ -1,6 +1,9 @@
-"""Running tasks: the task runner and the worker every backend starts.
+"""Running tasks: the one task runner, and the worker every backend starts.
 
-``worker`` is ``python -m elsewhere.worker``; ``jobrun`` claims and runs a job's tasks;
-``context`` is ``ew.task()``; ``seeding`` and ``threads`` set up each task. Imports ``folder``
-and ``util``.
+``runner`` runs tasks in any process that runs them (a worker, an MPI rank, a peer task
+process): a job's surroundings entered once, each task with its ``ew.task()`` (``context``),
+its seed (``seeding``) and its thread limits (``threads``), an exception as its error record
+(``errors``). ``worker`` is ``python -m elsewhere.worker``; ``jobrun`` is one worker inside one
+job, which claims its tasks (``claims``) and writes their outcomes (``results``). Imports
+``folder`` and ``util``.
 """

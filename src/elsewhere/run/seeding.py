@@ -163,33 +163,40 @@ class TaskSeeder:
         # reproducible as one that got numpy with its inputs.
         installs = {"random": self._install_random, "numpy.random": self._install_numpy}
         waiting = set(names)
+        # Names this finder is looking for now: the finder of another seeder in the process
+        # (a test's) asks the finders after it, this one included, and this one the others.
+        busy: set[str] = set()
 
         class Finder:  # a meta path finder (no importlib.abc: importing it costs ~30 ms)
             def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-                if name not in waiting:
+                if name not in waiting or name in busy:
                     return None
-                for finder in sys.meta_path:
-                    if finder is self:
-                        continue
-                    spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
-                    if spec is not None and spec.loader is not None:
-                        loader = spec.loader
-                        exec_module = loader.exec_module
+                busy.add(name)
+                try:
+                    for finder in sys.meta_path:
+                        if finder is self:
+                            continue
+                        spec = getattr(finder, "find_spec", lambda *a: None)(name, path, target)
+                        if spec is not None and spec.loader is not None:
+                            loader = spec.loader
+                            exec_module = loader.exec_module
 
-                        def exec_and_install(module: Any, _exec: Any = exec_module,
-                                             _install: Any = installs[name]) -> None:
-                            _exec(module)
-                            _install(module)
+                            def exec_and_install(module: Any, _exec: Any = exec_module,
+                                                 _install: Any = installs[name]) -> None:
+                                _exec(module)
+                                _install(module)
 
-                        loader.exec_module = exec_and_install
-                        waiting.discard(name)
-                        if not waiting:
-                            try:
-                                sys.meta_path.remove(self)
-                            except ValueError:
-                                pass
-                        return spec
-                return None
+                            loader.exec_module = exec_and_install
+                            waiting.discard(name)
+                            if not waiting:
+                                try:
+                                    sys.meta_path.remove(self)
+                                except ValueError:
+                                    pass
+                            return spec
+                    return None
+                finally:
+                    busy.discard(name)
 
         sys.meta_path.insert(0, Finder())
 

@@ -38,8 +38,8 @@ import time
 
 from ..folder import records
 from ..folder.store import CUR, JobStore
-from .jobrun import _NO_CLAIM, JobRun
-from .threads import ThreadLimits
+from .jobrun import JobRun
+from .runner import TaskRunner
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
 if TYPE_CHECKING:
@@ -75,14 +75,14 @@ class Worker:
         self.idle_timeout_s = idle_timeout_s
         self.host = os.uname().nodename
         self.pid = os.getpid()
-        self.seeder: Any = None  # a seeding.TaskSeeder once a seeded job ran
-        self.threads = ThreadLimits()  # BLAS and OpenMP threads: the job's cores per task
+        # runs the tasks: thread limits and seeds live as long as the process
+        self.runner = TaskRunner(self.host, rank=self.mpi.get("rank"), size=self.mpi.get("size"))
         self._started_at = time.time()
         self._jobs_done = 0
         self._watched: list[str] = []  # files of loaded modules that may change under us
         self._watched_n = -1  # len(sys.modules) when _watched was made
-        self._context_key: Any = None  # (cwd, sys.path, files) of the last job, and what they gave
-        self._saved_fds = (os.dup(1), os.dup(2))
+        self.stdio = (os.dup(1), os.dup(2))  # its own stdout and stderr, while 1 and 2 are a job's log
+        self.fifo_path = ""
         self.fifo_fd = -1
         if pool:
             self.fifo_path = os.path.join(pool, "fifo", wid)
@@ -181,11 +181,28 @@ class Worker:
                 continue
         return False
 
+    def wait_for_work(self) -> None:
+        """Inside a job that may still get tasks: wait for a wake-up on the FIFO (a second at
+        most), or a moment without one. A job path that arrives meanwhile is kept for later."""
+        fd = self.fifo_fd
+        if fd < 0:
+            time.sleep(0.05)
+            return
+        r, _, _ = select.select([fd], [], [], 1.0)
+        if r:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                data = b""
+            keep = [x for x in data.split(b"\n") if x and x != b"!"]
+            if keep:
+                self._pending += b"\n".join(keep) + b"\n"
+
     def _reexec(self, job: str) -> None:
         # The user's own modules changed since this warm worker imported
         # them: start afresh (same pid, so the hand-over stays valid).
-        os.dup2(self._saved_fds[0], 1)
-        os.dup2(self._saved_fds[1], 2)
+        os.dup2(self.stdio[0], 1)
+        os.dup2(self.stdio[1], 2)
         if self.fifo_fd >= 0:
             os.close(self.fifo_fd)
             os.unlink(self.fifo_path)
@@ -221,9 +238,12 @@ class Worker:
             except FileNotFoundError:
                 pass  # a folder from before queue.b.json: opened per claim
             run = JobRun(self, store, meta, tasks)
-            first = run.join(cur_path) if tasks is None else _NO_CLAIM
-            if first is not None:
-                run.run(cur_fd, first)
+            if tasks is not None:
+                run.run(cur_fd)
+            else:
+                first = run.join(cur_path)
+                if first is not None:
+                    run.run(cur_fd, first)
         finally:
             store.release_queue()
             os.close(cur_fd)

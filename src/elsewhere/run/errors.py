@@ -1,0 +1,174 @@
+"""The error record: what a task that raised (or was lost, killed, refused) leaves behind.
+
+Built in one place, :meth:`ErrorRecord.of_exception` (or the constructor, for a fate that no
+exception tells: a lost or killed task, a result too large); every worker, MPI rank, peer task
+process, peer daemon and controller writes it with :meth:`ErrorRecord.to_value`, and a
+client makes a failed task's :class:`~elsewhere.util.errors.TaskError` from it with
+:meth:`ErrorRecord.from_value` and :meth:`ErrorRecord.task_error`.
+
+It is stored as a plain dict, in a result body of the job folder and in a peer's RESULT, so
+that any reader, of any version, loads it without elsewhere's classes (and a peer daemon,
+which never unpickles, pickles one without importing the task's)::
+
+    key                    value
+    "__elsewhere_error__"  1: this dict is an error record
+    "type"                 the exception type's qualified name ("ValueError", "mymod.Bad")
+    "message"              str() of the exception (with a hint, for a module not found)
+    "traceback"            the formatted traceback; "" for a fate
+    "host"                 where the task ran
+    "pid"                  the process it ran in
+    "index"                the task's index in its job
+    "seed"                 the seed it ran with
+    "exception"            the exception, pickled (protocol 5), if it pickles and loads back;
+                           else None
+
+Imported by a worker only when a task fails: nothing here is needed before.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import namedtuple
+
+TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+    from ..util.errors import TaskError
+
+__all__ = ["MARK", "ErrorRecord", "pickle_values"]
+
+MARK = "__elsewhere_error__"
+"""The key that marks a stored dict as an error record."""
+
+
+class ErrorRecord(namedtuple(
+    "ErrorRecord", "type_name message traceback host pid index seed exception",
+    defaults=("", "", 0, -1, 0, None),
+)):
+    """One failed run of one task: the typed form of the stored dict (see the module).
+
+    Fields: ``type_name`` (the exception type's qualified name, or a fate such as
+    ``"WorkerLost"``), ``message``, ``traceback`` (text), ``host``, ``pid``, ``index``,
+    ``seed``, ``exception`` (the pickled exception, or None).
+    """
+
+    __slots__ = ()
+    type_name: str
+    message: str
+    traceback: str
+    host: str
+    pid: int
+    index: int
+    seed: int
+    exception: bytes | None
+
+    @classmethod
+    def of_exception(cls, exc: BaseException, host: str, index: int, seed: int) -> ErrorRecord:
+        """The record of task ``index`` (seeded ``seed``) on ``host`` that raised ``exc``."""
+        import traceback
+
+        t = type(exc)
+        name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+        try:
+            message = str(exc)
+        except Exception:
+            message = f"<{name}>"
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            message += (f" (a module a task imports must be importable on {host}: installed there, in a "
+                        "folder of the job's sys.path that it shares, or sent with files=[...])")  # fmt: skip
+        elif isinstance(exc, KeyboardInterrupt) and not message:
+            message = "interrupted"
+        tb = "".join(traceback.format_exception(t, exc, exc.__traceback__))
+        return cls(name, message, tb, host, os.getpid(), index, seed, _pickled(exc))
+
+    @classmethod
+    def from_value(cls, value: Mapping[str, Any]) -> ErrorRecord:
+        """The record a stored dict holds (a record of an earlier version lacks some keys: they
+        read as empty)."""
+        exception = value.get("exception")
+        return cls(
+            str(value.get("type", "Exception")), str(value.get("message", "")),
+            str(value.get("traceback", "") or ""), str(value.get("host", "") or ""),
+            _int(value.get("pid"), 0), _int(value.get("index"), -1), _int(value.get("seed"), 0),
+            exception if isinstance(exception, (bytes, bytearray)) else None,
+        )  # fmt: skip
+
+    def to_value(self) -> dict[str, Any]:
+        """The stored form: a plain dict (the module's table)."""
+        return {
+            MARK: 1,
+            "type": self.type_name,
+            "message": self.message,
+            "traceback": self.traceback,
+            "host": self.host,
+            "pid": self.pid,
+            "index": self.index,
+            "seed": self.seed,
+            "exception": self.exception,
+        }
+
+    def explained(self, why: str) -> ErrorRecord:
+        """This record, its message led by ``why`` ("the result of task 3 cannot be serialised")."""
+        return self._replace(message=f"{why}: {self.message}")
+
+    def original(self) -> BaseException | None:
+        """The exception the task raised, where it can be loaded here; else None."""
+        if not self.exception:
+            return None
+        import pickle
+
+        try:
+            exc = pickle.loads(self.exception)
+        except Exception:
+            return None
+        return exc if isinstance(exc, BaseException) else None
+
+    def task_error(self, job: str, *, index: int | None = None, seed: int | None = None) -> TaskError:
+        """The :class:`~elsewhere.util.errors.TaskError` of this record, for job ``job``;
+        ``index`` and ``seed`` as the journal tells them, where it does."""
+        from ..util.errors import TaskError
+
+        return TaskError(
+            self.message, type_name=self.type_name, traceback=self.traceback, host=self.host,
+            index=self.index if index is None else index, seed=self.seed if seed is None else seed,
+            job=job, reason="error", exception=self.original(),
+        )  # fmt: skip
+
+
+def pickle_values(records: Iterable[ErrorRecord]) -> bytes:
+    """A group of values made of error records only, pickled as a result group is (a list):
+    a peer daemon writes the outcome of a task it lost or killed this way."""
+    import pickle
+
+    return pickle.dumps([r.to_value() for r in records], protocol=5)
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """``exc`` pickled, if it loads back (an exception with an odd ``__init__`` may pickle but
+    not load); a class of the caller's script or of a module sent by value goes by value, and
+    the caller's cloudpickle maps it back to the caller's own class."""
+    import pickle
+
+    try:
+        data = pickle.dumps(exc, protocol=5)
+    except Exception:
+        try:
+            from ..folder.serial import dumps_inband
+
+            data = dumps_inband(exc)
+        except Exception:
+            return None
+    try:
+        pickle.loads(data)
+    except Exception:
+        return None
+    return data
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default

@@ -1,0 +1,148 @@
+"""A worker's outcomes in its job folder: result bodies, then the journal frames that point
+into them (formats in ``folder/records.py``; the files in docs/job-folder.md).
+
+Outcomes of tasks that end within 10 ms of each other are one group: their values are one
+pickled list, one result body, and their records one journal frame, written with two system
+calls however many tasks the group holds. A flood of tiny tasks that succeeded is one *range*
+record (:meth:`ResultWriter.write_range`). A value that cannot be pickled becomes its task's
+error (:func:`dump_values`, shared with the peer task process).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..folder import records
+from ..folder.records import Kind, Record
+from ..folder.store import writev_all
+from .runner import TaskOutcome
+
+TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ..folder.store import JobStore
+    from .errors import ErrorRecord
+
+__all__ = ["ResultWriter", "dump_values", "peak_rss"]
+
+
+class ResultWriter:
+    """Worker ``wid``'s results and journal in job ``store`` (their only writer).
+
+    ``pending`` holds the outcomes not written yet (in task order); :meth:`flush` writes them
+    as one group. ``error`` makes the error record of a task whose value cannot be pickled.
+    """
+
+    def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord]) -> None:
+        self.store = store
+        self.error = error
+        self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.res_end = os.fstat(self.res_fd).st_size
+        self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.pending: list[TaskOutcome] = []
+        self.last_flush = self.last_sync = time.time()
+        self.unsynced = False  # written since the last fsync
+
+    def close(self) -> None:
+        for fd in (self.res_fd, self.jfd):
+            os.close(fd)
+
+    def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
+        """Write one result body; its (offset, size)."""
+        parts = records.pack_body(data, bufs)
+        size = records.body_size(parts)
+        off = self.res_end
+        writev_all(self.res_fd, parts)
+        self.res_end += size
+        return off, size
+
+    def flush(self, sync: bool = True) -> None:
+        """Write the pending outcomes: their body, then their journal frame; fsync if ``sync``."""
+        pending = self.pending
+        if not pending:
+            if sync and self.unsynced:
+                os.fsync(self.res_fd)
+                os.fsync(self.jfd)
+                self.unsynced = False
+                self.last_sync = time.time()
+            return
+        values = [o.value for o in pending]
+        data, bufs, bad = dump_values(values, lambda k, exc: self.error(exc, pending[k].index))
+        for k in bad:
+            pending[k] = pending[k]._replace(ok=False, value=values[k])
+        off, size = self._append_body(data, bufs)
+        rss = peak_rss()
+        ok_kind, err_kind = int(Kind.OK), int(Kind.ERROR)
+        recs = [
+            Record(ok_kind if o.ok else err_kind, 0, o.attempt, o.index, item, 1, off, size, o.log_off, o.log_len,
+                   o.t_start, o.t_end, rss, o.seed)
+            for item, o in enumerate(pending)
+        ]  # fmt: skip
+        if sync:
+            os.fsync(self.res_fd)
+        os.write(self.jfd, records.pack_frame(recs))
+        if sync:
+            os.fsync(self.jfd)
+        self.unsynced = not sync
+        pending.clear()
+        self.last_flush = time.time()
+        if sync:
+            self.last_sync = self.last_flush
+        self.store.notify()
+
+    def write_range(self, start: int, values: list[Any], t0: float, t1: float, log_off: int, log_len: int,
+                    seed: int) -> None:  # fmt: skip
+        """Tasks ``start .. start+len(values)-1`` all succeeded, from ``t0`` to ``t1``, seeded
+        from ``seed`` on, their output the byte range given: one body, one range record."""
+        self.flush(sync=False)  # the journal stays in task order
+        from ..folder import serial
+
+        try:
+            data, bufs = serial.dumps_plain(values)
+        except Exception:
+            # some value cannot be pickled: record them one by one instead
+            self.pending.extend(
+                TaskOutcome(start + k, 0, True, v, t0, t1, log_off, 0, seed + k, 0.0) for k, v in enumerate(values)
+            )
+            return
+        off, size = self._append_body(data, bufs)
+        rec = Record(int(Kind.OK), 0, 0, start, 0, len(values), off, size, log_off, log_len, t0, t1, peak_rss(),
+                     seed)  # fmt: skip
+        os.write(self.jfd, records.pack_frame([rec]))
+        self.unsynced = True
+        self.last_flush = t1
+        self.store.notify()
+
+
+def dump_values(values: list[Any], error_of: Callable[[int, BaseException], ErrorRecord]
+                ) -> tuple[bytes, list[memoryview], list[int]]:  # fmt: skip
+    """``values`` pickled together as one list (large buffers out of band), and the positions
+    of those that could not be: each is replaced, in ``values`` too, by the stored form of
+    ``error_of(position, exception)``, explained."""
+    from ..folder import serial
+
+    try:
+        data, bufs = serial.dumps_plain(values)
+        return data, bufs, []
+    except Exception:
+        pass
+    bad = []
+    for k, value in enumerate(values):
+        try:
+            serial.dumps_plain(value)
+        except Exception as exc:
+            err = error_of(k, exc)
+            values[k] = err.explained(f"the result of task {err.index} cannot be serialised").to_value()
+            bad.append(k)
+    data, bufs = serial.dumps_plain(values)
+    return data, bufs, bad
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
