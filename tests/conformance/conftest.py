@@ -101,7 +101,9 @@ def _fake(name: str):
         folder = request.getfixturevalue("tmp_path") / f"fake-{name}"
         folder.mkdir()
         fake = make_fake(name, folder, request.getfixturevalue("monkeypatch"))
-        request.addfinalizer(fake.kill_all)  # after the jobs are cancelled: what still runs
+        # after the jobs are cancelled: whatever still runs (kill_all takes its time, even
+        # when nothing does)
+        request.addfinalizer(lambda: fake.running_pids() and fake.kill_all())
         return Backend(name, "batch", (name,), {"status_interval_s": STATUS_INTERVAL_S})
 
     return make

@@ -33,6 +33,17 @@ def nap(seconds: float, folder: str, index: int) -> int:
     return index
 
 
+def hold(folder: str, index: int) -> int:
+    """Run until the test creates ``folder/release`` (30 s at most), after writing this
+    process's pid to ``folder/pid-<index>``."""
+    Path(folder, f"pid-{index}.tmp").write_text(str(os.getpid()))
+    os.replace(Path(folder, f"pid-{index}.tmp"), Path(folder, f"pid-{index}"))
+    deadline = time.monotonic() + 30
+    while not Path(folder, "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return index
+
+
 def long_unless_marked(index: int, folder: str) -> int:
     """Task 1 runs long on its first attempt only (a marker file tells the second); each
     start is a line of ``folder/starts-<index>``."""

@@ -27,6 +27,7 @@ from conformance.contract import Backend, end_running_task, gone, lacks, recorde
 from conformance.tasks import (
     chatty,
     fail_first_time,
+    hold,
     long_unless_marked,
     nap,
     pid_of,
@@ -215,27 +216,53 @@ def test_states_move_forward_from_queued_through_running_to_finished(
     backend: Backend, tmp_path: Path
 ) -> None:
     n = 2
-    job = ew.submit(nap, [1.0] * n, [str(tmp_path)] * n, range(n), on=backend())
+    job = ew.submit(hold, [str(tmp_path)] * n, range(n), on=backend())
     first = job.state
     assert first in (ew.JobState.QUEUED, ew.JobState.RUNNING), first
     seen: list[tuple[ew.JobState, list[ew.TaskState]]] = []
-
-    def look() -> bool:
+    # The tasks run until released: once one was seen running, or a few seconds after one
+    # started (a backend that never shows a task running fails fast).
+    release = tmp_path / "release"
+    started_at = 0.0
+    deadline = time.monotonic() + START_S + END_S
+    while True:
         status = job.check()
         seen.append((status.state, [t.state for t in job.tasks]))
-        return status.state.done
-
-    wait_until(look, START_S + END_S, lambda: seen[-5:])
-    assert seen[-1][0] is ew.JobState.FINISHED, seen[-1]
-    assert ew.JobState.RUNNING in {s for s, _ in seen}, seen
-    assert any(ew.TaskState.RUNNING in tasks for _, tasks in seen), seen
-    order = list(ew.TaskState)  # pending, queued, running, then the ends
+        if status.state.done:
+            break
+        assert time.monotonic() < deadline, seen[-5:]
+        if not release.exists():
+            if not started_at and any(pid_of(tmp_path, i) for i in range(n)):
+                started_at = time.monotonic()
+            if ew.TaskState.RUNNING in seen[-1][1] or (
+                started_at and time.monotonic() - started_at > 5
+            ):
+                release.touch()
+        time.sleep(0.02 if release.exists() else 0.1)  # closely while the tasks end
+    shown = _looks(seen)
+    assert seen[-1][0] is ew.JobState.FINISHED, shown
+    assert any(ew.TaskState.RUNNING in tasks for _, tasks in seen), f"no task seen running: {shown}"
     for i in range(n):
-        ranks = [min(order.index(tasks[i]), 3) for _, tasks in seen]
-        moves = [tasks[i].value for _, tasks in seen]
-        assert ranks == sorted(ranks), f"task {i} moved backwards: {moves}"
-    ranks = [state.rank for state, _ in seen]
-    assert [first.rank, *ranks] == sorted([first.rank, *ranks]), [first, *(s for s, _ in seen)]
+        ranks = [min(list(ew.TaskState).index(tasks[i]), 3) for _, tasks in seen]
+        assert ranks == sorted(ranks), f"task {i} moved backwards: {shown}"
+    assert ew.JobState.RUNNING in {s for s, _ in seen}, shown
+    ranks = [first.rank] + [state.rank for state, _ in seen]
+    assert ranks == sorted(ranks), f"the job moved backwards: {first.value}, then {shown}"
+
+
+def _looks(seen: list[tuple[ew.JobState, list[ew.TaskState]]]) -> str:
+    """The states seen, one look after another, repeats counted: "queued (queued, queued) x3"."""
+    out: list[str] = []
+    last, count = "", 0
+    for job_state, tasks in [*seen, (None, [])]:
+        text = f"{job_state.value} ({', '.join(t.value for t in tasks)})" if job_state else ""
+        if text == last:
+            count += 1
+            continue
+        if last:
+            out.append(last + (f" x{count}" if count > 1 else ""))
+        last, count = text, 1
+    return " -> ".join(out)
 
 
 # -- 9. logs --------------------------------------------------------------------------------
@@ -263,7 +290,9 @@ def test_purge_leaves_nothing_behind(backend: Backend) -> None:
     if backend.remote is not None:
         assert backend.leftovers(job.id), f"no copy of the job in {backend.remote} to purge"
     job.purge()
-    assert not job.path.exists(), sorted(p.name for p in job.path.iterdir())
+    assert backend.leftovers(job.id) == []  # nothing on the node
+    assert not job.path.exists(), (
+        f"the job folder is still there after purge: {sorted(p.name for p in job.path.iterdir())}"
+    )
     with pytest.raises(ew.JobNotFound):
         ew.recover(name)
-    assert backend.leftovers(job.id) == []
