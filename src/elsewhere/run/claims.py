@@ -19,6 +19,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: workers start faste
 if TYPE_CHECKING:
     from typing import Any
 
+    from ..folder.queue import Queue
     from ..folder.store import JobStore
 
 __all__ = ["WAIT", "Claims", "claim_size"]
@@ -60,40 +61,39 @@ class Claims:
         its wake-up ``fifo``) and make the first claim, in one queue update; None if the job
         needs no more workers."""
         with self.store.locked_queue() as q:
-            q.setdefault("dispatched", {}).pop(self.wid, None)  # arrived, whatever happens next
-            if q.get("cancelled"):
-                return None
-            members = q["members"]
-            active = sum(1 for x in members.values() if x.get("state") in ("active", "waiting"))
-            if active >= q.get("max_workers", 1):
+            q.forget_dispatched(self.wid)  # arrived, whatever happens next
+            if q.cancelled or q.live_members() >= q.max_workers:
                 return None
             m: dict[str, Any] = {"pid": pid, "host": host, "python": sys.executable, "version": _PY_VERSION,
                                  "lock": lock, "fifo": fifo, "claim": [], "state": "active", "joined": time.time()}
-            members[self.wid] = m
+            q.members[self.wid] = m
             return self._claim_in(q, m, mean_s, n_done)
 
     def claim(self, mean_s: float, n_done: int) -> Any:
         """The next claim, sized for tasks of ``mean_s`` seconds."""
         try:
             with self.store.locked_queue() as q:
-                m = q["members"].get(self.wid)
-                if m is None or m.get("state") == "dead" or q.get("cancelled"):
+                m = q.members.get(self.wid)
+                if m is None or m.get("state") == "dead" or q.cancelled:
                     return None
                 return self._claim_in(q, m, mean_s, n_done)
         except FileNotFoundError:
             return None  # the job was withdrawn (its submission failed) or purged
 
-    def _claim_in(self, q: Any, m: dict[str, Any], mean_s: float, n_done: int) -> Any:
-        """Claim tasks in queue state ``q`` (locked) for member ``m``."""
+    def _claim_in(self, q: Queue, m: dict[str, Any], mean_s: float, n_done: int) -> Any:
+        """Claim tasks in queue state ``q`` (locked) for member ``m``.
+
+        (The raw state is changed here where the queue has no transition for it yet: taking
+        tasks to run again, moving ``next``, the member's state and claim.)"""
         want, least = claim_size(mean_s, n_done)
-        if not q.get("submitted"):
+        if not q.submitted:
             # Started early, while the client still writes the inputs.
             if time.time() - m.get("joined", 0) > _EARLY_S:
                 m["state"] = "left"
                 return None
             m["state"] = "waiting"
             return WAIT
-        skip = set(q.get("cancelled_tasks", ()))
+        skip = q.cancelled_tasks
         self.attempts = {}
         for _ in range(2):
             if q["retry"]:
@@ -101,21 +101,20 @@ class Claims:
                 del q["retry"][:want]
                 if not take:
                     continue
-                self.attempts = {i: q["attempts"].get(str(i), 0) for i in take}
+                self.attempts = {i: q.attempt(i) for i in take}
                 m["claim"] = [-1, *take]
                 m["state"] = "active"
                 return take
-            remaining = q["n"] - q["next"]
+            remaining = q.n - q.next
             if remaining > 0:
-                active = sum(1 for x in q["members"].values() if x.get("state") in ("active", "waiting"))
                 # Guided: a share of what is left, halved while that is more than a few ms of
                 # work per worker; at the end, what is left is split evenly at once.
-                active = max(1, active)
+                active = max(1, q.live_members())
                 share = -(-remaining // active)
                 if remaining * mean_s > _TARGET_BATCH_S * active / 2 or n_done == 0:
                     share = -(-share // 2)
                 k = min(remaining, max(least, min(want, share)))
-                a = q["next"]
+                a = q.next
                 q["next"] = a + k
                 m["state"] = "active"
                 if skip and any(i in skip for i in range(a, a + k)):
@@ -127,7 +126,7 @@ class Claims:
             m["claim"] = []
             if not reap(self.store, q):
                 break
-        if q.get("closed"):
+        if q.closed:
             m["state"] = "left"
             m["claim"] = []
             self.left = True
@@ -139,8 +138,8 @@ class Claims:
         """For a worker given its tasks (no membership): those not cancelled, their attempts
         due in :attr:`attempts`."""
         q = self.store.queue()
-        self.attempts = {i: int(q.get("attempts", {}).get(str(i), 0)) for i in tasks}
-        skip = set(q.get("cancelled_tasks", ()))
+        self.attempts = {i: q.attempt(i) for i in tasks}
+        skip = q.cancelled_tasks
         return [i for i in tasks if i not in skip]
 
     def leave(self) -> None:
@@ -150,7 +149,7 @@ class Claims:
             return
         try:
             with self.store.locked_queue() as q:
-                m = q["members"].get(self.wid)
+                m = q.members.get(self.wid)
                 if m is not None and m.get("state") != "dead":
                     m["state"] = "left"
                     m["claim"] = []
