@@ -4,7 +4,8 @@ A :class:`ChildProcess` is one ``python -m elsewhere.peer.child`` process as
 the worker daemon sees it: its Unix socket (with an outbox for non-blocking
 sends, file descriptors included), the shared map where the child says which
 task it runs, the memfd its output goes to, and the maps of its warm result
-memfds. The message format is in ``child.py``.
+memfds. The message format is in ``childmsg.py``. What the daemon runs on a
+child (a ``runs.Run``) is its business: a child holds it, typed by the daemon.
 """
 
 from __future__ import annotations
@@ -13,31 +14,29 @@ import collections
 import contextlib
 import mmap
 import os
-import pickle
 import selectors
 import signal
 import socket
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
-from . import child as childproto
-from .child import CUR, MessageReader
+from ..folder.store import CUR
+from .childmsg import MessageReader, pack_message
 from .stream import new_memfd
 
-if TYPE_CHECKING:
-    from .runs import Run
-
-__all__ = ["ChildProcess", "describe_exit", "error_value", "read_capture", "tree_rss"]
+__all__ = ["ChildProcess", "describe_exit", "read_capture", "tree_rss"]
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_R = TypeVar("_R")
 
 
-class ChildProcess:
-    """A task-running child process, as the daemon sees it."""
+class ChildProcess(Generic[_R]):
+    """A task-running child process, as the daemon sees it; ``run`` is the batch (of type
+    ``_R``) the daemon runs on it now, if any."""
 
-    def __init__(self, python: str, capture_fd: int) -> None:
+    def __init__(self: ChildProcess[Any], python: str, capture_fd: int) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         cur_fd, self.cur = new_memfd(CUR.size, "elsewhere-cur")
         CUR.pack_into(self.cur, 0, -1, 0.0, 0)
@@ -64,7 +63,7 @@ class ChildProcess:
         self.pid = self.popen.pid
         self.ready = False
         self.base_rss = 0
-        self.run: Run | None = None
+        self.run: _R | None = None
         self.fns: dict[str, None] = {}  # function parts the child holds, oldest first
         self.job_id: str | None = None
         self.dirty = False  # it imported user modules: see PeerWorker._may_run
@@ -76,7 +75,7 @@ class ChildProcess:
         self.events = selectors.EVENT_READ  # what the daemon's selector watches for now
 
     def send(self, header: dict[str, Any], body: list[Any], fds: list[int]) -> None:
-        parts = childproto.pack_message(header, body, len(fds))
+        parts = pack_message(header, body, len(fds))
         self.out.append((collections.deque(memoryview(p).cast("B") for p in parts if len(p)), fds))
 
     def flush(self) -> bool:
@@ -142,18 +141,6 @@ class ChildProcess:
             self.sock.close()
         with contextlib.suppress(BufferError, ValueError):
             self.cur.close()
-
-
-def error_value(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> bytes:
-    """A group of one pickled error description in the worker's format (pickling is safe;
-    the daemon never loads anything)."""
-    return pickle.dumps([error_dict(kind, message, host, index, seed, pid)], protocol=5)
-
-
-def error_dict(kind: str, message: str, host: str, index: int, seed: int, pid: int) -> dict[str, Any]:
-    """An error description in the worker's format (see :func:`error_value`)."""
-    return {"__elsewhere_error__": 1, "type": kind, "message": message, "traceback": "",
-            "host": host, "pid": pid, "index": index, "seed": seed, "exception": None}  # fmt: skip
 
 
 def describe_exit(code: int | None) -> str:

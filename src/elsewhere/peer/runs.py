@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .child import GROUP_BYTES, Outcome
-from .children import ChildProcess, error_dict, error_value
+from ..run.errors import ErrorRecord, pickle_values
+from .childmsg import GROUP_BYTES, Outcome
+from .children import ChildProcess
 from .messages import Ask
 
 __all__ = ["Done", "Run", "build_result", "build_run_message", "cap_result", "fill_unfinished", "take_results"]
@@ -42,12 +43,12 @@ class Run:
     fn_buffers: tuple[Any, ...] = ()
     job_buffers: tuple[Any, ...] = ()
     started: float = 0.0
-    child: ChildProcess | None = None
+    child: ChildProcess[Run] | None = None
     outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
     groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
     kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
     accepted: float = 0.0
-    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)  # child memfds of results
+    leases: list[tuple[ChildProcess[Run], int]] = field(default_factory=list)  # child memfds of results
     kept: set[int] = field(default_factory=set)  # positions of inputs a result is a view of
     held: list[tuple[Any, bool]] = field(default_factory=list)  # those buffers, reusable after?
     context: tuple[Any, ...] = ()  # who sent it and the job's surroundings: see job_context
@@ -70,7 +71,7 @@ class Done:
     info: dict[str, Any]
     buffers: list[Any]
     finished: float
-    leases: list[tuple[ChildProcess, int]] = field(default_factory=list)
+    leases: list[tuple[ChildProcess[Run], int]] = field(default_factory=list)
     held: list[tuple[Any, bool]] = field(default_factory=list)  # input buffers results are in
 
 
@@ -102,7 +103,7 @@ def build_run_message(run: Run, send_fn: bool, send_job: bool, fd_of: Callable[[
     return header, body, fds
 
 
-def take_results(child: ChildProcess, header: dict[str, Any], body: memoryview,
+def take_results(child: ChildProcess[Run], header: dict[str, Any], body: memoryview,
                  fds: list[int]) -> None:  # fmt: skip
     """A group of outcomes from a child, into its run: one pickled list of values, then the
     logs (the child's run is None: they are dropped, their descriptors closed)."""
@@ -172,7 +173,8 @@ def fill_unfinished(run: Run, culprit_index: int, culprit: Outcome | None, why: 
         if index == culprit_index and culprit not in (None, Outcome.REQUEUE):
             kind = "WorkerLost" if culprit is Outcome.LOST else "TaskKilled"
             msg = f"task {index} was lost: {why}" if culprit is Outcome.LOST else why
-            run.groups.append((error_value(kind, msg, host, index, seed0 + index, pid), []))
+            error = ErrorRecord(kind, msg, "", host, pid, index, seed0 + index)
+            run.groups.append((pickle_values([error]), []))
             row = [index, attempt, int(culprit), len(run.groups) - 1, 0, t, time.time(), 0, len(tail)]
             run.outcomes[index] = (row, tail)
         else:
@@ -216,15 +218,15 @@ def cap_result(run: Run, max_bytes: int, host: str) -> int:
     lost = 0
     for g, size in alone.items():
         mine = sorted((row for row, _log in run.outcomes.values() if row[3] == g), key=lambda r: r[4])
-        values = [error_dict("ResultTooLarge",
-                             f"task {row[0]}: its result ({format_size(size)}"
-                             + (f", with {len(mine) - 1} others that ended with it" if len(mine) > 1 else "")
-                             + f") is over what one message from a worker may carry ({format_size(max_bytes)}): "
-                             "write it to a file, or return it in parts", host, row[0], seed0 + row[0], pid)
+        others = f", with {len(mine) - 1} others that ended with it" if len(mine) > 1 else ""
+        errors = [ErrorRecord("ResultTooLarge",
+                              f"task {row[0]}: its result ({format_size(size)}{others}) is over what one message "
+                              f"from a worker may carry ({format_size(max_bytes)}): write it to a file, or return "
+                              "it in parts", "", host, pid, row[0], seed0 + row[0])
                   for row in mine]  # fmt: skip
         for k, row in enumerate(mine):
             row[2], row[4] = int(Outcome.ERROR), k
-        run.groups[g] = (pickle.dumps(values, protocol=5), [])
+        run.groups[g] = (pickle_values(errors), [])
         lost += len(mine)
     return lost
 
