@@ -25,7 +25,6 @@ import psutil
 
 import elsewhere as ew
 from elsewhere.backends.batch import BatchCluster
-from elsewhere.core import control
 
 
 @dataclass
@@ -126,12 +125,11 @@ def lacks(cluster: ew.Cluster, capability: str) -> bool:
 
 def running_worker(job: ew.Job, index: int) -> dict[str, Any]:
     """What the job folder says of the worker running task ``index`` (host, pid, ...), or
-    {} while it is not known to run."""
-    snap = control.snapshot(job.cluster, job.handle)
-    running = snap.running.get(index)
-    if running is None:
+    {} while the task is not known to run."""
+    task = job.tasks[index]
+    if task.state is not ew.TaskState.RUNNING or not task.worker:
         return {}
-    return dict(job.handle.store.worker_info(running[0]))
+    return dict(job.handle.store.worker_info(task.worker))
 
 
 def element_of(cluster: BatchCluster, job: ew.Job, index: int) -> str:
@@ -149,28 +147,33 @@ def element_of(cluster: BatchCluster, job: ew.Job, index: int) -> str:
 
 def recorded_worker(job: ew.Job, index: int, task_pid: int, timeout: float = 5.0) -> str:
     """Check that the job folder knows who runs task ``index``, which runs in process
-    ``task_pid`` on this machine: the worker recorded for it (its worker info, found from
-    the running task's worker id) is that process or a parent of it (a peer worker runs each
-    task in a child process). "" if so, else what is wrong. Waits up to ``timeout`` seconds
-    for the record (results and worker files of remote nodes arrive by polling)."""
+    ``task_pid`` on this machine: the worker recorded for it (the running task's worker, its
+    worker info) is that process or a parent of it (a peer worker runs each task in a child
+    process). "" if so, else what is wrong. A record may come late or be completed later
+    (results and worker files of remote nodes arrive by polling): waits up to ``timeout``
+    seconds for a right one."""
+    try:
+        parents = [p.pid for p in psutil.Process(task_pid).parents()]
+    except psutil.NoSuchProcess:
+        parents = []
+    here = socket.gethostname()
     deadline = time.monotonic() + timeout
-    while not (info := running_worker(job, index)) and time.monotonic() < deadline:
+    while True:
+        info = running_worker(job, index)
+        if info and info.get("host") == here and info.get("pid") in (task_pid, *parents):
+            return ""
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.1)
     if not info:
         return (
             f"task {index} runs in process {task_pid}, but the job folder shows no worker "
             f"running it (job {job.check()})"
         )
-    try:
-        parents = [p.pid for p in psutil.Process(task_pid).parents()]
-    except psutil.NoSuchProcess:
-        parents = []
-    if info.get("host") != socket.gethostname() or info.get("pid") not in (task_pid, *parents):
-        return (
-            f"task {index} runs in process {task_pid} on {socket.gethostname()} (parents "
-            f"{parents}), but the job folder names this worker for it: {info}"
-        )
-    return ""
+    return (
+        f"task {index} runs in process {task_pid} on {here} (parents {parents}), but the job "
+        f"folder names this worker for it: {info}"
+    )
 
 
 def end_running_task(job: ew.Job, index: int, task_pid: int) -> str:
