@@ -54,6 +54,8 @@ class NohupCluster(ew.Cluster):
     kind = "nohup"
     #: What the plugin reads of ``additional_properties`` (anything else is refused).
     properties = {"nice": ew.Property(int, 0, "the niceness of the worker processes (nice -n)")}
+    #: It also runs open jobs that grow while they run (ew.Executor).
+    capabilities = frozenset({"stream"})
 
     def __init__(self, *, slots: int | None = None, python: str | None = None, **common: Any) -> None:
         super().__init__(**common)
@@ -66,11 +68,6 @@ class NohupCluster(ew.Cluster):
     def settings(self) -> dict[str, Any]:
         return {"slots": self.slots, "python": self.python, **super().settings()}
 
-    def describe(self) -> dict[str, Any]:
-        # A job recovered in a new process rebuilds its cluster from this. "nohup" is only
-        # known there if an entry point registers it; "module:Class" is always found.
-        return {**super().describe(), "kind": f"{type(self).__module__}:{type(self).__qualname__}"}
-
     # -- plugin operations ------------------------------------------------------
     def post_construct(self) -> None:
         """Check what the plugin needs: the nohup command and the interpreter (the library
@@ -82,20 +79,26 @@ class NohupCluster(ew.Cluster):
         if not os.access(self.python, os.X_OK):
             raise ew.ConfigError(f"python={self.python!r} is not an executable interpreter")
 
+    def max_workers(self, n_tasks: int) -> int:
+        return self.slots
+
     def submit_independent(self, job: ew.JobHandle) -> None:
         """Split ``job.tasks`` (all of them, or the ones to rerun) into ``slots`` parts; one
-        detached process per part."""
+        detached process per part. An open job (``ew.Executor``) gets ``slots`` processes
+        that claim its tasks from the job's queue as they come."""
         tasks = job.tasks
         per = -(-len(tasks) // self.slots) if tasks else 1
+        parts = [tasks[k : k + per] for k in range(0, len(tasks), per)]
+        if job.stream and not tasks:
+            parts = [[] for _ in range(self.slots)]  # no --tasks: they claim
         logs = job.path / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         data = self.get_job_cluster_data(job)
         processes = data.setdefault("processes", [])
-        for k in range(0, len(tasks), per):
-            part = tasks[k : k + per]
+        for part in parts:
             spec = ",".join(map(str, part))
             argv = ["nohup", "nice", "-n", str(self.additional_properties["nice"]), self.python, "-m",
-                    "elsewhere.worker", "--job", str(job.path), "--tasks", spec]
+                    "elsewhere.worker", "--job", str(job.path)] + (["--tasks", spec] if part else [])
             log = logs / f"nohup-{len(processes)}.log"
             with open(log, "ab") as out:
                 try:

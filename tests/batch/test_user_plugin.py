@@ -300,3 +300,38 @@ def test_an_unknown_scheduler_names_the_group_and_the_interpreter(ew_home):
     with pytest.raises(ew.ConfigError) as err:
         ew.batch("tsp")
     assert "'elsewhere.schedulers'" in str(err.value) and sys.executable in str(err.value)
+
+
+def test_an_executor_runs_on_a_plugin_with_the_stream_capability(ew_home):
+    with ew.Executor(on=ew.batch(TARGET, slots=2)) as ex:
+        assert [f.result(timeout=30) for f in [ex.submit(pow, 2, k) for k in range(5)]] == [1, 2, 4, 8, 16]
+
+
+class NoStream(__import__("examples.nohup_scheduler", fromlist=["NohupCluster"]).NohupCluster):
+    capabilities = frozenset()
+
+
+def test_a_plugin_without_a_capability_is_refused_clearly(ew_home):
+    with pytest.raises(ew.ConfigError, match=r"cannot run an Executor.*'stream'"):
+        ew.Executor(on=NoStream(slots=1))
+    with pytest.raises(ew.ConfigError, match="cannot run communicating jobs"):
+        ew.submit_communicating(square, (2,), ranks=2, on=NoStream(slots=1))
+
+
+class HalfSubmits(__import__("examples.nohup_scheduler", fromlist=["NohupCluster"]).NohupCluster):
+    """Starts its first process, then fails: the library must have it take that one back."""
+
+    def submit_independent(self, job):
+        super().submit_independent(job.for_tasks(job.tasks[:1]))
+        raise ew.SchedulerError("the second submission was refused")
+
+
+def test_a_submission_that_fails_halfway_is_taken_back(ew_home):
+    cl = HalfSubmits(slots=1)
+    with pytest.raises(ew.SchedulerError, match="second submission"):
+        ew.submit(sleepy, [60, 60], on=cl, name="half")
+    with pytest.raises(ew.JobNotFound):
+        ew.recover("half")
+    stray = [p for p in psutil.process_iter(["cmdline"]) if "elsewhere.worker" in " ".join(p.info["cmdline"] or [])
+             and str(ew_home) in " ".join(p.info["cmdline"] or [])]
+    assert not [p for p in stray if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]

@@ -109,5 +109,5 @@ def test_check_move_names_the_job_the_task_and_both_states():
     check_move(TaskState.FAILED, TaskState.QUEUED, task=1, retry=True)
     with pytest.raises(ew.StateError, match=r"task 3 of job 'fits' cannot move from finished to queued"):
         check_move(TaskState.FINISHED, TaskState.QUEUED, task=3, job="fits", retry=True)
-    with pytest.raises(ew.StateError, match="running to cancelled|finished to cancelled"):
+    with pytest.raises(ew.StateError, match=r"finished to cancelled"):
         check_move(TaskState.FINISHED, TaskState.CANCELLED, task=0)

@@ -101,8 +101,9 @@ class _Future(cf.Future):
             return False
         try:
             self._ew_executor._cancel_task(self._ew_index)
-        except Exception:
-            pass
+        except Exception:  # the future is cancelled whatever the job says; the log tells why it ran on
+            log.warning("task %d of job %r could not be cancelled in its job", self._ew_index,
+                        self._ew_executor._job.name, exc_info=True)
         return True
 
 
@@ -121,7 +122,15 @@ class Executor(cf.Executor):
         from . import functions as api
         from .job import write_and_submit
 
-        self._job = api.create_job(on, name=name or f"executor-{os.urandom(3).hex()}", _stream=True, **options)
+        cluster = api._resolve(on)
+        if "stream" not in cluster.capabilities:
+            from ..util.errors import ConfigError
+
+            raise ConfigError(
+                f"the {cluster.kind or type(cluster).__name__} cluster cannot run an Executor: it runs jobs whose "
+                "tasks are known when they are submitted (its backend lacks the capability 'stream'); use "
+                "ew.map or ew.submit there, or an Executor on ew.local() or ew.peers()")
+        self._job = api.create_job(cluster, name=name or f"executor-{os.urandom(3).hex()}", _stream=True, **options)
         self._keep = keep
         self._writer = PayloadWriter(self._job.store.path / "payload.log",
                                      compress=not self._job.cluster.shares_filesystem())
@@ -323,6 +332,12 @@ class Executor(cf.Executor):
     def _cancel_task(self, index: int) -> None:
         from ..core import control
 
+        # the queue knows the task before it is cancelled there
+        if self._link is None:
+            self._count_now()
+        else:  # in memory at the controller; its payload may still be on its way to the file
+            with self._job.store.locked_queue() as q:
+                q.grow(index + 1)
         control.cancel_task(self._job.cluster, self._job.handle, index)
 
     def _collect(self) -> None:

@@ -53,6 +53,7 @@ CAPABILITIES = frozenset({
     "communicating",  # submit_communicating starts MPI ranks together
     "retry_resources",  # job.retry(mem=..., walltime=...) reaches submit_independent as job.resources
     "fetch_files",  # job.get(files=True) brings back the files tasks wrote where they ran
+    "stream",  # an open job that grows while it runs (ew.Executor): see submit_independent
 })
 
 
@@ -163,8 +164,9 @@ class Cluster(abc.ABC):
         what is wrong and how to fix it."""
 
     def max_workers(self, n_tasks: int) -> int:
-        """How many tasks of a job of ``n_tasks`` may run at once (``ew.Executor`` sizes
-        itself by it)."""
+        """How many workers a job of ``n_tasks`` may have at once; for an open stream job
+        (``ew.Executor``) ``n_tasks`` is 0. Workers that claim tasks from the job's queue
+        beyond this number find nothing to do and leave."""
         return max(1, n_tasks)
 
     def prepare(self, job: JobHandle, n_tasks: int) -> None:
@@ -177,7 +179,10 @@ class Cluster(abc.ABC):
 
         On ``job.submit()`` these are all the job's tasks; on ``job.retry()`` and on a
         rerun of lost tasks (``retries=``, :meth:`report_lost`), exactly the tasks to run
-        again (``job.attempt(i)`` tells which attempt is due). A worker started with
+        again (``job.attempt(i)`` tells which attempt is due). An open stream job
+        (``job.stream``, an ``ew.Executor``; only with the capability "stream") comes with
+        no tasks: start up to ``max_workers(0)`` workers without ``--tasks``, which claim
+        tasks from the job's queue as they are added and leave when it closes. A worker started with
         ``python -m elsewhere.worker --job DIR --tasks 3,5-7`` runs the given tasks and
         records their outcomes and running state in the job folder; the library derives
         every task's state from there. Raise an :class:`~elsewhere.ElsewhereError` subclass

@@ -83,7 +83,7 @@ class LocalCluster(Cluster):
         "mpi_launcher": Property(str, None, "the MPI launcher command (default mpiexec)"),
         "mpi_args": Property(list, None, "extra arguments of the MPI launcher"),
     }
-    capabilities = frozenset({"communicating"})
+    capabilities = frozenset({"communicating", "stream"})
 
     def __init__(
         self,

@@ -114,6 +114,7 @@ class PeerCluster(Cluster):
     """
 
     kind = "peer"
+    capabilities = frozenset({"stream"})
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from ..folder.lifecycle import remove_folder
 from ..folder.payload import PayloadWriter
 from ..folder.registry import Registry
 from ..folder.store import META, JobStore
+from ..util.errors import ConfigError
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -86,7 +87,13 @@ def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any],
         remove_folder(store.path)  # workers started early may be inside: rename, then remove
         raise
     try:
+        if meta.get("stream"):
+            with store.locked_queue() as q:
+                q.set_max_workers(cluster.max_workers(0))
         if communicating:
+            if "communicating" not in cluster.capabilities:
+                raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster cannot run communicating "
+                                  "jobs (its backend lacks the capability 'communicating')")  # fmt: skip
             cluster.submit_communicating(handle)
         else:
             cluster.submit_independent(handle)
@@ -94,7 +101,15 @@ def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any],
             with store.locked_queue() as q:
                 q.submit()  # whatever the plugin did: the job is now in its hands
     except BaseException:
-        # Nothing runs: do not leave a half-submitted job behind.
+        # Do not leave a half-submitted job behind: the backend takes back what it started
+        # (best effort: the error that brought us here is the one to raise), then the folder goes.
+        try:
+            with store.locked_queue() as q:
+                q.cancel_job()
+            cluster.cancel_job(handle)
+            cluster.delete_job(handle)
+        except Exception:
+            pass
         reg.remove(handle.id)
         remove_folder(store.path)
         raise

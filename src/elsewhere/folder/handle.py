@@ -257,7 +257,15 @@ class JobHandle:
             if recs:
                 self.store.append_control(recs)
         if again and self._restart is not None:
-            self._restart(self, again)
+            try:
+                self._restart(self, again)
+            except Exception as exc:  # they cannot run again: failed with both reasons
+                with self.store.locked_queue() as q:
+                    recs = []
+                    for t in again:
+                        q.lose(t, reason=f"{reasons[t]}; it could not be started again: {type(exc).__name__}: {exc}")
+                        recs.append(records.make_record(Kind.LOST, t, q.attempt(t), t_end=time.time()))
+                    self.store.append_control(recs)
         return self.snapshot()
 
 
