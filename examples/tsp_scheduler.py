@@ -70,6 +70,8 @@ class TspCluster(ew.Cluster):
         "job_slots": ew.Property(int, 0, "slots each tsp job takes (tsp -N); 0: cores_per_task"),
         "label": ew.Property(str, "ew", "prefix of the tsp job labels (tsp -L), shown by tsp -l"),
     }
+    #: Open jobs that grow while they run (ew.Executor): workers claim their tasks.
+    capabilities = frozenset({"stream"})
 
     def __init__(self, *, slots: int | None = None, tasks_per_job: int | None = None,
                  socket: str | None = None, command: str | None = None, python: str | None = None,
@@ -99,6 +101,10 @@ class TspCluster(ew.Cluster):
         if not os.access(self.python, os.X_OK):
             raise ew.ConfigError(f"python={self.python!r} is not an executable interpreter")
         self._tsp(self._socket(), "-S", check=True)
+
+    def max_workers(self, n_tasks: int) -> int:
+        """Workers of an open job (ew.Executor) at once: the server's slots."""
+        return self.slots or max(1, (os.cpu_count() or 1) // self.cores_per_task)
 
     def submit_independent(self, job: ew.JobHandle) -> None:
         """One tsp job per chunk of ``job.tasks`` (all of them, or the ones to rerun)."""

@@ -384,3 +384,9 @@ def test_a_submission_tsp_refuses_half_way_leaves_nothing_queued(tsp, tmp_path):
     assert "tsp-half" not in {j.name for j in ew.jobs()}
     with pytest.raises(ew.ConfigError, match="take 3 slots"):
         ew.submit(square, [1], on=ew.batch(TARGET, slots=2, cores_per_task=3))
+
+
+def test_an_executor_runs_on_tsp(tsp):
+    with ew.Executor(on=ew.batch(TARGET, slots=2)) as ex:
+        futures = [ex.submit(square, k) for k in range(6)]
+        assert [f.result(timeout=60) for f in futures] == [k * k for k in range(6)]
