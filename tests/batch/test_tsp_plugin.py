@@ -7,6 +7,7 @@ task spooler is not installed (Debian: ``apt-get install task-spooler``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -194,6 +195,12 @@ def test_queued_tasks_say_so_and_cancel_removes_them_from_the_queue(tsp):
     reasons = job.check().reasons  # what the plugin's job_state adds
     assert reasons[1] == f"tsp: queued (tsp job {ids[1]})" and reasons[2] == f"tsp: queued (tsp job {ids[2]})"
     assert 0 not in reasons
+    shell = subprocess.run([sys.executable, "-m", "elsewhere", "status", job.name], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ))  # fmt: skip
+    assert f"tsp: queued (tsp job {ids[1]}): task 1" in shell.stdout, shell.stdout + shell.stderr
+    shell = subprocess.run([sys.executable, "-m", "elsewhere", "status", job.name, "--json"], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ))  # fmt: skip
+    assert json.loads(shell.stdout)["reasons"]["2"] == f"tsp: queued (tsp job {ids[2]})"
     job.cancel()
     assert job.check().state is ew.JobState.CANCELLED
     assert set(_listed(tsp)) == {ids[0]}  # the queued ones removed, the running one killed

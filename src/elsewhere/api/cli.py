@@ -61,10 +61,39 @@ def cmd_status(args: argparse.Namespace) -> int:
     st = job.check()
     if args.json:
         print(json.dumps({"name": job.name, "id": job.id, "state": st.state.value, "counts": st.counts,
-                          "note": st.note}))
+                          "note": st.note, "reasons": {str(t): r for t, r in sorted(st.reasons.items())}}))
     else:
         print(st)
+        for line in _reason_lines(st.reasons):
+            print(line)
     return 0
+
+
+def _reason_lines(reasons: dict[int, str], most: int = 10) -> list[str]:
+    """What the backend says of single tasks, one line per reason with the tasks it holds for
+    (``pending: Resources: tasks 3-9, 12``), the most common first."""
+    by_reason: dict[str, list[int]] = {}
+    for t, r in sorted(reasons.items()):
+        by_reason.setdefault(r, []).append(t)
+    out = []
+    for r, tasks in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))[:most]:
+        out.append(f"  {r}: task{'s' if len(tasks) > 1 else ''} {_spans(tasks)}")
+    if len(by_reason) > most:
+        out.append(f"  ... and {len(by_reason) - most} more reasons (--json lists every task)")
+    return out
+
+
+def _spans(tasks: list[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``"3-5, 9"``."""
+    parts: list[str] = []
+    start = prev = tasks[0]
+    for t in tasks[1:]:
+        if t != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = t
+        prev = t
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts)
 
 
 def cmd_wait(args: argparse.Namespace) -> int:

@@ -1,37 +1,6 @@
-"""The one plugin interface every backend implements: :class:`Cluster`.
-
-This is the Python form of MATLAB's generic scheduler plugin scripts. A backend, built in
-or a user's own, subclasses :class:`Cluster` and the library calls its operations; every one
-receives a :class:`~elsewhere.JobHandle` (what a backend sees of a job), never the user's Job.
-
-=========================  ==================================================================
-operation                  called when
-=========================  ==================================================================
-``post_construct()``       once, when a user's cluster is first used (not on a rebuild to
-                           read a job): check commands and settings, set up
-``prepare(job, n)``        before the inputs are written: start slow things early (optional)
-``submit_independent(job)``  ``job.submit()``: start ``job.tasks``; again on ``job.retry()``
-                           and on a rerun of lost tasks, with exactly the tasks to rerun
-``submit_communicating(job)``  ``ew.submit_communicating``: start N ranks together
-``job_state(job, snap)``   ``check()``, ``wait()``, ``Task.state``: a pure query that may
-                           make the folder's view fresher (pending reasons, a note)
-``poll(job)``              periodically while a client looks at the job: find tasks that
-                           ended without a result and ``report_lost`` them, mirror results
-``cancel_job(job)``        ``job.cancel()``, after the job is marked cancelled in its folder
-``cancel_task(job, i)``    ``job.tasks[i].cancel()``, after the task is marked cancelled
-``delete_job(job)``        ``job.purge()``, before the folder is removed
-=========================  ==================================================================
-
-What the library does, whatever the backend: a task shows ``running`` while a worker runs it
-(``python -m elsewhere.worker`` records it in the job folder), cancels and retries are
-written to the job folder first, and a worker on this machine that dies mid-task is reported
-lost. A backend keeps what it must find again (scheduler ids, hosts, pids) with
-:meth:`~Cluster.set_job_cluster_data` / :meth:`~Cluster.get_job_cluster_data`, stored in the job
-folder (``cluster.json``), so a job recovered in a new process still knows it. It declares its
-``additional_properties`` (:class:`Property`) and its ``capabilities``.
-
-A cluster is rebuilt in another process from :meth:`Cluster.describe`, via
-:func:`elsewhere.backends.from_description`. docs/plugins.md is the guide.
+"""The one plugin interface every backend implements: :class:`Cluster` (its docstring has
+the table of operations; docs/plugins.md is the guide), :class:`Property` (a declared
+additional property) and :data:`CAPABILITIES`.
 """
 
 from __future__ import annotations
@@ -76,7 +45,36 @@ class Property:
 
 
 class Cluster(abc.ABC):
-    """Where tasks run. Subclass it to add a backend (see the module's table).
+    """Where tasks run. Subclass it to add a backend: the Python form of MATLAB's generic
+    scheduler plugin scripts. Every operation receives an :class:`~elsewhere.JobHandle`
+    (what a backend sees of a job), never the user's Job.
+
+    =========================  ==================================================================
+    operation                  called when
+    =========================  ==================================================================
+    ``post_construct()``       once, when a user's cluster is first used (not on a rebuild to
+                               read a job): check commands and settings, set up
+    ``prepare(job, n)``        before the inputs are written: start slow things early (optional)
+    ``submit_independent(job)``  ``job.submit()``: start ``job.tasks``; again on ``job.retry()``
+                               and on a rerun of lost tasks, with exactly the tasks to rerun
+    ``submit_communicating(job)``  ``ew.submit_communicating``: start N ranks together
+    ``job_state(job, snap)``   ``check()``, ``wait()``, ``Task.state``: a pure query that may
+                               make the folder's view fresher (pending reasons, a note)
+    ``poll(job)``              periodically while a client looks at the job: find tasks that
+                               ended without a result and ``report_lost`` them, mirror results
+    ``cancel_job(job)``        ``job.cancel()``, after the job is marked cancelled in its folder
+    ``cancel_task(job, i)``    ``job.tasks[i].cancel()``, after the task is marked cancelled
+    ``delete_job(job)``        ``job.purge()``, before the folder is removed
+    =========================  ==================================================================
+
+    What the library does, whatever the backend: a task shows ``running`` while a worker
+    runs it (``python -m elsewhere.worker`` records it in the job folder), cancels and
+    retries are written to the job folder first, and a worker on this machine that dies
+    mid-task is reported lost. A backend keeps what it must find again (scheduler ids, hosts,
+    pids) with :meth:`set_job_cluster_data` / :meth:`get_job_cluster_data`, stored in the job
+    folder, so a job recovered in a new process still knows it. It declares its
+    ``additional_properties`` (:attr:`properties`) and its :attr:`capabilities`. A cluster
+    is rebuilt in another process from :meth:`describe`.
 
     Args:
         cores_per_task: cores each task gets (``ew.task().cores``); a node

@@ -1,31 +1,5 @@
-"""The job handle: what a backend gets of a job (never the user's ``Job``).
-
-Every operation of the plugin contract (:class:`elsewhere.backends.base.Cluster`) receives a
-:class:`JobHandle`. It is a view of the job folder with what a backend needs and nothing of
-the user's side:
-
-==========================  ===========================================================
-``id``, ``name``            the job's id (unique for ever) and name
-``path``, ``store``         the job folder on this machine, and its files
-``spec``                    the job's metadata (job.json), read-only: ``n_tasks``,
-                            ``cores_per_task``, ``seed``, ``retries``, ``env``, ...
-``n_tasks``                 how many tasks the job has
-``tasks``                   the tasks this call is about: every task on the first
-                            ``submit_independent``, exactly the ones to run again on a
-                            retry (a rerun of a lost task included)
-``attempt(i)``              the attempt of task ``i`` now due (0: its first run)
-``resources``               resources asked for this call (``job.retry(mem="8G")``)
-``snapshot()``              the tasks' states now, read from the folder
-``outcomes``                the tasks that have an outcome (a result, an error, lost,
-                            cancelled): ``{task: (worker id, record)}``
-``report_lost(reasons)``    tasks that ended without a result: failed as "lost" with
-                            the reason, or run again while the job's retries last
-``cluster_data()``          what the backend stored with ``set_job_cluster_data``
-==========================  ===========================================================
-
-A handle reads the folder through one :class:`~elsewhere.folder.journal.JournalReader`, so
-what it returns is current: a ``report_lost`` is seen by the next ``snapshot()`` at once.
-"""
+"""The job handle: what a backend gets of a job (never the user's ``Job``). The table of
+what it offers is :class:`JobHandle`'s docstring."""
 
 from __future__ import annotations
 
@@ -48,7 +22,34 @@ Restart = Callable[["JobHandle", list[int]], None]
 
 
 class JobHandle:
-    """A job as a backend sees it (see the module's table)."""
+    """A job as a backend sees it: every operation of the plugin contract
+    (:class:`elsewhere.Cluster`) receives one.
+
+    ==========================  ===========================================================
+    ``id``, ``name``            the job's id (unique for ever) and name
+    ``path``, ``store``         the job folder on this machine, and its files
+    ``spec``                    the job's metadata (job.json), read-only: ``n_tasks``,
+                                ``cores_per_task``, ``seed``, ``retries``, ``env``, ...
+    ``n_tasks``                 how many tasks the job has
+    ``tasks``                   the tasks this call is about: every task on the first
+                                ``submit_independent``, exactly the ones to run again on a
+                                retry (a rerun of a lost task included)
+    ``attempt(i)``              the attempt of task ``i`` now due (0: its first run)
+    ``resources``               resources asked for this call (``job.retry(mem="8G")``)
+    ``snapshot()``              the tasks' states now, read from the folder
+    ``outcomes``                the tasks that have an outcome (a result, an error, lost,
+                                cancelled): ``{task: (worker id, record)}``
+    ``report_lost(reasons)``    tasks that ended without a result: failed as "lost" with
+                                the reason, or run again while the job's retries last
+    ``cluster_data()``          what the backend stored with ``set_job_cluster_data``
+    ==========================  ===========================================================
+
+    Also ``job.store`` (the job folder's files), ``job.stream`` (an open ``ew.Executor``
+    job) and ``job.communicating``. A handle reads the folder through one journal reader,
+    so what it returns is current: a ``report_lost`` is seen by the next ``snapshot()`` at
+    once. ``for_tasks``, ``with_meta``, ``given_running`` and ``vanished`` are the
+    library's own.
+    """
 
     def __init__(self, store: JobStore, meta: Mapping[str, Any] | None = None, *,
                  tasks: list[int] | None = None, resources: Mapping[str, Any] | None = None,
