@@ -36,6 +36,7 @@ from fakes.conftest import make_fake
 from peer.peer_procs import Workers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
+FAKES = REPO / "tests" / "fakes"
 BACKENDS = ("local", "ssh", "slurm", "sge", "pbs", "lsf", "htcondor", "flux", "peers", "nohup")
 STATUS_INTERVAL_S = 0.5  # batch schedulers: a status command at most this often
 
@@ -98,6 +99,8 @@ def _pbs(request: pytest.FixtureRequest) -> Backend:
 
 def _fake(name: str):
     def make(request: pytest.FixtureRequest) -> Backend:
+        if not (FAKES / name / "bin").is_dir():
+            pytest.skip(f"no fake {name} commands in {FAKES / name / 'bin'}")
         folder = request.getfixturevalue("tmp_path") / f"fake-{name}"
         folder.mkdir()
         fake = make_fake(name, folder, request.getfixturevalue("monkeypatch"))
