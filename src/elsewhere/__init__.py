@@ -44,6 +44,7 @@ _EXPORTS = {
     "TaskContext": "run.context",
     "Cluster": "backends.base",
     "Property": "backends.base",
+    "RemoteCluster": "backends.remote",
     "JobHandle": "folder.handle",
     "Snapshot": "folder.snapshot",
     "TaskState": "util.states",
@@ -96,6 +97,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .api.job import Job, Status, Task
     from .api.mpi import submit_communicating
     from .backends.base import Cluster, Property
+    from .backends.remote import RemoteCluster
     from .folder.handle import JobHandle
     from .folder.snapshot import Snapshot
     from .run.context import TaskContext, task

@@ -53,9 +53,9 @@ def test_job_runs_in_remote_copy_not_local_folder(ew_home, sshd, remote):
     job.get(files=True)
     assert sorted(p.name for p in (job.path / "files").glob("written-*")) == [
         f"written-{i}.txt" for i in range(5)]
-    job.purge()  # remote copy goes, the local folder stays
+    job.purge(local=False)  # remote copy goes, the local folder stays
     assert not (remote / job.id).exists() and job.path.exists()
-    job.purge(local=True)
+    job.purge()
     assert not job.path.exists()
 
 

@@ -1,6 +1,6 @@
 """The task runner (elsewhere.run.runner) every worker, MPI rank and peer task process runs
 tasks with: a job's surroundings entered once and left as they were, each task with its
-context, seed and output range, an exception as the task's error record (elsewhere.run.errors),
+context, seed and output range, an exception as the task's error record (elsewhere.folder.errorrecord),
 and outcomes in the job folder's formats (elsewhere.run.results)."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import pytest
 
 import elsewhere as ew
 from elsewhere.folder import records
+from elsewhere.folder.errorrecord import MARK, ErrorRecord
 from elsewhere.folder.journal import read_body
 from elsewhere.folder.store import CUR, JobStore
-from elsewhere.run.errors import MARK, ErrorRecord
 from elsewhere.run.results import ResultWriter, dump_values
 from elsewhere.run.runner import JobSetup, TaskRunner, build_sys_path
 

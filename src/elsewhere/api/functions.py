@@ -415,12 +415,13 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
         path = Path(row["path"])
         if refresh and (path / "job.json").exists():
             try:
-                job = _open(path)
-                snap = job._snapshot(fresh=True)
-                counts = snap.counts()
-                from ..util.states import derive_job_state
+                from ..core import control
+                from ..core.submit import open_job
 
-                st = derive_job_state(counts)
+                cluster, handle = open_job(path)
+                snap = control.snapshot(cluster, handle)
+                counts = snap.counts()
+                st = snap.job_state()
                 entry["counts"] = {s.value: n for s, n in counts.items() if n}
                 entry["n_tasks"] = snap.n
                 if st.value != row["state"]:

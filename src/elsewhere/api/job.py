@@ -281,18 +281,14 @@ class Job:
         self._dirty()
         return self
 
-    def purge(self, *, local: bool | None = None) -> None:
-        """Delete the job: stop it and remove what the cluster keeps of it.
-
-        On this machine's clusters that is the job folder and its registry
-        entry. Where the job has copies elsewhere (ssh nodes, a cluster's
-        remote storage), those are removed and the local folder is kept, so
-        its results can still be read, unless ``local=True``.
+    def purge(self, *, local: bool = True) -> None:
+        """Delete the job: stop it, remove what its cluster keeps of it (copies on ssh nodes or
+        in a cluster's remote storage), then its job folder and registry entry: nothing of
+        it is left. ``local=False`` keeps the job folder here, so that the results of a job
+        that ran elsewhere can still be read (``ew.recover`` finds it).
         """
         from ..folder.registry import Registry
 
-        if local is None:
-            local = self.cluster.shares_filesystem()
         try:
             self.cluster.delete_job(self._handle)
         finally:

@@ -42,11 +42,11 @@ from ..folder.store import write_json
 from ..util.errors import CommandNotFound, ConfigError, SchedulerError
 from ..util.states import TaskState
 from .base import Cluster, ensure_post_constructed
+from .remote import RemoteCluster, clean_environment
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..folder.snapshot import Snapshot
-    from ..hosts.transport import Transport
     from ..schedulers.syntax import NativeStatus, SchedulerSyntax
 
 #: Variables of a submitting shell that must not leak into a new job
@@ -74,7 +74,7 @@ def _parse_mem_mb(value: Any, what: str = "mem") -> int | None:
     return parse_memory_mb(value, what=what)
 
 
-class BatchCluster(Cluster):
+class BatchCluster(RemoteCluster):
     """A batch scheduler reached through its commands.
 
     Args:
@@ -143,8 +143,9 @@ class BatchCluster(Cluster):
         check: bool = True,
         **scheduler_args: Any,
     ) -> None:
-        super().__init__(cores_per_task=cores_per_task, storage=storage,
-                         additional_properties=additional_properties)
+        super().__init__(host=host, remote_storage=remote_storage, ssh_options=ssh_options, ssh_config=ssh_config,
+                         cores_per_task=cores_per_task, storage=storage,
+                         additional_properties=additional_properties)  # fmt: skip
         from ..schedulers import get_syntax
         from ..schedulers.resources import parse_walltime
 
@@ -187,17 +188,10 @@ class BatchCluster(Cluster):
         self.extra_args = extra
         self._scheduler_args = dict(scheduler_args)
         self.python = python
-        self.host = host
-        self.remote_storage = remote_storage
-        if remote_storage and not host:
-            raise ConfigError("remote_storage= needs host= (the login node that sees it)")
-        self.ssh_options = list(ssh_options)
-        self.ssh_config = ssh_config
         self.status_interval_s = float(status_interval_s)
         self.syntax_options = dict(syntax_options or {})
         self.launcher = launcher
         self.syntax: SchedulerSyntax = get_syntax(self.syntax_name or self.kind, **self.syntax_options)
-        self._transport: Transport | None = None
         self._status_cache: tuple[float, dict[str, NativeStatus]] | None = None
         self._status_jobs: set[str] = set()
         self._interval = self.status_interval_s
@@ -214,9 +208,7 @@ class BatchCluster(Cluster):
             "mem": self.mem, "mem_per_core": self.mem_per_core, "gpus": self.gpus,
             "tasks_per_element": self.tasks_per_element, "max_elements": self.max_elements,
             "max_running": self.max_running, "template": self.template, "env_setup": self.env_setup,
-            "extra_args": self.extra_args, "python": self.python, "host": self.host,
-            "remote_storage": self.remote_storage, "ssh_options": self.ssh_options,
-            "ssh_config": self.ssh_config,
+            "extra_args": self.extra_args, "python": self.python,
             "status_interval_s": self.status_interval_s, "syntax_options": self.syntax_options,
             "launcher": self.launcher,
             **super().settings(),
@@ -227,52 +219,21 @@ class BatchCluster(Cluster):
     def from_settings(cls, settings: dict[str, Any]) -> Cluster:
         return cls(check=False, **settings)
 
-    def shares_filesystem(self) -> bool:
-        return not self.remote_storage
-
     # -- where commands run -------------------------------------------------------
-    @property
-    def transport(self) -> Transport:
-        """Where scheduler commands run: here, or the login node over ssh."""
-        if self._transport is None:
-            if self.host:
-                from ..hosts.ssh import SSHTransport
-
-                self._transport = SSHTransport(self.host, ssh_options=self.ssh_options,
-                                               ssh_config=self.ssh_config)
-            else:
-                from ..hosts.local import LocalTransport
-
-                self._transport = LocalTransport()
-        return self._transport
-
     def _run(self, argv: list[str], *, check: bool = True, timeout: float = 120.0, cwd: str | None = None) -> Any:
         """Run one scheduler command, without the submitting shell's scheduler variables."""
-        clean = argv
-        if not self.host:
-            leaky = sorted(k for k in os.environ if k.startswith(LEAKY_PREFIXES))
-            if leaky:
-                clean = ["env", *(w for k in leaky for w in ("-u", k)), *argv]
+        clean = [*clean_environment(LEAKY_PREFIXES), *argv] if not self.host else argv
         self.commands_run.append(list(argv))
         try:
-            res = self.transport.run(clean, check=False, timeout=timeout, cwd=cwd)
-        except FileNotFoundError as exc:
-            raise CommandNotFound(
-                f"{argv[0]!r} is not installed here (is this a {self.kind} submit host?)", command=argv
-            ) from exc
-        if res.returncode == 127 or (res.returncode != 0 and b"No such file or directory" in res.stderr
-                                     and argv[0].encode() in res.stderr):
-            raise CommandNotFound(
-                f"{argv[0]!r} is not installed on {self.host or 'this machine'} "
-                f"(is this a {self.kind} submit host?)", command=argv, returncode=res.returncode,
-                stderr=res.stderr.decode(errors="replace"))
-        if check and res.returncode != 0:
-            err = res.stderr.decode(errors="replace")
-            if not err.strip():
-                err = res.text  # some tools (PBS wrappers, qdel) say why on stdout
+            return self.run_command(clean, check=check, timeout=timeout, cwd=cwd)
+        except CommandNotFound as exc:
+            raise CommandNotFound(f"{argv[0]!r} is not installed on {self.host or 'this machine'} (is this a "
+                                  f"{self.kind} submit host?)", command=argv, returncode=exc.returncode,
+                                  stderr=exc.stderr) from None  # fmt: skip
+        except SchedulerError as exc:
             name = argv[0] if argv[0] not in ("sh", "bash") else f"{self.syntax.submit_command} (via {argv[0]})"
-            raise SchedulerError(f"{name} failed", command=argv, returncode=res.returncode, stderr=err)
-        return res
+            raise SchedulerError(f"{name} failed", command=argv, returncode=exc.returncode,
+                                 stderr=exc.stderr) from None  # fmt: skip
 
     def post_construct(self) -> None:
         from ..schedulers.syntax import ScriptContext
@@ -308,12 +269,6 @@ class BatchCluster(Cluster):
             *setup, last = [p.strip() for p in py.split(";") if p.strip()]
             return setup, last
         return [], py
-
-    def worker_dir(self, job: JobHandle) -> str:
-        """The job folder as workers see it."""
-        if self.remote_storage:
-            return f"{self.remote_storage.rstrip('/')}/{job.id}"
-        return str(job.store.path)
 
     def script_context(self, job: JobHandle, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
         from ..schedulers import ScriptContext, parse_walltime
@@ -425,7 +380,7 @@ class BatchCluster(Cluster):
         path = job.store.path / "submissions" / "0.sh"
         path.write_text(text)
         path.chmod(0o700)
-        self._mirror_up(job)
+        self.mirror_up(job)
         argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", self.extra_args)
         native = self.syntax.parse_submit(self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler").text)
         subs.append({"name": "0", "native_id": native, "elements": 1, "tasks": ranks,
@@ -459,7 +414,7 @@ class BatchCluster(Cluster):
             path.write_text(text)
             path.chmod(0o700)
             scripts.append((name, piece))
-        self._mirror_up(job)
+        self.mirror_up(job)
         for name, piece in scripts:
             script = f"{self.worker_dir(job)}/submissions/{name}.sh"
             argv = self.syntax.build_submit(script, self.extra_args)
@@ -516,7 +471,7 @@ class BatchCluster(Cluster):
         """Mirror results down, then act on what the scheduler says: elements that ended
         without a result for some of their tasks make those tasks lost (run again while the
         job's retries last); elements that can never start are cancelled."""
-        self._mirror_down(job)
+        self.mirror_down(job)
         survey = self._survey(job, job.refresh())
         if survey is None:
             return
@@ -526,7 +481,7 @@ class BatchCluster(Cluster):
             except SchedulerError:
                 pass
         if survey.lost:
-            self._mirror_down(job)  # re-read first: a result may have landed while we asked
+            self.mirror_down(job)  # re-read first: a result may have landed while we asked
             self.report_lost(job, survey.lost)
 
     def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
@@ -609,24 +564,10 @@ class BatchCluster(Cluster):
         st = job.state
         if not st.done:
             self.cancel_job(job)
-        if self.remote_storage:
-            try:
-                self.transport.run(["rm", "-rf", "--", self.worker_dir(job)], check=False, timeout=60)
-            except Exception:
-                pass
-
-    # -- remote storage ---------------------------------------------------------
-    def _mirror_up(self, job: JobHandle) -> None:
-        if not self.remote_storage:
-            return
-        self.transport.run(["mkdir", "-p", "--", self.remote_storage], timeout=60)
-        self.transport.sync_up(job.store.path, self.worker_dir(job))
-
-    def _mirror_down(self, job: JobHandle) -> None:
-        if not self.remote_storage:
-            return
-        self.transport.sync_down(self.worker_dir(job), job.store.path,
-                                 include=["journal/**", "results/**", "logs/**", "workers/**"])
+        try:
+            self.discard_copy(job)
+        except Exception:
+            pass  # the copy there is the user's to remove now: the job is gone here
 
 
 def _chunk_tasks(chunk: list[int]) -> list[int]:

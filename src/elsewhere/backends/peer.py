@@ -376,20 +376,27 @@ class PeerCluster(Cluster):
         return True
 
     def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
+        """What the controller knows: the tasks on workers now, its note, why tasks wait."""
         c = self.controller(job)
         if c is None:
             if len(snapshot.final) < snapshot.n and not snapshot.note:
                 info = self._other_controller(job)  # (cluster.json and the process: once a look)
                 shown = self._shown_elsewhere(job) if info is not None else {}
-                snapshot.running = {int(i): (str(v[0]), float(v[1])) for i, v in shown.get("running", {}).items()
-                                    if int(i) not in snapshot.final}  # fmt: skip
-                snapshot.note = str(shown.get("note") or "") or self._no_controller_note(job, info)
+                running = {int(i): (str(v[0]), float(v[1])) for i, v in shown.get("running", {}).items()
+                           if int(i) not in snapshot.final}  # fmt: skip
+                return snapshot.but(running=running,
+                                    note=str(shown.get("note") or "") or self._no_controller_note(job, info))
             return snapshot
-        final = snapshot.final
-        snapshot.running = {i: v for i, v in c.running().items() if i not in final}
-        snapshot.note = c.note
-        snapshot.reasons = {i: r for i, r in dict(c.reasons).items() if i not in final}
-        return snapshot
+        on_workers = c.running()
+        ended = set(c.final)  # ended here: being written to the job folder, or written
+        final = job.refresh()  # after asking: what left ``on_workers`` before is written now, or in ``ended``
+        running = {i: v for i, v in on_workers.items() if i not in final}
+        now = time.time()
+        for i in ended:
+            if i not in final and i not in running:
+                running[i] = ("", now)  # its result is on its way to the job folder: not queued again
+        return snapshot.but(final=final, kind_counts=dict(job.reader.kind_counts), running=running, note=c.note,
+                            reasons={i: r for i, r in dict(c.reasons).items() if i not in final})  # fmt: skip
 
     def tasks_added(self, job: JobHandle) -> None:
         """The Executor appended a task to a stream job: place it now."""

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..util.states import JobState, derive_job_state
+from ..util.states import JobState
 from . import records
 from .journal import JournalReader, Outcomes, lock_is_free
 from .records import Kind
@@ -167,7 +167,7 @@ class JobHandle:
     @property
     def state(self) -> JobState:
         """The job's state as the folder tells it."""
-        return derive_job_state(self.snapshot().counts())
+        return self.snapshot().job_state()
 
     def given_running(self, skip: Mapping[str, Any] = {}) -> dict[str, tuple[int, float]]:
         """The tasks that workers started with their tasks given (``--tasks``, array elements;

@@ -14,11 +14,11 @@ failure described, the same way:
 
 from __future__ import annotations
 
-import pickle
 from typing import TYPE_CHECKING, Any
 
 from ..util.errors import JobError, TaskError
 from ..util.states import TaskState
+from .errorrecord import ErrorRecord
 from .journal import read_body, read_log
 from .records import Kind, Record
 from .store import CONTROL
@@ -172,20 +172,4 @@ class OutcomeReader:
 
 def task_error(value: dict[str, Any], job: str, rec: Record) -> TaskError:
     """The TaskError of a failed task, from the error record its worker wrote."""
-    exc = None
-    if value.get("exception"):
-        try:
-            exc = pickle.loads(value["exception"])
-        except Exception:
-            exc = None
-    return TaskError(
-        value.get("message", ""),
-        type_name=value.get("type", "Exception"),
-        traceback=value.get("traceback", ""),
-        host=value.get("host", ""),
-        index=rec.task,
-        seed=rec.seed,
-        job=job,
-        reason="error",
-        exception=exc,
-    )
+    return ErrorRecord.from_value(value).task_error(job, index=rec.task, seed=rec.seed)

@@ -91,7 +91,8 @@ def poll(job: Path, workers: int) -> dict[str, Any]:
             q.set_max_workers(max(q.max_workers, live + want))
         state = {"n": q.n, "next": q.next, "retry": q.to_rerun, "cancelled": q.cancelled,
                  "lost_by": q.d.get("lost_by", {}), "lost_reason": q.d.get("lost_reason", {}),
-                 "members": {w: {"state": m.get("state"), "pid": m.get("pid"), "host": m.get("host")}
+                 "members": {w: {"state": m.get("state"), "pid": m.get("pid"), "host": m.get("host"),
+                                 "claim": m.get("claim", [])}
                              for w, m in q.members.items()}}  # fmt: skip
     pids = _spawn(job, want) if want else []
     return {"gone": gone, "started": pids, "live": live, "work": work, "queue": state}

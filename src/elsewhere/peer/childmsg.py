@@ -67,7 +67,7 @@ class Outcome(enum.IntEnum):
 
     OK = 0
     ERROR = 1
-    """It raised: the value is its error record (``run/errors.py``)."""
+    """It raised: the value is its error record (``folder/errorrecord.py``)."""
     LOST = 2
     """Its process died under it (crash, out of memory): retried while the budget lasts."""
     REQUEUE = 3

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..run.errors import ErrorRecord
+from ..folder.errorrecord import ErrorRecord
 from ..run.results import dump_values, peak_rss
 from ..run.runner import TaskOutcome
 from .childmsg import GROUP_BYTES, MAX_FDS, OOB_MEMFD_BYTES, Outcome, send_message

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..run.errors import ErrorRecord, pickle_values
+from ..folder.errorrecord import ErrorRecord, pickle_values
 from .childmsg import GROUP_BYTES, Outcome
 from .children import ChildProcess
 from .messages import Ask

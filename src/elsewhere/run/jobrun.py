@@ -262,6 +262,6 @@ def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dic
     """The stored error record of task ``index`` that raised ``exc``: kept for the peer
     controller, which calls it by this name, until it makes its records with
     ``ErrorRecord.of_exception(exc, host, index, seed).to_value()`` (``errors.py``) itself."""
-    from .errors import ErrorRecord
+    from ..folder.errorrecord import ErrorRecord
 
     return ErrorRecord.of_exception(exc, host, index, seed).to_value()

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from ..folder.errorrecord import ErrorRecord
     from ..folder.store import JobStore
-    from .errors import ErrorRecord
 
 __all__ = ["ResultWriter", "dump_values", "peak_rss"]
 

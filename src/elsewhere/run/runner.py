@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
-    from .errors import ErrorRecord
+    from ..folder.errorrecord import ErrorRecord
     from .seeding import TaskSeeder
 
 __all__ = ["JobSetup", "TaskOutcome", "TaskRunner", "flush_output"]
@@ -353,7 +353,7 @@ class TaskRunner:
 
     def error(self, exc: BaseException, index: int) -> ErrorRecord:
         """The error record of task ``index`` of the job entered, which raised ``exc``."""
-        from .errors import ErrorRecord
+        from ..folder.errorrecord import ErrorRecord
 
         return ErrorRecord.of_exception(exc, self.host, index, self.job_seed + index)
 

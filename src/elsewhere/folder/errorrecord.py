@@ -155,7 +155,7 @@ def _pickled(exc: BaseException) -> bytes | None:
         data = pickle.dumps(exc, protocol=5)
     except Exception:
         try:
-            from ..folder.serial import dumps_inband
+            from .serial import dumps_inband
 
             data = dumps_inband(exc)
         except Exception:
