@@ -162,6 +162,8 @@ def recorded_worker(job: ew.Job, index: int, task_pid: int, timeout: float = 5.0
         info = running_worker(job, index)
         if info and info.get("host") == here and info.get("pid") in (task_pid, *parents):
             return ""
+        if info and info.get("host") == here and info.get("peer_id") and not info.get("pid") and _under_peer_worker(parents):
+            return ""  # a peer daemon is known to its controllers by its peer id and address, not by pid
         if time.monotonic() > deadline:
             break
         time.sleep(0.1)
@@ -212,3 +214,15 @@ __all__ = [
     "running_worker",
     "wait_until",
 ]
+
+
+def _under_peer_worker(parents: list[int]) -> bool:
+    """Whether one of ``parents`` is an ``elsewhere peer worker`` daemon."""
+    for pid in parents:
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if "peer worker" in cmd or "peer_cli" in cmd:
+            return True
+    return False

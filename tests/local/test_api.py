@@ -335,7 +335,7 @@ def test_executor_burst_is_counted_in_the_queue_before_the_job_closes(ew_home, m
     monkeypatch.setattr(Executor, "_count_tasks", lambda self: None)
     ex = ew.Executor(on=ew.local(cores=2))
     futs = [ex.submit(pow, i, 3) for i in range(200)]
-    assert ex.job.store.queue()["n"] < 200  # only the first (a lone task) is counted yet
+    assert ex.job.store.queue().n < 200  # only the first (a lone task) is counted yet
     ex.shutdown(wait=True)
     assert [f.result(timeout=0) for f in futs] == [i**3 for i in range(200)]
     monkeypatch.undo()

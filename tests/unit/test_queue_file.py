@@ -22,8 +22,8 @@ def test_updates_alternate_slots_and_the_newest_wins(store, tmp_path):
     inode = (tmp_path / QUEUE).stat().st_ino
     for k in range(1, 6):
         with store.locked_queue() as q:
-            q["next"] = k
-        assert store.queue()["next"] == k
+            q.d["next"] = k
+        assert store.queue().next == k
     gen, _, q = read_queue(store)
     assert gen == 6 and q["next"] == 5
     assert (tmp_path / QUEUE).stat().st_ino == inode  # written in place, never replaced
@@ -33,29 +33,29 @@ def test_updates_alternate_slots_and_the_newest_wins(store, tmp_path):
 
 def test_a_torn_write_leaves_the_state_before_it(store, tmp_path):
     with store.locked_queue() as q:
-        q["next"] = 3  # generation 2, in queue.b.json
+        q.d["next"] = 3  # generation 2, in queue.b.json
     gen, slot, _ = read_queue(store)
     assert (gen, slot) == (2, 1)
     # the next update goes over the older slot (queue.json); a crash cuts it short
     with store.locked_queue() as q:
-        q["next"] = 7
+        q.d["next"] = 7
     full = (tmp_path / QUEUE).read_bytes()
     (tmp_path / QUEUE).write_bytes(full[: len(full) - 5])
-    assert store.queue()["next"] == 3  # the slot that was whole
+    assert store.queue().next == 3  # the slot that was whole
     with store.locked_queue() as q:  # and the next writer goes on from it
-        assert q["next"] == 3
-        q["next"] = 4
-    assert store.queue()["next"] == 4
+        assert q.d["next"] == 3
+        q.d["next"] = 4
+    assert store.queue().next == 4
 
 
 def test_a_job_folder_from_before_the_slots_is_read_and_updated(tmp_path):
     (tmp_path / "queue.lock").touch()
     (tmp_path / QUEUE).write_text(json.dumps(new_queue(5)))
     s = JobStore(str(tmp_path))
-    assert s.queue()["n"] == 5
+    assert s.queue().n == 5
     with s.locked_queue() as q:
-        q["next"] = 2
-    assert s.queue()["next"] == 2 and (tmp_path / QUEUE_B).exists()
+        q.d["next"] = 2
+    assert s.queue().next == 2 and (tmp_path / QUEUE_B).exists()
 
 
 def test_no_queue_and_a_damaged_one_are_told_apart(tmp_path):
@@ -74,7 +74,7 @@ def test_readers_without_the_lock_never_see_a_half_written_state(store):
     def read():
         while not stop.is_set():
             q = store.queue()
-            seen.append(q["next"] == len(q["retry"]))  # the writer keeps these equal
+            seen.append(q.d["next"] == len(q.d["retry"]))  # the writer keeps these equal
 
     readers = [threading.Thread(target=read) for _ in range(2)]
     for t in readers:
@@ -82,8 +82,8 @@ def test_readers_without_the_lock_never_see_a_half_written_state(store):
     try:
         for k in range(300):
             with store.locked_queue() as q:
-                q["next"] = k
-                q["retry"] = list(range(k))
+                q.d["next"] = k
+                q.d["retry"] = list(range(k))
     finally:
         stop.set()
         for t in readers:
@@ -98,7 +98,7 @@ def test_a_worker_holding_the_queue_open_sees_its_folder_removed(store):
     store.hold_queue()
     try:
         with store.locked_queue() as q:
-            q["next"] = 3
+            q.d["next"] = 3
         assert read_queue(store)[2]["next"] == 3
         shutil.rmtree(store.dir)
         with pytest.raises(FileNotFoundError), store.locked_queue():

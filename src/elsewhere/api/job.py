@@ -28,6 +28,9 @@ from ..util.errors import ConfigError, JobError, TaskError
 from ..util.states import JobState, TaskState
 
 
+_REMOTE_LOOK_S = 1.0  # a state read of a job whose workers write elsewhere polls at most this often
+
+
 class Job:
     """A job: tasks that run on a cluster, kept in a job folder.
 
@@ -44,6 +47,7 @@ class Job:
         self._outcomes = OutcomeReader(self._handle)
         self._snap: Snapshot | None = None
         self._snap_at = 0.0
+        self._polled_at = 0.0
         self._staged: list[tuple[Any, tuple, dict]] = []
         self._common_fn: Any = None
         self._job_data: Any = None
@@ -159,6 +163,12 @@ class Job:
         now = time.monotonic()
         if self._snap is not None and not fresh and now - self._snap_at < 0.05:
             return self._snap
+        if (not self.cluster.shares_filesystem() and now - self._polled_at >= _REMOTE_LOOK_S
+                and self._meta.get("submitted")):  # fmt: skip
+            # Where workers write elsewhere, what they did arrives by polling: a state read
+            # here (job.state, Task.state) looks there too, at most every _REMOTE_LOOK_S.
+            self._polled_at = now
+            control.poll(self.cluster, self._handle)
         snap = control.snapshot(self.cluster, self._handle)
         self._snap, self._snap_at = snap, now
         return snap

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 QUEUE = "queue.json"
 QUEUE_B = "queue.b.json"  # the queue's second slot (see write_queue)
 QUEUE_LOCK = "queue.lock"
+_MEMBER_STATES = ("active", "waiting", "left", "dead")
 
 
 def _refuse(message: str) -> StateError:
@@ -294,9 +295,13 @@ class Queue:
         """Tasks run again by a retry: ``{task: attempt}``; outcomes of earlier attempts are void."""
         return {int(t): int(a) for t, a in self.d.get("rerun", {}).items()}
 
-    def attempt(self, task: int) -> int:
-        """The attempt now due of ``task`` (0 for its first run)."""
-        return int(self.d.get("attempts", {}).get(str(task), 0))
+    def attempt(self, task: int, default: int = 0) -> int:
+        """The attempt now due of ``task`` (``default``, 0, before any rerun)."""
+        return int(self.d.get("attempts", {}).get(str(task), default))
+
+    def attempts(self) -> dict[int, int]:
+        """Every task run again so far, with the attempt now due."""
+        return {int(t): int(a) for t, a in self.d.get("attempts", {}).items()}
 
     def retried_at(self, task: int) -> float:
         """When ``task`` was last put to run again (0.0: never): a worker started before
@@ -429,6 +434,44 @@ class Queue:
         if by is not None:
             self.d.setdefault("lost_by", {})[str(task)] = by
 
+    # -- a worker's membership and claims (run/claims.py) --------------------------------
+    def join(self, wid: str, info: dict[str, Any]) -> dict[str, Any]:
+        """Worker ``wid`` becomes a member (``info``: pid, host, python, lock, fifo, ...),
+        active with nothing claimed yet; its member entry."""
+        m = {**info, "claim": [], "state": "active"}
+        self.members[wid] = m
+        return m
+
+    def set_member(self, wid: str, state: str, claim: list[int] | None = None) -> None:
+        """Member ``wid`` is now ``state`` ("active", "waiting", "left" or "dead"), with
+        ``claim`` (``[a, b]``: tasks a..b-1; ``[-1, i, j, ...]``: those), if given."""
+        if state not in _MEMBER_STATES:
+            raise _refuse(f"a member is {', '.join(_MEMBER_STATES)}, not {state!r}")
+        m = self.members[wid]
+        m["state"] = state
+        if claim is not None:
+            m["claim"] = claim
+
+    def take_reruns(self, want: int) -> tuple[list[int], bool]:
+        """Up to ``want`` tasks of those to run again, first come first (cancelled ones are
+        dropped); (the tasks, whether any were waiting)."""
+        retry = self.d.get("retry")
+        if not retry:
+            return [], False
+        skip = self.d.get("cancelled_tasks")
+        take = [i for i in retry[:want] if not skip or i not in skip]
+        del retry[:want]
+        return take, True
+
+    def take_next(self, k: int) -> int:
+        """Claim the next ``k`` tasks never claimed: returns the first (the tasks are
+        ``first .. first + k - 1``)."""
+        a = self.next
+        if k < 0 or a + k > self.n:
+            raise _refuse(f"cannot claim {k} tasks from {a}: the job has {self.n}")
+        self.d["next"] = a + k
+        return a
+
     def note_dispatched(self, wids: Iterable[str], when: float) -> None:
         """Workers handed this job, not yet joined (a worker's start-up is not a loss)."""
         d = self.d.setdefault("dispatched", {})
@@ -452,25 +495,3 @@ class Queue:
             self.d.setdefault("lost_by", {}).update(lost_by)
         if lost_reason:
             self.d.setdefault("lost_reason", {}).update(lost_reason)
-
-    # -- during the move to typed transitions: the raw state, for the modules not yet moved --
-    def __getitem__(self, key: str) -> Any:
-        return self.d[key]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self.d[key] = value
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.d
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.d.get(key, default)
-
-    def setdefault(self, key: str, default: Any) -> Any:
-        return self.d.setdefault(key, default)
-
-    def update(self, other: dict[str, Any]) -> None:
-        self.d.update(other)
-
-    def clear(self) -> None:
-        self.d.clear()

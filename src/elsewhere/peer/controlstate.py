@@ -162,13 +162,12 @@ class ControllerState:
         reader = JournalReader(self.store)
         reader.refresh()
         with self.store.locked_queue() as q:
-            self.n = int(q.get("n", 0))
-            self.closed = bool(q.get("closed", True)) or not self.stream
-            self.cancelled = set(q.get("cancelled_tasks", []))
-            again = [int(i) for i in q.get("retry", [])]
-            q["retry"] = []
-            attempts = {int(k): int(v) for k, v in q.get("attempts", {}).items()}
-            if q.get("cancelled"):
+            self.n = q.n
+            self.closed = q.closed or not self.stream
+            self.cancelled = set(q.cancelled_tasks)
+            again, _ = q.take_reruns(len(q.to_rerun))  # this controller places them
+            attempts = q.attempts()
+            if q.cancelled:
                 self._cancelled_job = True
         self.final = set(reader.final) - set(again)
         self.attempts = attempts
@@ -184,23 +183,22 @@ class ControllerState:
 
     def _read_queue(self) -> None:
         q = self.store.queue()
-        n = int(q.get("n", 0))
+        n = q.n
         if n > self.n:
             old, self.n = self.n, n
             self._queue_new(old)
-        self.closed = bool(q.get("closed", True)) or not self.stream
-        if q.get("retry"):
+        self.closed = q.closed or not self.stream
+        if q.to_rerun:
             with self.store.locked_queue() as lq:
-                again = [int(i) for i in lq.get("retry", [])]
-                lq["retry"] = []
+                again, _ = lq.take_reruns(len(lq.to_rerun))  # this controller places them
                 for i in again:
-                    self.attempts[i] = int(lq.get("attempts", {}).get(str(i), self.attempts.get(i, 0)))
+                    self.attempts[i] = lq.attempt(i, self.attempts.get(i, 0))
             for i in again:
                 self.final.discard(i)
                 self.cancelled.discard(i)
                 if i not in self.pending and i not in self.inflight:
                     self.pending.append(i)
-        if q.get("cancelled"):
+        if q.cancelled:
             self._cancelled_job = True
 
     def _on_put(self, index: int, entry: Any, prepared: Any = None) -> None:

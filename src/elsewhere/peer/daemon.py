@@ -60,7 +60,7 @@ from typing import Any
 
 from ..util.errors import ConfigError
 from .announce import Announcement, PeerState
-from .child import Outcome
+from .childmsg import Outcome
 from .delivery import Delivery
 from .discovery import Announcer, Listener
 from .dispatch import Dispatch

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from .admission import Peer
-from .child import Outcome
+from .childmsg import Outcome
 from .children import ChildProcess
 from .messages import Result
 from .runs import Done, Run, build_result, cap_result, fill_unfinished

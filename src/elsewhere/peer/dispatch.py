@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from ..hosts.probe import usable_cores
-from .child import Outcome
+from .childmsg import Outcome
 from .children import ChildProcess, describe_exit, read_capture, tree_rss
 from .net import watch_after_flush
 from .runs import Run, build_run_message, fill_unfinished, take_results

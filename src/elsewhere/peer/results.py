@@ -23,7 +23,7 @@ import queue
 import time
 from typing import Any
 
-from .child import Outcome
+from .childmsg import Outcome
 from .controlstate import ControllerState
 from .messages import MAX_ACKS, Ack, Result
 from .placement import Worker

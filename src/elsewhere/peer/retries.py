@@ -113,7 +113,7 @@ class Retries(ControllerState):
         if tail:
             why += f"; its last output:\n{tail}"
         with self.store.locked_queue() as q:
-            q.setdefault("lost_reason", {})[str(index)] = why
+            q.lose(index, reason=why)
             self.store.append_control([make_record(Kind.LOST, index, attempt, t_start=t0, t_end=t1)])
         self._finalise(index)
 
@@ -121,8 +121,7 @@ class Retries(ControllerState):
         from ..folder.records import Kind, make_record
 
         with self.store.locked_queue() as q:
-            q.setdefault("lost_reason", {})[str(index)] = (
-                f"its worker vanished {MAX_RESUBMITS + 1} times (last: {w.host}); given up")
+            q.lose(index, reason=f"its worker vanished {MAX_RESUBMITS + 1} times (last: {w.host}); given up")
             self.store.append_control([make_record(Kind.LOST, index, self.attempts.get(index, 0),
                                                    t_end=time.time())])  # fmt: skip
         self._finalise(index)
@@ -130,15 +129,15 @@ class Retries(ControllerState):
 
     def _fail_tasks(self, indices: list[int], exc: BaseException) -> None:
         """Tasks that cannot even be sent (their inputs cannot be pickled here)."""
+        from ..folder.errorrecord import ErrorRecord
         from ..folder.journal import OutcomeWriter
-        from ..run.jobrun import _describe_error
 
         writer = OutcomeWriter(self.store, f"peer-controller-{self.short}")
         try:
             for i in indices:
-                err = _describe_error(exc, socket.gethostname(), i, (self.seed or 0) + i)
-                err["message"] = f"the task could not be sent to a peer: {err['message']}"
-                writer.write(i, ok=False, pickled=pickle.dumps(err, protocol=5), sync=True)
+                err = ErrorRecord.of_exception(exc, socket.gethostname(), i, (self.seed or 0) + i)
+                value = err.explained("the task could not be sent to a peer").to_value()
+                writer.write(i, ok=False, pickled=pickle.dumps(value, protocol=5), sync=True)
                 self._finalise(i)
         finally:
             writer.close()

@@ -40,7 +40,7 @@ from .runs import Done, Run
 from .stream import SharedBuffers
 
 if TYPE_CHECKING:
-    from .child import Outcome
+    from .childmsg import Outcome
 
 __all__ = ["WorkerState"]
 

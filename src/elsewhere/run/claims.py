@@ -64,9 +64,8 @@ class Claims:
             q.forget_dispatched(self.wid)  # arrived, whatever happens next
             if q.cancelled or q.live_members() >= q.max_workers:
                 return None
-            m: dict[str, Any] = {"pid": pid, "host": host, "python": sys.executable, "version": _PY_VERSION,
-                                 "lock": lock, "fifo": fifo, "claim": [], "state": "active", "joined": time.time()}
-            q.members[self.wid] = m
+            m = q.join(self.wid, {"pid": pid, "host": host, "python": sys.executable, "version": _PY_VERSION,
+                                  "lock": lock, "fifo": fifo, "joined": time.time()})
             return self._claim_in(q, m, mean_s, n_done)
 
     def claim(self, mean_s: float, n_done: int) -> Any:
@@ -81,29 +80,25 @@ class Claims:
             return None  # the job was withdrawn (its submission failed) or purged
 
     def _claim_in(self, q: Queue, m: dict[str, Any], mean_s: float, n_done: int) -> Any:
-        """Claim tasks in queue state ``q`` (locked) for member ``m``.
-
-        (The raw state is changed here where the queue has no transition for it yet: taking
-        tasks to run again, moving ``next``, the member's state and claim.)"""
+        """Claim tasks in queue state ``q`` (locked) for member ``m`` (this worker's entry)."""
+        wid = self.wid
         want, least = claim_size(mean_s, n_done)
         if not q.submitted:
             # Started early, while the client still writes the inputs.
             if time.time() - m.get("joined", 0) > _EARLY_S:
-                m["state"] = "left"
+                q.set_member(wid, "left")
                 return None
-            m["state"] = "waiting"
+            q.set_member(wid, "waiting")
             return WAIT
         skip = q.cancelled_tasks
         self.attempts = {}
         for _ in range(2):
-            if q["retry"]:
-                take = [i for i in q["retry"][:want] if i not in skip]
-                del q["retry"][:want]
+            take, were = q.take_reruns(want)
+            if were:
                 if not take:
                     continue
                 self.attempts = {i: q.attempt(i) for i in take}
-                m["claim"] = [-1, *take]
-                m["state"] = "active"
+                q.set_member(wid, "active", [-1, *take])
                 return take
             remaining = q.n - q.next
             if remaining > 0:
@@ -114,24 +109,21 @@ class Claims:
                 if remaining * mean_s > _TARGET_BATCH_S * active / 2 or n_done == 0:
                     share = -(-share // 2)
                 k = min(remaining, max(least, min(want, share)))
-                a = q.next
-                q["next"] = a + k
-                m["state"] = "active"
+                a = q.take_next(k)
                 if skip and any(i in skip for i in range(a, a + k)):
                     kept = [i for i in range(a, a + k) if i not in skip]
-                    m["claim"] = [-1, *kept]
+                    q.set_member(wid, "active", [-1, *kept])
                     return kept
-                m["claim"] = [a, a + k]
+                q.set_member(wid, "active", [a, a + k])
                 return range(a, a + k)
-            m["claim"] = []
+            q.set_member(wid, m.get("state", "active"), [])
             if not reap(self.store, q):
                 break
         if q.closed:
-            m["state"] = "left"
-            m["claim"] = []
+            q.set_member(wid, "left", [])
             self.left = True
             return None
-        m["state"] = "waiting"
+        q.set_member(wid, "waiting")
         return WAIT
 
     def fixed_attempts(self, tasks: list[int]) -> list[int]:
@@ -151,8 +143,7 @@ class Claims:
             with self.store.locked_queue() as q:
                 m = q.members.get(self.wid)
                 if m is not None and m.get("state") != "dead":
-                    m["state"] = "left"
-                    m["claim"] = []
+                    q.set_member(self.wid, "left", [])
         except FileNotFoundError:
             return  # purged: nothing to leave
         self.store.notify()

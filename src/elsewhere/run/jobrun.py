@@ -256,12 +256,3 @@ class JobRun:
             MPI.COMM_WORLD.Abort(1)
         except Exception:
             os._exit(1)
-
-
-def _describe_error(exc: BaseException, host: str, index: int, seed: int) -> dict[str, Any]:
-    """The stored error record of task ``index`` that raised ``exc``: kept for the peer
-    controller, which calls it by this name, until it makes its records with
-    ``ErrorRecord.of_exception(exc, host, index, seed).to_value()`` (``errors.py``) itself."""
-    from ..folder.errorrecord import ErrorRecord
-
-    return ErrorRecord.of_exception(exc, host, index, seed).to_value()
