@@ -49,6 +49,7 @@ from typing import Any
 from ..backends.local import _wake
 from ..folder.records import Kind, Record
 from ..util.errors import ConfigError, TaskError
+from .job import job_data, value_of
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,7 @@ class Executor(cf.Executor):
         self._keep = keep
         self._writer = PayloadWriter(self._job.store.path / "payload.log",
                                      compress=not self._job.cluster.shares_filesystem())
-        self._writer.write_common(None, self._job._job_data)
+        self._writer.write_common(None, job_data(self._job))
         self._lock = threading.Lock()
         self._futures: dict[int, _Future] = {}
         self._n = 0
@@ -342,7 +343,7 @@ class Executor(cf.Executor):
 
     def _collect(self) -> None:
         job = self._job
-        reader = job._reader
+        reader = job.handle.reader
         # With a controller handing values back, the journal is only a fallback: looked
         # at four times a second rather than woken by every result.
         fd = -1 if self._link is not None else os.open(job.store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
@@ -385,19 +386,18 @@ class Executor(cf.Executor):
         with self._lock:
             for i in [i for i, f in self._futures.items() if f.cancelled()]:
                 del self._futures[i]
-            ready = [i for i in self._futures if i in job._reader.final]
+            ready = [i for i in self._futures if i in job.handle.outcomes]
         for i in ready:
             with self._lock:
                 fut = self._futures.pop(i, None)
             if fut is None or fut.done():
                 continue
-            job._snap = None
             try:
-                value = job._value(i)
+                value = value_of(job, i)
             except Exception as exc:
                 value = TaskError(f"cannot read the result: {exc}", index=i, job=job.name)
             try:
-                rec = job._reader.final[i][1]
+                rec = job.handle.outcomes[i][1]
                 if isinstance(value, TaskError) and rec.kind != Kind.OK:
                     fut.set_exception(value.as_original_type())
                 else:

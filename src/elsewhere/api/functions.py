@@ -15,7 +15,7 @@ from ..folder.registry import Registry
 from ..folder.store import JobStore
 from ..util import paths
 from ..util.errors import ConfigError, JobNotFound
-from .job import Job, write_and_submit
+from .job import Job, raise_first_failure, write_and_submit
 
 
 def local(cores: int | None = None, **options: Any) -> Cluster:
@@ -208,10 +208,7 @@ def create_job(
                 "system); pass their contents as arguments or job_data to reach other machines",
                 UserWarning, stacklevel=3,
             )  # fmt: skip
-    job = Job(store, cl, meta)
-    job._job_data = job_data
-    job._queue_n = _n_tasks
-    return job
+    return Job(store, cl, meta, job_data=job_data, queue_n=_n_tasks)
 
 
 def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> None:
@@ -380,7 +377,7 @@ def map(
         else:
             Registry().set_state(job.id, job.state.value)
     if errors == "raise":
-        job._raise_first_failure(values)
+        raise_first_failure(job, values)
     return combine_values(values) if combine else values
 
 

@@ -27,7 +27,6 @@ from ..folder.store import JobStore
 from ..util.errors import ConfigError, JobError, TaskError
 from ..util.states import JobState, TaskState
 
-
 _REMOTE_LOOK_S = 1.0  # a state read of a job whose workers write elsewhere polls at most this often
 
 
@@ -38,7 +37,8 @@ class Job:
     :func:`elsewhere.recover`; not constructed directly.
     """
 
-    def __init__(self, store: JobStore, cluster: Cluster, meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, store: JobStore, cluster: Cluster, meta: dict[str, Any] | None = None, *,
+                 job_data: Any = None, queue_n: int | None = None) -> None:  # fmt: skip
         self.store = store
         self.cluster = cluster
         self._meta = meta if meta is not None else store.meta()
@@ -50,8 +50,8 @@ class Job:
         self._polled_at = 0.0
         self._staged: list[tuple[Any, tuple, dict]] = []
         self._common_fn: Any = None
-        self._job_data: Any = None
-        self._queue_n: int | None = None  # the task count the queue was written with, if known
+        self._job_data: Any = job_data
+        self._queue_n: int | None = queue_n  # the task count the queue was written with, if known
         self._failed: list[int] = []  # tasks whose entry in the last results() is a TaskError
 
     # -- properties -----------------------------------------------------------
@@ -421,6 +421,29 @@ def combine(values: list[Any]) -> Any:
     if values and pd is not None and all(isinstance(v, pd.DataFrame) for v in values):
         return pd.concat(values, ignore_index=True)
     return list(values)
+
+
+def raise_first_failure(job: Job, values: list[Any]) -> None:
+    """Raise the first failed task's error among ``values`` (just read by ``job.results()``),
+    as its original type where possible (``ew.map``'s ``errors="raise"``)."""
+    job._raise_first_failure(values)
+
+
+def make_communicating(job: Job, ranks: int) -> None:
+    """Make the unsubmitted ``job`` one of ``ranks`` MPI ranks started together."""
+    job._meta = job.store.update_meta(communicating=True, ranks=ranks)
+    job._handle.with_meta(job._meta)
+
+
+def job_data(job: Job) -> Any:
+    """What the job sends once per worker (``job_data=``)."""
+    return job._job_data
+
+
+def value_of(job: Job, index: int) -> Any:
+    """Task ``index``'s value or TaskError, read afresh (the Executor's reading of a result)."""
+    job._dirty()
+    return job._value(index)
 
 
 def write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",

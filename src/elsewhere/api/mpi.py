@@ -34,16 +34,14 @@ def submit_communicating(
     those of :func:`elsewhere.create_job` (seed, tag, env, files, job_data).
     """
     from . import functions as api
-    from .job import write_and_submit
+    from .job import make_communicating, write_and_submit
 
     if not isinstance(ranks, int) or ranks < 1:
         raise ConfigError(f"ranks must be a positive integer, not {ranks!r}")
     if not callable(fn):
         raise ConfigError(f"submit_communicating needs a callable, not {fn!r}")
     job = api.create_job(on, name=name, _fn=fn, **options)
-    job._meta["communicating"] = True
-    job.store.update_meta(communicating=True, ranks=ranks)
-    job._meta["ranks"] = ranks
+    make_communicating(job, ranks)
     tasks = [(None, tuple(args), dict(kwargs or {})) for _ in range(ranks)]
     write_and_submit(job, fn, tasks, "entries", communicating=True)
     return job
