@@ -15,11 +15,7 @@ MAX_LINES = 500
 
 # Modules still over MAX_LINES, with the most lines each may have until it is split: the list
 # only shrinks (a module on it that grows, or a new one over the limit, fails).
-TOO_LONG = {
-    "elsewhere/backends/batch.py": 610,
-    "elsewhere/backends/peer.py": 513,
-    "elsewhere/backends/ssh.py": 524,
-}
+TOO_LONG: dict[str, int] = {}
 
 
 # Cycles not yet broken (each is only imports for type checking): the list only shrinks.

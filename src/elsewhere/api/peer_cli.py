@@ -117,8 +117,8 @@ def _group_args(p: argparse.ArgumentParser, *, all_groups: bool = False, repeat:
 
 def _keys(args: argparse.Namespace, *, all_groups: bool) -> list[Any]:
     """The group keys the arguments name (None: loopback-only mode)."""
-    from ..backends.peer import key_path
     from ..peer.keys import DEFAULT_GROUP, load_key
+    from ..peer.keys import default_key_path as key_path
     from ..util.errors import ConfigError
 
     if args.key:
@@ -150,8 +150,7 @@ def _worker_keys(args: argparse.Namespace) -> list[Any]:
 
 
 def _discovery(args: argparse.Namespace) -> Any:
-    from ..backends.peer import parse_peer
-    from ..peer.discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
+    from ..peer.discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig, parse_peer
 
     port = DEFAULT_PORT if args.port is None else args.port
     group = args.multicast_group or DEFAULT_MULTICAST_GROUP
@@ -450,7 +449,7 @@ def refusal_lines(refused: dict[str, tuple[int, str, bool]]) -> list[str]:
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     """``elsewhere peer keygen GROUP``: write a new key file, mode 0600."""
-    from ..backends.peer import key_path
+    from ..peer.keys import default_key_path as key_path
     from ..peer.keys import load_key, write_key
 
     target = Path(args.output).expanduser() if args.output else key_path(args.group)

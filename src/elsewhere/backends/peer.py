@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..peer.keys import GroupKey
     from ..peer.placement import ControllerSettings
 
-__all__ = ["PeerCluster", "key_path", "peers"]
+__all__ = ["PeerCluster", "peers"]
 
 _DIARY = ("always", "warning", "error", "never")
 _carry_on_here = True
@@ -55,31 +55,6 @@ def carry_on_here(allowed: bool) -> None:
     half sent; ``elsewhere wait NAME`` carries a job on."""
     global _carry_on_here
     _carry_on_here = allowed
-
-
-def key_path(group: str) -> Path:
-    """Where the key of ``group`` lives: ``<config dir>/peer/<group>.key``."""
-    from ..peer.keys import check_group_name
-    from ..util import paths
-
-    return paths.config_dir() / "peer" / f"{check_group_name(group)}.key"
-
-
-def parse_peer(entry: str | tuple[str, int] | list[Any], default_port: int) -> tuple[str, int]:
-    """``"host"``, ``"host:port"`` or ``(host, port)`` -> ``(host, port)``."""
-    if isinstance(entry, (tuple, list)):
-        if len(entry) != 2:
-            raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
-        return str(entry[0]), int(entry[1])
-    if not isinstance(entry, str) or not entry:
-        raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
-    host, sep, port = entry.rpartition(":")
-    if not sep:
-        return entry, default_port
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ConfigError(f"peer {entry!r}: the port must be a number")
 
 
 class PeerCluster(Cluster):
@@ -140,6 +115,8 @@ class PeerCluster(Cluster):
         self.key_file = str(Path(key).expanduser().absolute()) if key is not None else None
         self.memory = memory
         self.time = time
+        from ..peer.discovery import parse_peer
+
         self.peers = [list(parse_peer(p, 0)) if not isinstance(p, str) else p for p in peers]
         self.port = port
         self.multicast_group = multicast_group
@@ -174,11 +151,11 @@ class PeerCluster(Cluster):
         self.discovery = self._discovery()
 
     def _find_key(self) -> GroupKey | None:
-        from ..peer.keys import DEFAULT_GROUP, load_key
+        from ..peer.keys import DEFAULT_GROUP, default_key_path, load_key
 
         if self.key_file is not None:
             return load_key(self.key_file, self.group)
-        path = key_path(self.group or DEFAULT_GROUP)
+        path = default_key_path(self.group or DEFAULT_GROUP)
         if path.exists():
             return load_key(path, self.group or DEFAULT_GROUP)
         if self.group is not None and self.group != DEFAULT_GROUP:
@@ -189,7 +166,12 @@ class PeerCluster(Cluster):
         return None  # loopback-only mode
 
     def _discovery(self) -> DiscoveryConfig:
-        from ..peer.discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, DiscoveryConfig
+        from ..peer.discovery import (
+            DEFAULT_MULTICAST_GROUP,
+            DEFAULT_PORT,
+            DiscoveryConfig,
+            parse_peer,
+        )
 
         port = self.port or DEFAULT_PORT
         group = DEFAULT_MULTICAST_GROUP if self.multicast_group == "default" else self.multicast_group

@@ -39,18 +39,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..util.errors import ConfigError, RemoteSetupError, TransportError
 from .base import Cluster, Property
+from .sshranks import MIRROR, SSHRanks
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
-    from ..folder.snapshot import Snapshot
     from ..hosts.session import AgentSession
     from ..hosts.ssh import SSHTransport
 
 DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
-_MIRROR = ["journal/**", "results/**", "logs/**", "workers/**"]
 
 
-class SSHCluster(Cluster):
+class SSHCluster(SSHRanks, Cluster):
     """Workers on hosts reached over ssh.
 
     Args:
@@ -331,60 +330,6 @@ class SSHCluster(Cluster):
         self._agent(host, "start", job=p["dir"], workers=p["workers"], tasks=f"{a}:{b}",
                     retries=int(job.spec.get("retries", 0)))
 
-    # -- communicating jobs: mpiexec on the first node, a host list of all -----------
-    def submit_communicating(self, job: JobHandle) -> None:
-        """Ranks started together by ``mpiexec`` on the first node, over every node.
-
-        The job folder is copied to the same path on every node (the ranks'
-        command line names it), and ``mpiexec --host`` lists each node's
-        hostname with its slots; Open MPI reaches the other nodes with its own
-        ssh, which must work between the nodes.
-        """
-        ranks = job.n_tasks
-        hosts = list(self.nodes)
-        infos = {h: self.probe(h) for h in hosts}
-        first = hosts[0]
-        rdir = f"{infos[first]['writable']}/{job.id}"
-        slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
-        with job.store.locked_queue() as q:
-            q.submit(assigned=ranks, max_workers=ranks)
-        for h in hosts:
-            t = self.transport(h)
-            t.run(["mkdir", "-p", "--", rdir + "/files"], timeout=60)
-            t.sync_up(job.store.path, rdir)
-        launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()
-        argv = ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", *launcher, "-n", str(ranks)]
-        if len(hosts) > 1:
-            # how the first node names the others: their own host names, or (with
-            # additional_properties={"mpi_host_names": "destinations"}) the ssh destinations
-            by_dest = self.additional_properties.get("mpi_host_names") == "destinations"
-            names = {h: (h.split("@")[-1] if by_dest else infos[h].get("hostname", h)) for h in hosts}
-            argv += ["--host", ",".join(f"{names[h]}:{slots[h]}" for h in hosts)]
-        if ranks > sum(slots.values()) or launcher[0].endswith(("mpiexec", "mpirun")):
-            argv.append("--oversubscribe")
-        argv += [*self.additional_properties.get("mpi_args", []),
-                 self.python_for(first), "-m", "elsewhere.worker", "--job", rdir, "--mpi"]
-        pid = self.transport(first).spawn(argv, log_path=f"{rdir}/logs/launcher.log", cwd=rdir + "/files")
-        plan = {h: {"workers": 1, "dir": rdir, "tasks": [0, 0], "python": self.python_for(h),
-                    "cores": slots[h], "last_seen": time.time()} for h in hosts}
-        self.set_job_cluster_data(job, {"hosts": plan, "mpi": {"host": first, "pid": pid, "dir": rdir}})
-
-    def _mpi_alive(self, mpi: dict[str, Any]) -> bool:
-        res = self.transport(mpi["host"]).run(["kill", "-0", str(mpi["pid"])], check=False, timeout=30)
-        return res.returncode == 0
-
-    def _poll_mpi(self, job: JobHandle, data: dict[str, Any]) -> None:
-        mpi = data["mpi"]
-        for host, p in data["hosts"].items():
-            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
-        if self._mpi_alive(mpi):
-            return
-        for host, p in data["hosts"].items():  # the last words of every rank
-            self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
-        self.report_lost(job, {r: f"rank {r} ended without a result: the MPI job on {mpi['host']} was aborted "
-                                  "or killed (another rank failed? see job.log(rank) and logs/launcher.log)"
-                               for r in range(job.n_tasks)})
-
     def poll(self, job: JobHandle) -> None:
         data = self.get_job_cluster_data(job)
         hosts = data.get("hosts", {})
@@ -404,7 +349,7 @@ class SSHCluster(Cluster):
         def ask(host: str, p: dict[str, Any]) -> tuple[dict[str, Any] | None, TransportError | None]:
             try:
                 ans = self._agent(host, "poll", job=p["dir"], workers=p["workers"], timeout=limit)
-                self.transport(host).sync_down(p["dir"], job.store.path, include=_MIRROR)
+                self.transport(host).sync_down(p["dir"], job.store.path, include=MIRROR)
             except TransportError as exc:
                 return None, exc
             return ans, None
@@ -455,9 +400,6 @@ class SSHCluster(Cluster):
                 self._agent(h, "add", job=hosts[h]["dir"], tasks=part)
                 hosts[h].setdefault("moved_in", []).extend(part)
                 hosts[h]["done"] = False
-
-    def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
-        return snapshot
 
     def cancel_job(self, job: JobHandle) -> None:
         data = self.get_job_cluster_data(job)

@@ -61,6 +61,7 @@ __all__ = [
     "Announcer",
     "DiscoveryConfig",
     "Listener",
+    "parse_peer",
 ]
 
 log = logging.getLogger(__name__)
@@ -469,3 +470,20 @@ class Listener:
             self.received += 1
             self._table.update(ann, source, time.monotonic())
             self._cond.notify_all()
+
+
+def parse_peer(entry: str | tuple[str, int] | list[Any], default_port: int) -> tuple[str, int]:
+    """``"host"``, ``"host:port"`` or ``(host, port)`` -> ``(host, port)``."""
+    if isinstance(entry, (tuple, list)):
+        if len(entry) != 2:
+            raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+        return str(entry[0]), int(entry[1])
+    if not isinstance(entry, str) or not entry:
+        raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
+    host, sep, port = entry.rpartition(":")
+    if not sep:
+        return entry, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise ConfigError(f"peer {entry!r}: the port must be a number")

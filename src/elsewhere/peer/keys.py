@@ -110,11 +110,12 @@ def is_loopback_only(key: GroupKey | None) -> bool:
 
 
 def default_key_path(group: str = DEFAULT_GROUP) -> Path:
-    """Where the key of ``group`` lives by default (the user's config folder)."""
-    import platformdirs
+    """Where the key of ``group`` lives by default: ``<config dir>/peer/<group>.key`` (the
+    user's config folder, or ``$ELSEWHERE_CONFIG``)."""
+    from ..util import paths
 
     check_group_name(group)
-    return Path(platformdirs.user_config_dir("elsewhere")) / "peer" / f"{group}.key"
+    return paths.config_dir() / "peer" / f"{group}.key"
 
 
 def format_key_file(key: GroupKey) -> str:
