@@ -279,8 +279,9 @@ class BatchCluster(BatchStatus, RemoteCluster):
         }
         if not self.host and not self.python:
             # the worker runs this interpreter, which may not have elsewhere installed
-            pkg = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = pkg + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+            from ..hosts.spawn import python_env
+
+            env["PYTHONPATH"] = python_env()["PYTHONPATH"]
         return ScriptContext(
             job_name=ScriptContext.safe_name(f"ew-{job.name}"),
             run_line=run_line,

@@ -20,7 +20,6 @@ so they survive the client), by the absolute path of this interpreter.
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -55,11 +54,6 @@ def free_cores() -> int:
     from ..hosts.probe import free_cores
 
     return free_cores()
-
-
-@functools.cache
-def _package_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
 
 
 _pools: dict[tuple[str, str], Path] = {}  # (home, python) -> pool folder, once made
@@ -145,13 +139,14 @@ class LocalCluster(Cluster):
         """The folder of warm workers for this interpreter and elsewhere version."""
         import zlib
 
+        from ..hosts.spawn import package_root
         from ..util.version import __version__
 
         home = paths.home()
         d = _pools.get((str(home), self.python))
         if d is not None and os.path.isdir(d / "fifo"):
             return d
-        ident = f"{self.python}\0{__version__}\0{_package_root()}".encode()
+        ident = f"{self.python}\0{__version__}\0{package_root()}".encode()
         key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
         d = home / "local" / key
         if not (d / "fifo").is_dir():
@@ -319,9 +314,9 @@ class LocalCluster(Cluster):
         argv = mpi.launcher_argv(launcher, ranks, list(self.additional_properties.get("mpi_args", [])),
                                  oversubscribe=True)
         argv += [self.python, "-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi"]
-        env = dict(os.environ)
-        root = _package_root()
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        from ..hosts.spawn import python_env
+
+        env = python_env()  # the launcher is no Python, but the ranks it starts are
         log = os.open(job.store.path / "logs" / "launcher.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             import subprocess

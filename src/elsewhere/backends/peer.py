@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -291,10 +290,11 @@ class PeerCluster(Cluster):
         env = {**os.environ, _IN_BACKGROUND: "1", "ELSEWHERE_HOME": str(paths.home()),
                "PYTHONPATH": os.pathsep.join([*found, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
         log_path = job.store.path / "controller.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "elsewhere", "wait", job.name, "--no-progress"],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd, env=env,
-                                    start_new_session=True)  # fmt: skip
+        from ..hosts.spawn import spawn_python
+
+        # (its PYTHONPATH is the job's folders: this elsewhere is installed where the job was made)
+        proc = spawn_python(["-m", "elsewhere", "wait", job.name, "--no-progress"], log=log_path, cwd=cwd, env=env,
+                            importable=False)  # fmt: skip
         self._spawned[job.id] = (proc, time.monotonic())
         data = self.get_job_cluster_data(job)  # it is the job's controller from now on
         data["controller"] = {"host": socket.gethostname(), "pid": proc.pid,

@@ -19,10 +19,10 @@ import signal
 import socket
 import subprocess
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from ..folder.store import CUR
+from ..hosts.spawn import spawn_python
 from .childmsg import MessageReader, pack_message
 from .stream import new_memfd
 
@@ -41,16 +41,9 @@ class ChildProcess(Generic[_R]):
         cur_fd, self.cur = new_memfd(CUR.size, "elsewhere-cur")
         CUR.pack_into(self.cur, 0, -1, 0.0, 0)
         self.capture_fd = capture_fd
-        env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            self.popen = subprocess.Popen(
-                [python, "-m", "elsewhere.peer.child", str(theirs.fileno()), str(cur_fd)],
-                pass_fds=(theirs.fileno(), cur_fd), stdin=subprocess.DEVNULL,
-                stdout=capture_fd, stderr=capture_fd, env=env, start_new_session=True,
-                cwd="/",
-            )  # fmt: skip
+            self.popen = spawn_python(["-m", "elsewhere.peer.child", str(theirs.fileno()), str(cur_fd)],
+                                      python=python, log=capture_fd, cwd="/", pass_fds=(theirs.fileno(), cur_fd))
         finally:
             theirs.close()
             os.close(cur_fd)

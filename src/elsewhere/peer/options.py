@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import getpass
 import math
-import os
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -29,10 +28,10 @@ def machine_memory() -> int:
 
 
 def _machine_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    """The cores this machine lets this process use (the host probe's count: affinity, cgroups)."""
+    from ..hosts.probe import usable_cores
+
+    return usable_cores()
 
 
 @dataclass(frozen=True)
