@@ -39,12 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..util.errors import ConfigError, RemoteSetupError, TransportError
 from .base import Cluster, Property
-from .sshranks import MIRROR, SSHRanks
+from .sshranks import SSHRanks
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..hosts.session import AgentSession
     from ..hosts.ssh import SSHTransport
+    from ..hosts.sync import JobCopy
 
 DEFAULT_REMOTE_STORAGE = ".local/share/elsewhere/remote"
 
@@ -218,14 +219,19 @@ class SSHCluster(SSHRanks, Cluster):
         copy = job.id if len(self.nodes) == 1 else f"{job.id}-{_safe(host)}"
         return f"{info['writable']}/{copy}"
 
+    def copy_on(self, job: JobHandle, host: str, where: str) -> JobCopy:
+        """The job folder here and its copy ``where`` on ``host`` (over the host's agent session)."""
+        from ..hosts.sync import JobCopy
+
+        return JobCopy(self.transport(host), job.store.path, where, session=self.session(host))
+
     def _early_copy(self, job: JobHandle, host: str, finished: threading.Event) -> tuple[dict[str, Any], int]:
         info = self.probe(host)
-        where = self._copy_dir(job, host, info)
-        sent = self.session(host).put_growing(where, "payload.log", job.store.path / "payload.log",
-                                              finished, job.store.path.exists)
+        copy = self.copy_on(job, host, self._copy_dir(job, host, info))
+        sent = copy.push_growing("payload.log", finished, job.store.path.exists)
         if sent < 0:  # the client gave up (the inputs could not be written): leave nothing there
             self._early.pop(job.id, None)
-            self._agent(host, "discard", dir=where, timeout=60)
+            copy.discard()
             sent = 0
         return info, sent
 
@@ -271,7 +277,7 @@ class SSHCluster(SSHRanks, Cluster):
         busy = [h for h, p in plan.items() if p["workers"]]
         for h in plan:
             if h not in busy and got[h][1]:
-                self._agent(h, "discard", dir=plan[h]["dir"], timeout=60)
+                self.copy_on(job, h, plan[h]["dir"]).discard()
         self._each(lambda h: self._place(job, h, plan[h], got[h][1]), busy)
         for h in busy:
             plan[h]["last_seen"] = time.time()
@@ -314,7 +320,7 @@ class SSHCluster(SSHRanks, Cluster):
 
     def _place(self, job: JobHandle, host: str, p: dict[str, Any], streamed: int) -> None:
         # the rest of the folder on the agent's session (files/ included), then start there
-        self.session(host).put_tree(job.store.path, p["dir"], sent={"payload.log": streamed})
+        self.copy_on(job, host, p["dir"]).push(sent={"payload.log": streamed})
         a, b = p["tasks"]
         if self.setup:
             t = self.transport(host)
@@ -349,7 +355,7 @@ class SSHCluster(SSHRanks, Cluster):
         def ask(host: str, p: dict[str, Any]) -> tuple[dict[str, Any] | None, TransportError | None]:
             try:
                 ans = self._agent(host, "poll", job=p["dir"], workers=p["workers"], timeout=limit)
-                self.transport(host).sync_down(p["dir"], job.store.path, include=MIRROR)
+                self.copy_on(job, host, p["dir"]).pull()
             except TransportError as exc:
                 return None, exc
             return ans, None
@@ -427,7 +433,7 @@ class SSHCluster(SSHRanks, Cluster):
         for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
             if p.get("workers"):
                 try:
-                    self._agent(host, "discard", dir=p["dir"], timeout=60)
+                    self.copy_on(job, host, p["dir"]).discard()
                 except TransportError as exc:
                     warnings.warn(f"could not remove the job copy on {host}: {exc}", stacklevel=2)
 
@@ -437,7 +443,7 @@ class SSHCluster(SSHRanks, Cluster):
         dest.mkdir(exist_ok=True)
         for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
             if p.get("workers"):
-                self.transport(host).sync_down(p["dir"] + "/files", dest)
+                self.copy_on(job, host, p["dir"]).pull_files()
         return dest
 
     def close(self) -> None:

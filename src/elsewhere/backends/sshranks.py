@@ -12,15 +12,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..hosts.ssh import SSHTransport
+    from ..hosts.sync import JobCopy
     from .base import Cluster
 
     _Base = Cluster
 else:
     _Base = object
-
-#: What comes back from a node's copy of the job: what its workers wrote.
-MIRROR = ["journal/**", "results/**", "logs/**", "workers/**"]
-
 
 class SSHRanks(_Base):
     """Ranks of a communicating job over the ssh nodes."""
@@ -31,6 +28,7 @@ class SSHRanks(_Base):
         def probe(self, host: str) -> dict[str, Any]: ...
         def transport(self, host: str) -> SSHTransport: ...
         def python_for(self, host: str) -> str: ...
+        def copy_on(self, job: JobHandle, host: str, where: str) -> JobCopy: ...
 
     def submit_communicating(self, job: JobHandle) -> None:
         """Ranks started together by ``mpiexec`` on the first node, over every node.
@@ -48,10 +46,9 @@ class SSHRanks(_Base):
         slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
         with job.store.locked_queue() as q:
             q.submit(assigned=ranks, max_workers=ranks)
+        (job.store.path / "files").mkdir(exist_ok=True)
         for h in hosts:
-            t = self.transport(h)
-            t.run(["mkdir", "-p", "--", rdir + "/files"], timeout=60)
-            t.sync_up(job.store.path, rdir)
+            self.copy_on(job, h, rdir).push()
         launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()
         argv = ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", *launcher, "-n", str(ranks)]
         if len(hosts) > 1:
@@ -76,11 +73,11 @@ class SSHRanks(_Base):
     def _poll_mpi(self, job: JobHandle, data: dict[str, Any]) -> None:
         mpi = data["mpi"]
         for host, p in data["hosts"].items():
-            self.transport(host).sync_down(p["dir"], job.store.path, include=MIRROR)
+            self.copy_on(job, host, p["dir"]).pull()
         if self._mpi_alive(mpi):
             return
         for host, p in data["hosts"].items():  # the last words of every rank
-            self.transport(host).sync_down(p["dir"], job.store.path, include=MIRROR)
+            self.copy_on(job, host, p["dir"]).pull()
         self.report_lost(job, {r: f"rank {r} ended without a result: the MPI job on {mpi['host']} was aborted "
                                   "or killed (another rank failed? see job.log(rank) and logs/launcher.log)"
                                for r in range(job.n_tasks)})
