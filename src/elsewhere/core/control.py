@@ -120,20 +120,6 @@ def retry(cluster: Cluster, handle: JobHandle, tasks: Iterable[int] | None = Non
         cluster.submit_independent(handle.for_tasks(again, resources))
     except BaseException as exc:
         # They will not run: failed with the reason, not left queued for ever.
-        _write_off(handle, again, f"could not be started again: {type(exc).__name__}: {exc}")
+        handle.write_off(dict.fromkeys(again, f"could not be started again: {type(exc).__name__}: {exc}"))
         raise
     return again
-
-
-def _write_off(handle: JobHandle, tasks: list[int], why: str) -> None:
-    import time
-
-    from ..folder import records
-    from ..folder.records import Kind
-
-    with handle.store.locked_queue() as q:
-        recs = []
-        for t in tasks:
-            q.lose(t, reason=why)
-            recs.append(records.make_record(Kind.LOST, t, q.attempt(t), t_end=time.time()))
-        handle.store.append_control(recs)

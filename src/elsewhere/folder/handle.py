@@ -261,13 +261,19 @@ class JobHandle:
             try:
                 self._restart(self, again)
             except Exception as exc:  # they cannot run again: failed with both reasons
-                with self.store.locked_queue() as q:
-                    recs = []
-                    for t in again:
-                        q.lose(t, reason=f"{reasons[t]}; it could not be started again: {type(exc).__name__}: {exc}")
-                        recs.append(records.make_record(Kind.LOST, t, q.attempt(t), t_end=time.time()))
-                    self.store.append_control(recs)
+                self.write_off({t: f"{reasons[t]}; it could not be started again: {type(exc).__name__}: {exc}"
+                                for t in again})  # fmt: skip
         return self.snapshot()
+
+    def write_off(self, reasons: Mapping[int, str]) -> None:
+        """Fail tasks as "lost" at once, each with its reason (``{task: why}``), retries or
+        not: tasks that cannot be started (again)."""
+        with self.store.locked_queue() as q:
+            recs = []
+            for t, why in reasons.items():
+                q.lose(t, reason=why)
+                recs.append(records.make_record(Kind.LOST, t, q.attempt(t), t_end=time.time()))
+            self.store.append_control(recs)
 
 
 def _host() -> str:
