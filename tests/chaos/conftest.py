@@ -1,0 +1,101 @@
+"""The chaos suite: experiments that attack elsewhere as a careless user, a full disk, a
+killed process or a hostile peer would, and count what went wrong.
+
+Run it alone with ``scripts/test tests/chaos``; ``ELSEWHERE_CHAOS_SOAK=1`` multiplies the
+trials of every experiment by ten (a long soak, not run in CI).
+
+Every experiment records its trials in a :class:`Tally` (the ``tally`` fixture) and fails when
+any result was lost, any wait hung (hit its timeout) or any user-facing command printed a
+Python traceback. The fixture prints one line per experiment, so a run shows what it tried.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+SOAK = os.environ.get("ELSEWHERE_CHAOS_SOAK", "0") not in ("", "0")
+
+
+def scaled(n: int) -> int:
+    """``n`` trials, or ten times as many in a soak."""
+    return n * 10 if SOAK else n
+
+
+@dataclass
+class Tally:
+    """What one experiment tried and what went wrong."""
+
+    name: str
+    trials: int = 0
+    lost: int = 0
+    hangs: int = 0
+    tracebacks: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def trial(self, n: int = 1) -> None:
+        self.trials += n
+
+    def lose(self, n: int, why: str) -> None:
+        """``n`` results lost (or wrong) in a trial."""
+        if n:
+            self.lost += n
+            self.notes.append(f"lost {n}: {why}")
+
+    def hang(self, why: str) -> None:
+        self.hangs += 1
+        self.notes.append(f"hang: {why}")
+
+    def traceback(self, why: str) -> None:
+        self.tracebacks += 1
+        self.notes.append(f"traceback: {why}")
+
+    def check_output(self, what: str, text: str) -> None:
+        """Count a Python traceback in a command's output."""
+        if "Traceback (most recent call last)" in text:
+            self.traceback(f"{what}: {text.strip().splitlines()[-1][:200]}")
+
+    def summary(self) -> str:
+        return (f"chaos {self.name}: {self.trials} trials, {self.lost} lost, {self.hangs} hangs, "
+                f"{self.tracebacks} tracebacks")  # fmt: skip
+
+    def verify(self) -> None:
+        assert self.trials > 0, f"{self.name}: the experiment ran no trial"
+        bad = self.lost + self.hangs + self.tracebacks
+        assert not bad, self.summary() + "\n  " + "\n  ".join(self.notes[:20])
+
+
+@pytest.fixture
+def tally(request):
+    """A Tally for this experiment, verified when it ends (unless the test failed already)."""
+    t = Tally(request.node.name)
+    yield t
+    print("\n" + t.summary())
+    if not getattr(request.node, "_chaos_failed", False):
+        t.verify()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call" and rep.failed:
+        item._chaos_failed = True
+
+
+def run_cli(tally: Tally, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """Run ``elsewhere ARGS`` as a user would; count a traceback or a hang."""
+    cmd = [sys.executable, "-m", "elsewhere", *args]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **(env or {})}, input=input)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        tally.hang(f"elsewhere {' '.join(args)} ran over {timeout} s")
+        return subprocess.CompletedProcess(cmd, -9, "", "")
+    tally.check_output("elsewhere " + " ".join(args), p.stdout + p.stderr)
+    return p
