@@ -59,9 +59,11 @@ MIN_MEMORY_MB = 256
 #: The oldest Python elsewhere runs on (pyproject's requires-python).
 MIN_PYTHON = (3, 10)
 
-# mkdir -p, write and remove a file, print the real path: sh only, no Python needed.
+# mkdir -p (private, whatever the umask), write and remove a file, print the real path: sh
+# only, no Python needed.
 _STORAGE_SCRIPT = (
-    'mkdir -p -- "$1" && cd -- "$1" && t=".ew-doctor-$$" && : >"$t" && rm -f -- "$t" && pwd -P'
+    'umask 077 && mkdir -p -- "$1" && cd -- "$1" && t=".ew-doctor-$$" && : >"$t" '
+    '&& rm -f -- "$t" && pwd -P'
 )
 
 

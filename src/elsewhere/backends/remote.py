@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..util.errors import CommandNotFound, ConfigError, SchedulerError
+from ..util.paths import private_dir
 from .base import Cluster
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ class RemoteCluster(Cluster):
         if self.remote_storage:
             self.job_copy(job).pull_files()
         else:
-            dest.mkdir(exist_ok=True)
+            private_dir(dest)
         return dest
 
 

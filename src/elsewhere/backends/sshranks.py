@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..util.paths import private_dir
+
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..hosts.ssh import SSHTransport
@@ -46,7 +48,7 @@ class SSHRanks(_Base):
         slots = {h: (self.nodes[h] or infos[h]["free_cores"]) for h in hosts}
         with job.store.locked_queue() as q:
             q.submit(assigned=ranks, max_workers=ranks)
-        (job.store.path / "files").mkdir(exist_ok=True)
+        private_dir(job.store.path / "files")
         for h in hosts:
             self.copy_on(job, h, rdir).push()
         launcher = str(self.additional_properties.get("mpi_launcher", "mpiexec")).split()

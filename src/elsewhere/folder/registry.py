@@ -3,7 +3,20 @@
 A SQLite file in the home folder (``<home>/registry.sqlite``), in WAL mode
 with a busy timeout, so two processes submitting at once both succeed and
 never corrupt it. The job folder stays the source of truth; the registry
-only finds folders and caches their last known state.
+only finds folders and caches their last known state. Hence:
+
+- a damaged file (not a database, a malformed page) is moved aside
+  (``registry.sqlite.damaged-<time>-<pid>``) and the registry rebuilt from the
+  job folders it can find (``<home>/jobs``, and the storage locations of the
+  rows still readable in the damaged file), with one warning; a registry that is
+  missing is made anew from ``<home>/jobs`` the same way, silently;
+- the file is made, and switched to WAL, under ``registry.lock`` (flock):
+  switching a new database to WAL does not wait on SQLite's own lock, so
+  processes racing to make it would get "database is locked";
+- the cached state is only a cache: when it cannot be written (a full disk),
+  reads still work (read-only, if SQLite cannot even make its shared-memory
+  file), and a row whose folder is gone is dropped from listings;
+- the file and its ``-wal`` and ``-shm`` are mode 0600, whatever the umask.
 
 A process keeps one connection per thread and registry file (closing the
 last connection of a WAL database checkpoints it, which costs more than the
@@ -13,17 +26,21 @@ was replaced or removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..util import paths
-from ..util.errors import NameInUse
+from ..util.errors import JobError, NameInUse
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -42,8 +59,13 @@ CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
 """
 
 _DONE = ("finished", "failed", "cancelled")
+_BUSY_S = 60.0  # how long a statement waits for another process's lock
+_DAMAGED = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is no (sound) database
+_SIDE_FILES = ("-wal", "-shm")
 
 _local = threading.local()  # .cons: {path: (pid, inode, connection)}
+
+T = TypeVar("T")
 
 
 class _Borrowed:
@@ -55,9 +77,30 @@ class _Borrowed:
     def execute(self, *args: Any) -> sqlite3.Cursor:
         return self._con.execute(*args)
 
+    def executemany(self, *args: Any) -> sqlite3.Cursor:
+        return self._con.executemany(*args)
+
     def close(self) -> None:
         if self._con.in_transaction:
-            self._con.execute("ROLLBACK")
+            with contextlib.suppress(sqlite3.Error):  # then _run forgets the connection
+                self._con.execute("ROLLBACK")
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _damaged(exc: sqlite3.Error) -> bool:
+    """Whether ``exc`` says the file is not a sound registry (rather than busy or full)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _DAMAGED:
+        return True
+    return isinstance(exc, sqlite3.DatabaseError) and (
+        "not a database" in str(exc) or "malformed" in str(exc) or "no such table: jobs" in str(exc)
+    )
 
 
 class Registry:
@@ -65,60 +108,198 @@ class Registry:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else paths.registry_path()
+        self._lock_path = self.path.with_suffix(".lock")
+        self._held = threading.local()  # .depth: this thread holds registry.lock (re-entrant)
 
-    def _connect(self) -> Any:
+    # -- connections ------------------------------------------------------
+    def _connect(self) -> _Borrowed:
         key = str(self.path)
         cons = getattr(_local, "cons", None)
         if cons is None:
             cons = _local.cons = {}
-        try:
-            inode = os.stat(key).st_ino
-        except FileNotFoundError:
-            inode = None
+        inode = _inode(self.path)
         cached = cons.get(key)
         if cached is not None:
             pid, ino, con = cached
             if pid == os.getpid() and ino == inode:
                 return _Borrowed(con)
-            del cons[key]
-            if pid == os.getpid():
-                con.close()
+            self._forget()
         con = self._open()
         cons[key] = (os.getpid(), os.stat(key).st_ino, con)
         return _Borrowed(con)
 
+    def _forget(self) -> None:
+        """Drop this thread's cached connection to the file (closed if it is this process's)."""
+        cached = getattr(_local, "cons", {}).pop(str(self.path), None)
+        if cached is not None and cached[0] == os.getpid():
+            with contextlib.suppress(sqlite3.Error):
+                cached[2].close()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold ``registry.lock`` (re-entrant within a thread): making the file, switching it
+        to WAL and replacing a damaged one happen under it, one process and thread at a time
+        (a flock belongs to an open file, so two opens exclude each other in one process too)."""
+        depth = getattr(self._held, "depth", 0)
+        if depth:
+            self._held.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._held.depth = depth
+            return
+        import fcntl
+
+        fd = paths.private_file(self._lock_path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._held.depth = 1
+            try:
+                yield
+            finally:
+                self._held.depth = 0
+        finally:
+            os.close(fd)  # releases the flock
+
     def _open(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        con = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
-        con.row_factory = sqlite3.Row
-        con.execute("PRAGMA synchronous=NORMAL")
-        if con.execute("PRAGMA user_version").fetchone()[0] < 1:
-            # First use of this file: WAL (it sticks to the file) and the schema, once.
-            con.execute("PRAGMA journal_mode=WAL")
-            con.executescript(_SCHEMA)
-            con.execute("PRAGMA user_version = 1")
+        paths.private_dir(self.path.parent, fix=True)
+        if not self.path.exists():
+            with self._locked():
+                if not self.path.exists():
+                    # A vanished database's side files would be replayed into the new one.
+                    for suffix in _SIDE_FILES:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(f"{self.path}{suffix}")
+                    # Made 0600 before SQLite opens it: it gives -wal and -shm the same mode.
+                    os.close(paths.private_file(self.path, os.O_WRONLY))
+        else:
+            self._close_files()
+        con = sqlite3.connect(self.path, timeout=_BUSY_S, isolation_level=None)
+        try:
+            con.row_factory = sqlite3.Row
+            con.execute("PRAGMA synchronous=NORMAL")
+            if con.execute("PRAGMA user_version").fetchone()[0] < 1:
+                with self._locked():
+                    if con.execute("PRAGMA user_version").fetchone()[0] < 1:
+                        _first_use(con)
+                        # a registry that was removed: its jobs are found again
+                        _insert(con, _scan({self.path.parent / "jobs"}))
+        except BaseException:
+            con.close()
+            raise
         return con
 
-    def add(self, meta: dict[str, Any], path: Path, current_state: Callable[[dict[str, Any]], str | None]) -> None:
+    def _close_files(self) -> None:
+        """A registry made by an older version (or another umask) may be readable by others:
+        make it and its side files 0600."""
+        st = os.stat(self.path)
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            for suffix in ("", *_SIDE_FILES):
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(f"{self.path}{suffix}", 0o600)
+
+    def _run(self, op: Callable[[_Borrowed], T], what: str, *, read: bool = False) -> T:
+        """``op(connection)``; a damaged file is replaced by a rebuilt one and ``op`` runs again.
+        Other SQLite errors become :class:`JobError` naming the file and ``what`` failed. A
+        ``read`` that cannot open the file as usual (a full disk: SQLite cannot make its
+        shared-memory file) reads it read-only."""
+        for attempt in (0, 1):
+            inode = _inode(self.path)
+            try:
+                con = self._connect()
+                try:
+                    return op(con)
+                finally:
+                    con.close()
+            except sqlite3.Error as exc:
+                self._forget()  # the next call starts on a fresh connection
+                if attempt == 0 and _damaged(exc):
+                    try:
+                        self._repair(exc, inode)
+                    except (OSError, sqlite3.Error) as again:
+                        raise JobError(f"the job registry {self.path} is damaged ({exc}) and cannot be "
+                                       f"rebuilt: {again}") from again  # fmt: skip
+                    continue
+                if read:
+                    with contextlib.suppress(sqlite3.Error):
+                        return self._read_only(op)
+                raise JobError(f"the job registry {self.path} cannot {what}: {exc}") from exc
+            except OSError as exc:
+                raise JobError(f"the job registry {self.path} cannot {what}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _read_only(self, op: Callable[[_Borrowed], T]) -> T:
+        """``op`` on a read-only connection: one that needs no shared-memory file of its own if
+        it can have one, else one that reads the file as it is (``immutable``: it misses only
+        what a live connection of another process has not yet written back from the WAL)."""
+        uri = self.path.absolute().as_uri()
+        con = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=_BUSY_S, isolation_level=None)
+        try:
+            con.row_factory = sqlite3.Row
+            return op(_Borrowed(con))
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            con.close()
+        con = sqlite3.connect(uri + "?immutable=1", uri=True, isolation_level=None)
+        try:
+            con.row_factory = sqlite3.Row
+            return op(_Borrowed(con))
+        finally:
+            con.close()
+
+    # -- the damaged file ---------------------------------------------------
+    def _repair(self, exc: sqlite3.Error, inode: int | None) -> None:
+        """Move the damaged file aside and rebuild the registry from the job folders (unless
+        another process did already: the file is not the one found damaged any more)."""
+        with self._locked():
+            self._forget()
+            if inode is None or _inode(self.path) != inode:
+                return  # replaced meanwhile, by another process or thread
+            kept = _salvage(self.path)
+            aside = Path(f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+            for suffix in ("", *_SIDE_FILES):
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
+            roots = {self.path.parent / "jobs", *(Path(r[2]).parent for r in kept)}
+            con = self._open()  # a new file: <home>/jobs is scanned as it is made
+            try:
+                _insert(con, [*_scan(roots - {self.path.parent / "jobs"}), *kept])
+                n = con.execute("SELECT count(*) FROM jobs").fetchone()[0]
+            finally:
+                con.close()
+        log.warning("elsewhere: the job registry %s was damaged (%s); moved it to %s and rebuilt it from "
+                    "%d job folder(s) in %s", self.path, exc, aside, n,
+                    ", ".join(sorted(map(str, roots))))  # fmt: skip
+
+    # -- the jobs -----------------------------------------------------------
+    def add(
+        self,
+        meta: dict[str, Any],
+        path: Path,
+        current_state: Callable[[dict[str, Any]], str | None],
+    ) -> None:
         """Register a job; raise NameInUse if a running job has the same name.
 
         ``current_state(row)`` reads, from the job folder, the state of an
         older job of the same name (the cached one may be stale); None when
         its folder is gone.
         """
-        con = self._connect()
-        try:
+
+        def op(con: _Borrowed) -> None:
             con.execute("BEGIN IMMEDIATE")
             rows = con.execute(
-                "SELECT * FROM jobs WHERE name = ? AND (state IS NULL OR state NOT IN (?, ?, ?))",
-                (meta["name"], *_DONE),
+                "SELECT * FROM jobs WHERE name = ? AND id != ? AND (state IS NULL OR state NOT IN (?, ?, ?))",
+                (meta["name"], meta["id"], *_DONE),
             ).fetchall()
             for row in rows:
                 state = current_state(dict(row))
                 if state is None:
                     con.execute("DELETE FROM jobs WHERE id=?", (row["id"],))
                     continue
-                con.execute("UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), row["id"]))
+                con.execute(
+                    "UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), row["id"])
+                )
                 if state not in _DONE:
                     con.execute("ROLLBACK")
                     raise NameInUse(
@@ -126,52 +307,151 @@ class Registry:
                         f"folder {row['path']}); wait for it, cancel it "
                         f"(elsewhere cancel {meta['name']}), or choose another name"
                     )
-            con.execute(
-                "INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
+            con.execute(  # or replace: a rebuild from the folders may have found this job already
+                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (meta["id"], meta["name"], str(path), json.dumps(meta["cluster"]), meta.get("user"),
                  meta.get("tag"), meta.get("created"), meta.get("n_tasks", 0), "queued", time.time()),
-            )
+            )  # fmt: skip
             con.execute("COMMIT")
-        finally:
-            con.close()
+
+        self._run(op, f"register job {meta['name']!r}")
 
     def set_state(self, job_id: str, state: str, n_tasks: int | None = None) -> None:
-        """Cache a job's state."""
-        con = self._connect()
-        try:
+        """Cache a job's state; a cache that cannot be written (a full disk) is left as it was."""
+
+        def op(con: _Borrowed) -> None:
             if n_tasks is None:
-                con.execute("UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), job_id))
+                con.execute(
+                    "UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), job_id)
+                )
             else:
                 con.execute("UPDATE jobs SET state=?, n_tasks=?, updated=? WHERE id=?",
-                            (state, n_tasks, time.time(), job_id))
-        finally:
-            con.close()
+                            (state, n_tasks, time.time(), job_id))  # fmt: skip
+
+        try:
+            self._run(op, "cache a state")
+        except JobError as exc:
+            log.debug("%s", exc)
 
     def remove(self, job_id: str) -> None:
-        """Forget a job."""
-        con = self._connect()
+        """Forget a job. If the registry cannot be written (a full disk), the row stays, and
+        listings drop it once the job's folder is gone."""
         try:
-            con.execute("DELETE FROM jobs WHERE id=?", (job_id,))
-        finally:
-            con.close()
+            self._run(
+                lambda con: con.execute("DELETE FROM jobs WHERE id=?", (job_id,)), "forget a job"
+            )
+        except JobError as exc:
+            log.warning("elsewhere: %s (listings leave the job out once its folder is gone)", exc)
 
     def find(self, name_or_id: str) -> list[dict[str, Any]]:
         """Jobs whose id or name matches, newest first."""
-        con = self._connect()
-        try:
-            rows = con.execute(
+        rows = self._run(
+            lambda con: con.execute(
                 "SELECT * FROM jobs WHERE id = ? OR name = ? ORDER BY created DESC",
                 (name_or_id, name_or_id),
-            ).fetchall()
-        finally:
-            con.close()
+            ).fetchall(),
+            "be read",
+            read=True,
+        )
         return [dict(r) for r in rows]
 
     def all(self) -> list[dict[str, Any]]:
-        """Every registered job, oldest first."""
-        con = self._connect()
+        """Every registered job, oldest first; a job whose folder is gone (purged) is left out
+        and forgotten, but not one whose storage location is missing (a file system not
+        mounted now)."""
+        rows = [
+            dict(r)
+            for r in self._run(
+                lambda con: con.execute("SELECT * FROM jobs ORDER BY created").fetchall(),
+                "be read",
+                read=True,
+            )
+        ]
+        gone = [r["id"] for r in rows if _gone(r["path"])]
+        if gone:
+            with contextlib.suppress(JobError):  # a cache: forgetting them can wait
+                self._run(lambda con: con.executemany("DELETE FROM jobs WHERE id=?", [(i,) for i in gone]),
+                          "forget purged jobs")  # fmt: skip
+        return [r for r in rows if r["id"] not in gone]
+
+
+def _gone(path: str) -> bool:
+    """The job folder ``path`` is gone while its storage location is there."""
+    return not os.path.lexists(path) and os.path.isdir(os.path.dirname(path))
+
+
+def _first_use(con: sqlite3.Connection) -> None:
+    """WAL (it sticks to the file) and the schema, once, under ``registry.lock``. The switch to
+    WAL does not wait for readers of other processes (SQLite's busy handler is not called for
+    it): it is tried again until the timeout."""
+    deadline = time.monotonic() + _BUSY_S
+    while True:
         try:
-            rows = con.execute("SELECT * FROM jobs ORDER BY created").fetchall()
-        finally:
-            con.close()
-        return [dict(r) for r in rows]
+            con.execute("PRAGMA journal_mode=WAL").fetchone()
+            break
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+    con.executescript(_SCHEMA)
+    con.execute("PRAGMA user_version = 1")
+
+
+def _insert(con: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
+    """Add rebuilt rows (those of jobs registered meanwhile win)."""
+    rows = list(rows)  # the folders are read before the registry is locked
+    if not rows:
+        return
+    con.execute("BEGIN IMMEDIATE")
+    try:
+        con.executemany("INSERT OR IGNORE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+
+
+def _salvage(path: Path) -> list[tuple[Any, ...]]:
+    """The rows still readable in a damaged registry whose job folders are there (best effort:
+    usually none; they tell where jobs outside ``<home>/jobs`` are)."""
+    kept: list[tuple[Any, ...]] = []
+    try:
+        con = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return kept
+    try:
+        for row in con.execute("SELECT * FROM jobs"):
+            if len(row) == 10 and isinstance(row[2], str) and os.path.isdir(row[2]):
+                kept.append((*row[:8], None, time.time()))
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()
+    return kept
+
+
+def _scan(roots: set[Path]) -> Iterator[tuple[Any, ...]]:
+    """A registry row for each submitted job folder under ``roots`` (state unknown: the next
+    listing reads it from the folder)."""
+    from .store import JobStore
+
+    for root in roots:
+        try:
+            names = sorted(os.listdir(root))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("."):
+                continue  # spares, folders being purged
+            folder = root / name
+            try:
+                meta = JobStore(folder).meta()
+                # (the queue, not job.json: ew.submit writes job.json's "submitted" before the payload)
+                if not isinstance(meta, dict) or not JobStore(folder).queue().submitted:
+                    continue  # never submitted, or made by a client killed before it registered the job
+                yield (str(meta["id"]), str(meta["name"]), str(folder), json.dumps(meta["cluster"]),
+                       meta.get("user"), meta.get("tag"), meta.get("created"), meta.get("n_tasks") or 0,
+                       None, time.time())  # fmt: skip
+            except Exception as exc:  # a damaged folder must not stop the others
+                log.debug("registry rebuild: skipped %s: %s", folder, exc)

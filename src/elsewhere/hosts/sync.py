@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from elsewhere.util.errors import ConfigError, RemoteSetupError
+from elsewhere.util.paths import private_dir
 
 if TYPE_CHECKING:
     from elsewhere.hosts.session import AgentSession
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["WORKER_OUTPUT", "JobCopy"]
 
 #: What the workers of a job write into its folder: what comes back from a copy.
-WORKER_OUTPUT: tuple[str, ...] = ("journal/**", "results/**", "logs/**", "workers/**")
+WORKER_OUTPUT: tuple[str, ...] = ("journal/**", "results/**", "logs/**", "workers/**", "damage.txt")
 
 
 class JobCopy:
@@ -104,7 +105,7 @@ class JobCopy:
         """Copy what tasks wrote in their working folder there (``files/``) into the job
         folder's ``files/`` here; returns that folder."""
         dest = self.local_dir / "files"
-        dest.mkdir(exist_ok=True)
+        private_dir(dest)
         self.transport.sync_down(f"{self.remote_dir.rstrip('/')}/files", dest)
         return dest
 

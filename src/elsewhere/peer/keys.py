@@ -141,7 +141,9 @@ def write_key(
     """
     key = GroupKey(group, generate_key() if secret is None else secret)
     target = Path(path) if path is not None else default_key_path(group)
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    from ..util.paths import private_dir
+
+    private_dir(target.parent)
     if target.exists() and not overwrite:
         raise ConfigError(f"key file {target} exists; pass overwrite=True to replace it")
     tmp = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")

@@ -59,9 +59,9 @@ def install(name: str, *, source: str | None = None, force: bool = False) -> Pat
     """Copy a built-in template (``source``, default ``name``) into the user's folder."""
     text = builtin_text(source or name)
     d = user_dir()
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.private_dir(d)
     target = d / f"{name}.j2"
     if target.exists() and not force:
         raise ConfigError(f"{target} exists; pass --force to overwrite it")
-    target.write_text(text, encoding="utf-8")
+    paths.write_private(target, text)
     return target
