@@ -4,6 +4,7 @@ and job folders of other versions."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -76,6 +77,7 @@ def test_a_folder_of_the_previous_layout_is_read_and_a_newer_one_refused(ew_home
     job = ew.submit(nap, [0, 0], on=ew.local(), name="old-one")
     job.wait(timeout=30)
     meta = json.loads((job.path / "job.json").read_text())
+    del meta["_check"]  # (its checksum: a folder of the previous layout has none)
     meta["cluster"]["class"] = "elsewhere.clusters.local:LocalCluster"  # the module before the layers
     (job.path / "job.json").write_text(json.dumps(meta))
     assert ew.recover("old-one").results() == [0, 0]
@@ -83,3 +85,56 @@ def test_a_folder_of_the_previous_layout_is_read_and_a_newer_one_refused(ew_home
     (job.path / "job.json").write_text(json.dumps(meta))
     with pytest.raises(ew.JobError, match=r"written by a newer elsewhere \(format 2\).*reads format 1"):
         ew.recover("old-one")
+
+
+
+#: a client that dies (SIGKILL) inside ``ew.submit``, once the job is registered and before it
+#: hands the job to its cluster (``cluster``, a class of ``module``); tests/ssh uses it too
+KILLED_CLIENT = """
+import os, signal
+import elsewhere as ew
+from {module} import {cluster} as C
+
+def die(*a, **k):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+C.submit_independent = die
+ew.submit(abs, [-1, -2, -3], name={name!r}, on={on})
+"""
+
+
+def kill_inside_submit(name, on="ew.local(cores=2)", module="elsewhere.backends.local", cluster="LocalCluster"):
+    """Run a client that registers job ``name`` on cluster ``on`` (Python text) and is killed
+    before it hands the job over; returns the pid it had."""
+    import signal
+    import subprocess
+    import sys
+
+    code = KILLED_CLIENT.format(module=module, cluster=cluster, name=name, on=on)
+    p = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == -signal.SIGKILL, err
+    return p.pid
+
+
+def test_a_job_whose_client_died_before_the_hand_over_is_handed_over_by_the_next_poll(ew_home, monkeypatch):
+    from elsewhere.backends.local import LocalCluster
+
+    dead = kill_inside_submit("orphan")
+    job = ew.recover("orphan")
+    assert not job.handle.store.queue().submitted and job.handle.spec["client"]["pid"] == dead
+
+    def refuse(self, handle):
+        raise OSError("no workers today")
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalCluster, "submit_independent", refuse)
+        with pytest.raises(ew.JobError, match=r"'orphan' was registered by a client \(process "
+                           rf"{dead} on .*\) that ended before it handed the job to its local cluster; "
+                           r"handing it over now failed .*: OSError: no workers today"):
+            job.wait(timeout=30)
+    # given back: the next look hands it over again, and becomes its client
+    assert ew.recover("orphan").handle.spec["client"]["pid"] == dead
+    job.wait(timeout=30)
+    assert job.results() == [1, 2, 3]
+    assert ew.recover("orphan").handle.spec["client"]["pid"] == os.getpid()

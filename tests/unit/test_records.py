@@ -18,10 +18,12 @@ def test_frames_round_trip_and_torn_tail():
         assert [r.task for r in got] in ([], [0, 1, 2]) and used <= cut
 
 
-def test_damaged_frame_stops_reading():
-    data = bytearray(records.pack_frame([records.make_record(Kind.OK, 1)]))
-    data[-1] ^= 0xFF
-    assert records.parse_frames(data) == ([], 0)
+def test_a_damaged_frame_is_skipped_not_read():
+    good = records.pack_frame([records.make_record(Kind.OK, 2)])
+    data = bytearray(records.pack_frame([records.make_record(Kind.OK, 1)])) + good
+    data[len(good) - 1] ^= 0xFF  # the first frame's last byte
+    got, used = records.parse_frames(data)
+    assert [r.task for r in got] == [2] and used == len(data)
 
 
 def test_body_round_trip_and_damage():

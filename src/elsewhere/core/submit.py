@@ -12,12 +12,20 @@ The one path every submission takes (``ew.submit``, ``ew.map``, ``job.submit()``
       └─ queue: submitted                  whatever the backend did, the job is in its hands
 
 A failure at any step removes the job folder and its registry entry: nothing half-submitted
-is left behind.
+is left behind (:func:`making`, which also covers the making of the folder). A full disk is
+said as such: a JobError "cannot submit job NAME: no space left on <folder> (<n> bytes free)".
+A client killed inside ``submit`` leaves a job that is registered (the next poll, of any
+backend, hands it over: :func:`take_over`) or none: a folder not registered yet is removed in the background
+by a later process (:func:`sweep_unsubmitted`), and the workers started early in it leave when
+they see its client gone.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +35,7 @@ from ..folder.lifecycle import remove_folder
 from ..folder.payload import PayloadWriter
 from ..folder.registry import Registry
 from ..folder.store import META, JobStore
-from ..util.errors import ConfigError
+from ..util.errors import ConfigError, JobError
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -43,32 +51,130 @@ def as_entries(tasks: list[Any], form: str) -> list[Any]:
     return tasks
 
 
+@contextmanager
+def making(path: Path, name: str) -> Iterator[None]:
+    """``with making(folder, name):`` making or submitting the job of the folder ``path``: on
+    a failure the folder goes (renamed away at once, removed in the background), and a full
+    disk is raised as a JobError that says so."""
+    try:
+        yield
+    except BaseException as exc:
+        remove_folder(path)
+        if housekeeping.is_disk_full(exc):
+            where = path.parent if isinstance(exc, OSError) else Registry().path.parent
+            raise JobError(f"cannot submit job {name!r}: {housekeeping.no_space(where)}; nothing of it "
+                           "was kept: free some space, then submit again") from exc  # fmt: skip
+        raise
+
+
+#: a job folder never submitted nor registered is removed this long after it was last written,
+#: once its client has ended (a client on another machine: a day after)
+UNSUBMITTED_GRACE_S = 600.0
+_FOREIGN_GRACE_S = 86400.0
+
+
+def sweep_unsubmitted(root: Path, grace_s: float = UNSUBMITTED_GRACE_S,
+                      foreign_grace_s: float = _FOREIGN_GRACE_S) -> list[Path]:  # fmt: skip
+    """Remove the job folders under ``root`` that a client killed while it submitted them left
+    behind: never submitted (their queue says so, or is not written yet), not in the registry,
+    their client (the process in ``job.json``) ended, untouched for ``grace_s`` (a client of
+    another machine, or none written yet: ``foreign_grace_s``). Workers waiting in one leave it
+    (they watch their client too). Returns the folders removed."""
+    from ..folder.housekeeping import process_alive
+    from ..folder.queue import QUEUE, QUEUE_B, QUEUE_LOCK
+
+    now = time.time()
+    try:
+        names = [n for n in os.listdir(root) if not n.startswith(".")]
+    except OSError:
+        return []
+    removed: list[Path] = []
+    registered: set[str] | None = None
+    for name in names:
+        folder = root / name
+        try:
+            if not (folder / QUEUE_LOCK).exists() or JobStore(folder).queue().submitted:
+                continue
+        except ValueError:
+            # no slot whole: damaged (left alone), or never written (made, not yet queued)
+            if not _empty(folder / QUEUE) or not _empty(folder / QUEUE_B):
+                continue
+        except OSError:
+            continue
+        try:
+            meta = JobStore(folder).meta()
+        except (OSError, ValueError):
+            meta = {}
+        client = meta.get("client") if isinstance(meta, dict) else None
+        if not isinstance(client, dict):
+            client = {}
+        here = client.get("host") == os.uname().nodename
+        pid = client.get("pid")
+        if here and isinstance(pid, int) and process_alive(pid):
+            continue
+        if now - _last_written(folder) < (grace_s if here else max(grace_s, foreign_grace_s)):
+            continue
+        if registered is None:
+            try:
+                registered = {str(row["id"]) for row in Registry().all()}
+            except Exception:
+                return removed  # the registry cannot be read: nothing is known to be unregistered
+        if name not in registered:
+            remove_folder(folder)
+            removed.append(folder)
+    return removed
+
+
+def _empty(path: Path) -> bool:
+    try:
+        return os.path.getsize(path) == 0
+    except OSError:
+        return False
+
+
+def _last_written(folder: Path) -> float:
+    times = []
+    for name in (META, "queue.json", "queue.b.json", "payload.log"):
+        try:
+            times.append(os.stat(folder / name).st_mtime)
+        except OSError:
+            pass
+    return max(times, default=0.0)
+
+
 def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], form: str, job_data: Any,
                *, queue_n: int | None = None, communicating: bool = False,
                extra_fns: tuple[Any, ...] = ()) -> dict[str, Any]:  # fmt: skip
     """Write ``entries`` (tasks in ``form``) as the job's payload, register the job and hand it
     to ``cluster``; returns the job's metadata as written. ``queue_n``: the task count the
     queue was made with, if known (else it is written here)."""
+    with making(handle.path, handle.name):
+        args = (fn, entries, form, job_data, queue_n, communicating, extra_fns)
+        return _submit(cluster, handle, *args)
+
+
+def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], form: str, job_data: Any,
+            queue_n: int | None, communicating: bool, extra_fns: tuple[Any, ...]) -> dict[str, Any]:  # fmt: skip
     store = handle.store
+    root = store.path.parent
+    housekeeping.call_later(f"unsubmitted {root}", lambda: sweep_unsubmitted(root))
     if not communicating:
         try:
             cluster.prepare(handle, len(entries))  # workers start while the inputs are written
         except Exception:
             pass  # submit_independent will try again and report
-    try:
-        shared = cluster.shares_filesystem()
-        with (PayloadWriter(store.path / "payload.log", compress=not shared) as w,
-              serial.by_value_for([fn, *extra_fns], shared_fs=shared)):
-            try:
-                w.write_common(fn, job_data)
-                if entries:
-                    w.write_tasks(0, entries, form=form)
-            except Exception:
-                serial.check_serialisable(fn, as_entries(entries, form), job_data=job_data)  # names the culprit
-                raise
-    except BaseException:
-        remove_folder(store.path)  # workers started early may be inside: rename, then remove
-        raise
+    # (a failure up to registering: the folder goes, see making; workers started early
+    # may be inside: it is renamed away first, then removed)
+    shared = cluster.shares_filesystem()
+    with (PayloadWriter(store.path / "payload.log", compress=not shared) as w,
+          serial.by_value_for([fn, *extra_fns], shared_fs=shared)):
+        try:
+            w.write_common(fn, job_data)
+            if entries:
+                w.write_tasks(0, entries, form=form)
+        except Exception:
+            serial.check_serialisable(fn, as_entries(entries, form), job_data=job_data)  # names the culprit
+            raise
     n = len(entries)
     meta = dict(handle.spec)
     if meta.get("stream"):
@@ -81,25 +187,12 @@ def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any],
         with store.locked_queue() as q:
             q.set_size(n)
     reg = Registry()
-    try:
-        reg.add(meta, store.path, current_state)
-    except BaseException:
-        remove_folder(store.path)  # workers started early may be inside: rename, then remove
-        raise
+    reg.add(meta, store.path, current_state)
     try:
         if meta.get("stream"):
             with store.locked_queue() as q:
                 q.set_max_workers(cluster.max_workers(0))
-        if communicating:
-            if "communicating" not in cluster.capabilities:
-                raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster cannot run communicating "
-                                  "jobs (its backend lacks the capability 'communicating')")  # fmt: skip
-            cluster.submit_communicating(handle)
-        else:
-            cluster.submit_independent(handle)
-        if not store.seen_submitted and not store.queue().submitted:  # only ever set: no lock to look
-            with store.locked_queue() as q:
-                q.submit()  # whatever the plugin did: the job is now in its hands
+        hand_over(cluster, handle, communicating=communicating)
     except BaseException:
         # Do not leave a half-submitted job behind: the backend takes back what it started
         # (best effort: the error that brought us here is the one to raise), then the folder goes.
@@ -110,10 +203,82 @@ def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any],
             cluster.delete_job(handle)
         except Exception:
             pass
-        reg.remove(handle.id)
-        remove_folder(store.path)
+        try:
+            reg.remove(handle.id)
+        finally:
+            remove_folder(store.path)  # (and again by making: a no-op)
         raise
     return meta
+
+
+def hand_over(cluster: Cluster, handle: JobHandle, *, communicating: bool) -> None:
+    """Hand the job (written and registered) to ``cluster``: ``submit_communicating`` or
+    ``submit_independent``; then its queue says submitted, whatever the plugin did."""
+    store = handle.store
+    if communicating:
+        if "communicating" not in cluster.capabilities:
+            raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster cannot run communicating "
+                              "jobs (its backend lacks the capability 'communicating')")  # fmt: skip
+        cluster.submit_communicating(handle)
+    else:
+        cluster.submit_independent(handle)
+    if not store.seen_submitted and not store.queue().submitted:  # only ever set: no lock to look
+        with store.locked_queue() as q:
+            q.submit()  # the job is now in its hands
+
+
+def orphaned(handle: JobHandle, meta: Mapping[str, Any] | None = None) -> bool:
+    """Whether the job of ``handle`` (not submitted) was registered by a client of this
+    machine that has ended (killed inside ``submit``, before it handed the job over), by
+    ``meta`` (job.json; default the handle's). A client of another machine is never taken
+    for gone (it cannot be looked at from here); nor is an open stream's (its tasks come
+    from its client)."""
+    meta = handle.spec if meta is None else meta
+    client = meta.get("client")
+    if meta.get("stream") or not isinstance(client, dict):
+        return False
+    pid = client.get("pid")
+    if client.get("host") != os.uname().nodename or not isinstance(pid, int) or housekeeping.process_alive(pid):
+        return False
+    return bool(Registry().find(handle.id))  # registered: its inputs are whole
+
+
+def take_over(cluster: Cluster, handle: JobHandle) -> bool:
+    """Hand over a job whose client was killed inside ``submit`` after it registered the job
+    and before it handed it to its cluster (the queue not submitted, the client gone, see
+    :func:`orphaned`); True if this process did. It becomes the job's client (job.json's
+    ``client`` names it, under the queue lock: of several processes looking at once, one
+    hands the job over), then hands it over as ``submit`` would have. If that fails, the job
+    is left to the next look (its client is the one that died again) and a JobError says
+    why."""
+    if not orphaned(handle):
+        return False
+    store = handle.store
+    with store.locked_queue() as q:
+        meta = store.meta()
+        if q.submitted or not orphaned(handle, meta):  # another process took it over meanwhile
+            handle.with_meta(meta)
+            return False
+        dead = meta["client"]
+        meta = store.update_meta(client={**dead, "pid": os.getpid()})
+    handle.with_meta(meta)
+    try:
+        hand_over(cluster, handle, communicating=bool(meta.get("communicating")))
+    except BaseException as exc:
+        try:
+            with store.locked_queue():
+                if store.meta().get("client") == meta["client"]:
+                    handle.with_meta(store.update_meta(client=dead))
+        except (OSError, ValueError):
+            pass  # purged or damaged meanwhile: the error that brought us here says more
+        if not isinstance(exc, Exception):
+            raise
+        kind = cluster.kind or type(cluster).__name__
+        raise JobError(f"job {handle.name!r} was registered by a client (process {dead.get('pid')} on "
+                       f"{dead.get('host')}) that ended before it handed the job to its {kind} cluster; "
+                       "handing it over now failed (the job stays registered: wait again once the cause "
+                       f"is fixed, or purge it): {type(exc).__name__}: {exc}") from exc  # fmt: skip
+    return True
 
 
 def open_job(path: Path, *, check: bool = False) -> tuple[Cluster, JobHandle]:
@@ -132,7 +297,7 @@ def open_job(path: Path, *, check: bool = False) -> tuple[Cluster, JobHandle]:
 
 
 #: The job folder format this version writes and reads (``job.json``'s "format").
-FORMAT = 1
+FORMAT = 2  # 2: checksummed bodies, frames and JSON files (1 is read too)
 
 
 def check_format(meta: dict[str, Any], path: Path) -> None:

@@ -8,14 +8,18 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..util.states import JobState
 from . import records
 from .journal import JournalReader, Outcomes, lock_is_free
+from .payload import read_damage
 from .records import Kind
 from .snapshot import Snapshot
 from .store import CUR, JobStore
+
+if TYPE_CHECKING:
+    from .queue import Queue
 
 #: Starts ``tasks`` again on the job's backend: given by the core, called by ``report_lost``.
 Restart = Callable[["JobHandle", list[int]], None]
@@ -42,6 +46,8 @@ class JobHandle:
     ``report_lost(reasons)``    tasks that ended without a result: failed as "lost" with
                                 the reason, or run again while the job's retries last
     ``cluster_data()``          what the backend stored with ``set_job_cluster_data``
+    ``damage()``                what of the job folder is found damaged, one line each
+    ``mark_damaged(marks)``     tasks whose outcome was found damaged: failed, with why
     ==========================  ===========================================================
 
     Also ``job.store`` (the job folder's files), ``job.stream`` (an open ``ew.Executor``
@@ -60,6 +66,9 @@ class JobHandle:
         self._tasks = tasks
         self.resources: dict[str, Any] = dict(resources or {})
         self._restart = restart
+        self._checked: set[tuple[str, int]] = set()  # result bodies found whole: (worker, offset)
+        self._checked_at = -1  # the reader's count of changes when every body was checked
+        self._left_clean: dict[str, tuple[int, bool]] = {}  # workers that left, their files found whole
 
     def for_tasks(self, tasks: list[int], resources: Mapping[str, Any] | None = None) -> JobHandle:
         """The same job, about ``tasks`` only (what the core passes to start them again)."""
@@ -162,7 +171,8 @@ class JobHandle:
                 running[idx] = (wid, since)
         n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
         return Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
-                        cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts))  # fmt: skip
+                        cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts),
+                        damaged=self.damage(q))  # fmt: skip
 
     @property
     def state(self) -> JobState:
@@ -181,9 +191,23 @@ class JobHandle:
                 out[wid] = (idx, since)
         return out
 
+    def reap_workers(self) -> list[str]:
+        """Write off the workers that claim this job's tasks from its queue (``elsewhere.worker``
+        without ``--tasks``, as an open job's are) and have ended: the task each was running
+        is failed as lost, or run again while ``retries=`` last; the rest of its claim goes
+        back to the queue. A plugin whose workers claim calls this from ``poll``. Returns the
+        workers written off."""
+        from .journal import reap
+
+        with self.store.locked_queue() as q:
+            if not q.submitted or q.cancelled:
+                return []
+            return reap(self.store, q)
+
     def vanished(self) -> dict[int, str]:
         """Tasks whose worker, started with its tasks given on this machine, ended while it
-        ran them (killed, crashed) and left no outcome: ``{task: why}``."""
+        ran them (killed, crashed) and left no outcome: ``{task: why}``. (Called at each poll,
+        it also fails the tasks whose outcome damage took: :meth:`_write_off_damage`.)"""
         out: dict[int, str] = {}
         for wid in self._given_workers({}):
             idx, _, _ = self.store.read_running(wid)
@@ -196,6 +220,7 @@ class JobHandle:
                 out[idx] = (f"the worker running it (pid {info.get('pid', '?')} on {info.get('host', '?')}) "
                             "ended without a result: killed, out of memory, or crashed")
             self._settle(wid)
+        self._write_off_damage()
         return out
 
     def _settle(self, wid: str) -> None:
@@ -274,6 +299,128 @@ class JobHandle:
                 q.lose(t, reason=why)
                 recs.append(records.make_record(Kind.LOST, t, q.attempt(t), t_end=time.time()))
             self.store.append_control(recs)
+
+    # -- damage ------------------------------------------------------------------------
+    def damage(self, q: Queue | None = None) -> list[str]:
+        """What of the job folder is found damaged, one line each (nothing: ``[]``): journals
+        (damaged stretches skipped, missing or cut journals of workers that left) and the
+        tasks failed as damaged. Cheap: reads no result body."""
+        reader = self.reader
+        q = q if q is not None else self.store.queue()
+        found = self._left_damage(q)
+        if found:  # perhaps read before the queue said the worker left: look again
+            reader.refresh()
+            found = self._left_damage(q)
+        notes = reader.damage_notes() + found + read_damage(self.store.dir)[:5]
+        if reader.damaged_tasks:
+            k = len(reader.damaged_tasks)
+            t = min(reader.damaged_tasks)
+            why = q.lost_reason(t) or "damaged"
+            notes.append(f"{k} task{'s' if k > 1 else ''} failed as damaged (task {t}: {why.removeprefix('damaged: ')})")
+        return list(dict.fromkeys(notes))
+
+    def _left_damage(self, q: Queue) -> list[str]:
+        """Damage seen in the files of the workers that left the job (all they wrote is
+        written): a journal missing or cut inside a frame, result bodies no record points to."""
+        reader = self.reader
+        out = []
+        clean = self._left_clean
+        for wid, m in q.members.items():
+            if m.get("state") != "left" or clean.get(wid) == (reader.offset(wid), wid in reader.listed):
+                continue
+            if wid not in reader.listed:
+                out.append(f"damaged: journal/{wid}.rec is missing")
+                continue
+            if reader.tails.get(wid):
+                out.append(f"damaged: journal/{wid}.rec: cut inside a frame at byte {reader.offset(wid)}")
+            try:
+                size = os.path.getsize(self.store.results_path(wid))
+            except OSError:
+                continue
+            end = reader.body_end.get(wid, 0)
+            if size > end:
+                out.append(f"damaged: journal/{wid}.rec: cut short? results/{wid}.bin holds {size - end} "
+                           "bytes after the last result its records point to")  # fmt: skip
+            elif not reader.tails.get(wid):
+                clean[wid] = (reader.offset(wid), True)  # whole: not looked at again while so
+        return out
+
+    def mark_damaged(self, marks: Mapping[int, tuple[int, str]]) -> None:
+        """Fail tasks whose outcome was found damaged: ``{task: (attempt, why)}``, ``why``
+        starting "damaged: " and naming the file. The mark outranks the outcome of the same
+        attempt (``records.FLAG_DAMAGED``); ``job.retry()`` runs the task again."""
+        with self.store.locked_queue() as q:
+            recs = []
+            for t, (attempt, why) in marks.items():
+                q.lose(t, reason=why)
+                recs.append(records.make_record(Kind.LOST, t, attempt, flags=records.FLAG_DAMAGED,
+                                                t_end=time.time()))  # fmt: skip
+            self.store.append_control(recs)
+        self.reader.refresh()
+
+    def _write_off_damage(self) -> None:
+        """Poll-time care of a damaged folder (after the backend's poll brought the workers'
+        files here): tasks whose outcome was lost in a damaged journal are failed as damaged
+        once every worker has left, so a wait ends; and once every task has an outcome, the
+        result bodies not checked yet are (:meth:`_check_bodies`)."""
+        reader = self.reader
+        q = self.store.queue()
+        if not q.submitted or q.cancelled:
+            return
+        reader.refresh()
+        n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
+        final = reader.final
+        if len(final) < n and q.members and self._quiet(q):
+            reader.refresh()  # after the queue said all left: their journals are whole
+            notes = reader.damage_notes() + self._left_damage(q)
+            if notes:
+                skip = set(q.cancelled_tasks) | set(q.to_rerun)
+                lost = [t for t in range(min(q.next, n)) if t not in final and t not in skip]
+                if lost:
+                    self.mark_damaged({t: (q.attempt(t), f"{notes[0]}; the outcome of task {t} was lost with it")
+                                       for t in lost})  # fmt: skip
+        if len(final) >= n:
+            self._check_bodies()
+
+    def _quiet(self, q: Queue) -> bool:
+        """Nothing runs, waits or is about to start: every worker that joined has left."""
+        if not q.closed or q.unclaimed() or q.live_members() or q.dispatched():
+            return False
+        return not self.given_running(skip=q.members)
+
+    #: Bytes of result bodies checked at most per poll (the rest at the next ones).
+    CHECK_BYTES = 256 << 20
+
+    def _check_bodies(self) -> None:
+        """Check the result bodies of a job whose tasks have all ended, once each (a bit
+        flipped in a results file is otherwise found only when that result is read): the
+        tasks of a damaged one are failed as damaged."""
+        reader = self.reader
+        if self._checked_at == reader.changes:
+            return
+        from .journal import body_damage
+
+        budget = self.CHECK_BYTES
+        marks: dict[int, tuple[int, str]] = {}
+        whole = True
+        for (wid, rec), tasks in reader.final.by_entry().items():
+            key = (wid, rec.res_off)
+            if rec.kind > Kind.ERROR or key in self._checked:
+                continue
+            if budget < 0:
+                whole = False
+                break
+            budget -= rec.res_len
+            what = body_damage(self.store, wid, rec)
+            if what is None:
+                self._checked.add(key)
+                continue
+            for t in tasks:
+                marks[t] = (rec.attempt, f"damaged: results/{wid}.bin, task {t}, {what}")
+        if marks:
+            self.mark_damaged(marks)
+        if whole:
+            self._checked_at = reader.changes
 
 
 def _host() -> str:

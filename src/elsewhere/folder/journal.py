@@ -7,141 +7,41 @@ Each worker appends the outcomes of its tasks to its own files (see
     <job>/results/<w>.bin     the result bodies the records point into
     <job>/logs/<w>.log        the captured output the records point into
 
-Here: :class:`Outcomes` and :class:`JournalReader` (the outcome that counts
-for each task, read incrementally), :func:`read_body` and :func:`read_log`
+Here: :class:`JournalReader` (the outcome that counts for each task, read incrementally,
+damaged frames skipped and reported; kept in an :class:`Outcomes`, ``taskmap.py``),
+:func:`read_body` and :func:`read_log`
 (what a record points to), :class:`OutcomeWriter` (outcomes that arrive
 already pickled, written as a worker would), and :func:`reap` (writing off
-the workers that vanished, with :func:`lock_is_free` and :func:`resulted_by`).
+the workers that vanished, with :func:`lock_is_free` and :func:`finished_by`).
 
 This module is imported by the worker: keep its imports light.
 """
 
 from __future__ import annotations
 
-import bisect
 import fcntl
 import os
 import time
 
 from . import records
-from .records import Kind, Record
-from .store import writev_all
+from .records import FLAG_DAMAGED, FLAG_SINGLE, Kind, Record
+from .store import CONTROL, writev_all
+from .taskmap import Outcomes as Outcomes  # (its home before taskmap.py)
 
 TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from typing import Any
 
     from .queue import Queue
     from .store import JobStore
 
 
-class Outcomes:
-    """task -> (worker id, record), read like a dict; a range record's tasks are one entry.
-
-    A hundred thousand tiny tasks are a few dozen range records: keeping them as
-    ranges (sorted, bisected) instead of one dict entry per task saves the client
-    a dict insert per task and the memory of a dict of every task. Single
-    records, and tasks of a range that a later attempt overtook, are in a dict,
-    which wins over the ranges.
-    """
-
-    __slots__ = ("_n", "_ranges", "_single", "_starts")
-
-    def __init__(self) -> None:
-        self._single: dict[int, tuple[str, Record]] = {}
-        self._starts: list[int] = []
-        self._ranges: list[tuple[int, int, tuple[str, Record]]] = []  # (first, end, entry)
-        self._n = 0
-
-    def _range_index(self, t: int) -> int:
-        i = bisect.bisect_right(self._starts, t) - 1
-        return i if i >= 0 and t < self._ranges[i][1] else -1
-
-    def get(self, t: int, default: Any = None) -> Any:
-        e = self._single.get(t)
-        if e is not None:
-            return e
-        if self._ranges:
-            i = bisect.bisect_right(self._starts, t) - 1
-            if i >= 0:
-                r = self._ranges[i]
-                if t < r[1]:
-                    return r[2]
-        return default
-
-    def __getitem__(self, t: int) -> tuple[str, Record]:
-        e = self.get(t)
-        if e is None:
-            raise KeyError(t)
-        return e
-
-    def __contains__(self, t: object) -> bool:
-        return isinstance(t, int) and self.get(t) is not None
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __iter__(self) -> Iterator[int]:
-        single = self._single
-        yield from list(single)
-        for first, end, _ in list(self._ranges):
-            for t in range(first, end):
-                if t not in single:
-                    yield t
-
-    def keys(self) -> Iterator[int]:
-        return iter(self)
-
-    def values(self) -> Iterator[tuple[str, Record]]:
-        return (self[t] for t in self)
-
-    def items(self) -> Iterator[tuple[int, tuple[str, Record]]]:
-        return ((t, self[t]) for t in self)
-
-    def __setitem__(self, t: int, entry: tuple[str, Record]) -> None:
-        if t not in self:
-            self._n += 1
-        self._single[t] = entry
-
-    def __delitem__(self, t: int) -> None:
-        i = self._range_index(t)
-        if i >= 0:  # rare (a retry forgets an outcome): that range becomes single entries
-            first, end, entry = self._ranges.pop(i)
-            del self._starts[i]
-            for u in range(first, end):
-                self._single.setdefault(u, entry)
-        del self._single[t]
-        self._n -= 1
-
-    def add_range(self, first: int, count: int, entry: tuple[str, Record]) -> bool:
-        """Add a range record's tasks as one entry; False (nothing added) if any has an outcome."""
-        end = first + count
-        i = bisect.bisect_right(self._starts, first) - 1
-        if i >= 0 and self._ranges[i][1] > first:
-            return False
-        if i + 1 < len(self._ranges) and self._ranges[i + 1][0] < end:
-            return False
-        single = self._single
-        if single and (any(first <= t < end for t in single) if len(single) < count
-                       else not single.keys().isdisjoint(range(first, end))):
-            return False
-        self._starts.insert(i + 1, first)
-        self._ranges.insert(i + 1, (first, end, entry))
-        self._n += count
-        return True
-
-    def run_end(self, t: int) -> int:
-        """If ``t`` is in a range whose entry no later outcome overtook from ``t`` on,
-        the end of that range (tasks ``t .. end-1`` share the entry); else ``t``."""
-        i = self._range_index(t)
-        if i < 0:
-            return t
-        end = self._ranges[i][1]
-        single = self._single
-        if single and any(t <= u < end for u in single):
-            return t
-        return end
+def _rank(r: Record) -> int:
+    """Which of two outcomes of the same attempt counts: a damaged mark over a result, a
+    result over a lost or cancelled record (one written off before its result came)."""
+    if r.flags & FLAG_DAMAGED:
+        return 2
+    return 1 if r.kind <= Kind.ERROR else 0
 
 
 class JournalReader:
@@ -149,7 +49,15 @@ class JournalReader:
 
     ``final`` maps a task to (worker id, record) (an :class:`Outcomes`); a
     range record stands for each of its tasks (the task's value is item
-    ``rec.item + task - rec.task``).
+    ``rec.item + task - rec.task``). Of two outcomes of one task, the later attempt
+    counts; of one attempt, a damaged mark, then a result, then a lost or cancelled record.
+
+    Damage is skipped, not the end of reading (``records.scan_frames``): ``damage`` maps a
+    worker to the spans of its journal skipped, ``(start, end, what)``; ``missing`` holds the
+    workers whose journal was read once and is gone; ``tails`` how many bytes of each journal
+    after its last whole frame are not read yet (a frame being written, or cut);
+    ``body_end`` where each worker's last result body ends (its results file is at least
+    that long, unless damaged); ``damaged_tasks`` the tasks whose outcome is a damaged mark.
     """
 
     def _add_range(self, wid: str, r: Record) -> int:
@@ -161,25 +69,45 @@ class JournalReader:
             return r.count
         new = 0
         for t in tasks:  # overlaps earlier outcomes (a retry): one by one, same rule as single records
-            old = final.get(t)
-            if old is None or r.attempt > old[1].attempt:
-                if old is not None:
-                    self.kind_counts[old[1].kind] -= 1
-                final[t] = entry
-                self.kind_counts[r.kind] += 1
-                new += 1
+            new += self._add(t, entry, final.get(t))
         return new
+
+    def _add(self, t: int, entry: tuple[str, Record], old: tuple[str, Record] | None) -> int:
+        """Make ``entry`` task ``t``'s outcome if it counts over ``old``; 1 if it did."""
+        r = entry[1]
+        if old is not None:
+            o = old[1]
+            if r.attempt < o.attempt or (r.attempt == o.attempt and _rank(r) <= _rank(o)):
+                return 0  # an earlier attempt, or a duplicate
+            self.kind_counts[o.kind] -= 1
+            if o.flags & FLAG_DAMAGED:
+                self.damaged_tasks.discard(t)
+        self.final[t] = entry
+        self.kind_counts[r.kind] += 1
+        if r.flags & FLAG_DAMAGED:
+            self.damaged_tasks.add(t)
+        return 1
 
     def __init__(self, store: JobStore) -> None:
         self.store = store
         self._offsets: dict[str, int] = {}
         self.final = Outcomes()  # the outcome that counts, per task
         self.kind_counts: dict[int, int] = dict.fromkeys((int(k) for k in Kind), 0)
+        self.damage: dict[str, list[tuple[int, int, str]]] = {}
+        self.missing: set[str] = set()
+        self.tails: dict[str, int] = {}
+        self.body_end: dict[str, int] = {}
+        self.damaged_tasks: set[int] = set()
+        self.listed: set[str] = set()  # the workers whose journal was there at the last look
+        self.changes = 0  # outcomes taken in so far (a new one, or one that overtook another)
 
     def refresh(self) -> int:
         """Read what is new; return how many new outcomes were found."""
         new = 0
-        for wid in self.store.workers():
+        listed = self.store.workers()
+        self.listed = set(listed)
+        self.missing = {w for w in self._offsets if w not in self.listed}
+        for wid in listed:
             off = self._offsets.get(wid, 0)
             try:
                 fd = os.open(self.store.journal_path(wid), os.O_RDONLY)
@@ -187,13 +115,25 @@ class JournalReader:
                 continue
             try:
                 size = os.fstat(fd).st_size
+                if size < off:  # cut or replaced after it was read: read it again
+                    self._note(wid, (size, off, f"the file shrank from {off} to {size} bytes"))
+                    off = 0
                 if size <= off:
+                    self.tails[wid] = 0
+                    self._offsets[wid] = off
                     continue
                 data = os.pread(fd, size - off, off)
             finally:
                 os.close(fd)
-            recs, used = records.parse_frames(data)
+            recs, used, damaged = records.scan_frames(data)
+            for a, b, what in damaged:
+                self._note(wid, (off + a, off + b, what))
             self._offsets[wid] = off + used
+            self.tails[wid] = len(data) - used
+            if wid != CONTROL and recs:
+                end = max(r.res_off + r.res_len for r in recs)
+                if end > self.body_end.get(wid, 0):
+                    self.body_end[wid] = end
             final = self.final
             counts = self.kind_counts
             for r in recs:
@@ -201,22 +141,39 @@ class JournalReader:
                     new += self._add_range(wid, r)
                     continue
                 old = final.get(r.task)
-                if old is None:
+                if old is None and not r.flags & FLAG_DAMAGED:
                     final[r.task] = (wid, r)
                     counts[r.kind] += 1
                     new += 1
-                elif r.attempt > old[1].attempt or (
-                    r.attempt == old[1].attempt
-                    and old[1].kind in (Kind.LOST, Kind.CANCELLED)
-                    and r.kind in (Kind.OK, Kind.ERROR)
-                ):
-                    # A later attempt (a retry) wins; so does a real result that
-                    # arrives after its task was written off. Duplicates are dropped.
-                    final[r.task] = (wid, r)
-                    counts[old[1].kind] -= 1
-                    counts[r.kind] += 1
-                    new += 1
+                else:
+                    new += self._add(r.task, (wid, r), old)
+        self.changes += new
         return new
+
+    def offset(self, wid: str) -> int:
+        """Where reading worker ``wid``'s journal goes on: the end of its last whole frame."""
+        return self._offsets.get(wid, 0)
+
+    def _note(self, wid: str, span: tuple[int, int, str]) -> None:
+        spans = self.damage.setdefault(wid, [])
+        if spans and spans[-1][1] == span[0] and span[0] < span[1]:
+            spans[-1] = (spans[-1][0], span[1], spans[-1][2])  # one damaged stretch, read in two looks
+        else:
+            spans.append(span)
+
+    def damage_notes(self) -> list[str]:
+        """What is damaged in the journals, one line per journal (empty if nothing)."""
+        out = []
+        for wid, spans in sorted(self.damage.items()):
+            a, b, what = spans[0]
+            if len(spans) == 1:
+                out.append(f"damaged: journal/{wid}.rec: {b - a} bytes at byte {a} skipped ({what})")
+            else:
+                total = sum(y - x for x, y, _ in spans)
+                out.append(f"damaged: journal/{wid}.rec: {len(spans)} stretches, {total} bytes skipped, "
+                           f"the first at byte {a} ({what})")  # fmt: skip
+        out += [f"damaged: journal/{wid}.rec is missing" for wid in sorted(self.missing)]
+        return out
 
     def forget(self, tasks: dict[int, int]) -> None:
         """Drop outcomes older than the attempt a retry asked for (``{task: attempt}``),
@@ -227,10 +184,7 @@ class JournalReader:
             if old is not None and old[1].attempt < attempt:
                 del final[t]
                 self.kind_counts[old[1].kind] -= 1
-
-
-#: Record flag: the body holds this one task's value, not a list of a group's values.
-FLAG_SINGLE = 1
+                self.damaged_tasks.discard(t)
 
 
 class OutcomeWriter:
@@ -285,20 +239,14 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
               task: int | None = None) -> Any:
     """The value (or error description) of one task (``task``, for a range record), from its body.
 
-    A group's body (a list of values) is kept in ``cache``; a single value's is not.
+    A group's body (a list of values) is kept in ``cache``; a single value's is not. A body
+    that is missing, cut or whose checksum does not hold raises
+    :class:`~elsewhere.util.errors.DamagedJob` naming the file and the task.
     """
     key = (wid, rec.res_off)
     values = cache.get(key)
     if values is None:
-        fd = os.open(store.results_path(wid), os.O_RDONLY)
-        try:
-            buf = bytearray(rec.res_len)
-            got = os.preadv(fd, [buf], rec.res_off)
-        finally:
-            os.close(fd)
-        if got != rec.res_len:
-            raise ValueError(f"the results of worker {wid} end before task {rec.task}'s ({got} of {rec.res_len} bytes)")
-        pickled, bufs = records.unpack_body(buf)
+        pickled, bufs = _read_checked(store, wid, rec, task if task is not None else rec.task)
         from . import serial
 
         try:
@@ -313,6 +261,47 @@ def read_body(store: JobStore, wid: str, rec: Record, cache: dict[tuple[str, int
             return value
         values = cache[key] = value
     return values[rec.item + ((task - rec.task) if task is not None else 0)]
+
+
+def body_damage(store: JobStore, wid: str, rec: Record) -> str | None:
+    """What is wrong with the body that ``rec`` points to, or None if it is whole (read and
+    checked, not unpickled)."""
+    from ..util.errors import DamagedJob
+
+    try:
+        _read_checked(store, wid, rec, rec.task)
+    except DamagedJob as exc:
+        return exc.what
+    return None
+
+
+def _read_checked(store: JobStore, wid: str, rec: Record, task: int) -> tuple[memoryview, list[memoryview]]:
+    """The pickle and buffers of the body ``rec`` points to, checked; DamagedJob if not whole."""
+    name = f"results/{wid}.bin"
+    try:
+        fd = os.open(store.results_path(wid), os.O_RDONLY)
+    except FileNotFoundError:
+        if not os.path.exists(os.path.join(store.dir, "job.json")):
+            raise  # the job folder is gone (purged): not damage
+        raise _damaged(name, "the file is missing", task) from None
+    try:
+        buf = bytearray(rec.res_len)
+        got = os.preadv(fd, [buf], rec.res_off) if rec.res_len else 0
+    finally:
+        os.close(fd)
+    if got != rec.res_len:
+        raise _damaged(name, f"cut short (the file ends at byte {rec.res_off + got}; the result lies at "
+                             f"bytes {rec.res_off}..{rec.res_off + rec.res_len})", task)  # fmt: skip
+    try:
+        return records.unpack_body(buf)
+    except ValueError as exc:
+        raise _damaged(name, str(exc), task) from None
+
+
+def _damaged(path: str, what: str, task: int | None) -> Exception:
+    from ..util.errors import DamagedJob
+
+    return DamagedJob(path, what, task=task)
 
 
 def read_log(store: JobStore, wid: str, off: int, length: int) -> str:
@@ -341,15 +330,16 @@ def lock_is_free(path: str) -> bool:
     return True
 
 
-def resulted_by(store: JobStore, wid: str) -> set[int]:
-    """Every task that worker ``wid`` wrote an outcome for."""
+def finished_by(store: JobStore, wid: str, q: Queue) -> set[int]:
+    """The tasks worker ``wid`` wrote an outcome for, of the attempt now due in ``q``: an
+    outcome of an earlier attempt (before a retry) is void, so that task is not finished."""
     try:
         with open(store.journal_path(wid), "rb") as f:
             data = f.read()
     except FileNotFoundError:
         return set()
-    recs, _ = records.parse_frames(data)
-    return {t for r in recs for t in range(r.task, r.task + r.count)}
+    recs, _ = records.parse_frames(data)  # damaged frames skipped: their tasks run again
+    return {t for r in recs for t in range(r.task, r.task + r.count) if r.attempt >= q.attempt(t)}
 
 
 def reap(store: JobStore, q: Queue, dead: set[str] | None = None) -> list[str]:
@@ -358,7 +348,9 @@ def reap(store: JobStore, q: Queue, dead: set[str] | None = None) -> list[str]:
     A member counts as gone when it is in ``dead`` or, by default, when its
     lock is free. The task it was running is failed as "lost", or put back
     for a retry while its budget lasts; the rest of its claim goes back to
-    the queue untouched. Returns the ids of the workers written off.
+    the queue untouched. A task counts as done only by an outcome of the attempt
+    now due (:func:`finished_by`): a task retried and claimed again by the same
+    worker is not done by its earlier outcome. Returns the ids of the workers written off.
     """
     gone: list[str] = []
     lost: list[Record] = []
@@ -377,7 +369,7 @@ def reap(store: JobStore, q: Queue, dead: set[str] | None = None) -> list[str]:
         m["claim"] = []
         if not claim or q.cancelled:
             continue
-        done = resulted_by(store, wid)
+        done = finished_by(store, wid, q)
         running, since, log_off = store.read_running(wid)
         back: list[int] = []
         for idx in records.iter_ranges(claim):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..util.errors import ConfigError
 from .queue import new_queue
 from .store import JobStore
 
@@ -23,27 +24,33 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-def remove_folder(path: Path) -> None:
-    """Remove a job folder for good, even while a worker is still leaving it.
+def remove_folder(path: Path) -> bool:
+    """Remove a job folder for good, even while a worker is still leaving it; True if this
+    call removed it, False if it was gone already.
 
     The folder is first renamed away, atomically: a worker that opens a file
     by the job's path from then on gets FileNotFoundError (and returns to its
-    pool) instead of recreating files that would keep the folder alive.
+    pool) instead of recreating files that would keep the folder alive. Of
+    several processes that remove one folder at once, exactly one renames it
+    (and gets True).
     """
     grave = path.with_name(f".{path.name}.purged-{os.getpid()}-{time.monotonic_ns()}")
     try:
         os.rename(path, grave)
     except FileNotFoundError:
-        return
+        return False
     except OSError:
         # another file system's rules: remove in place, now
+        if not path.exists():
+            return False
         shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
-        return
+        return True
     from . import housekeeping
 
     housekeeping.remove_later(grave)  # gone for everyone already; the bytes go in the background
+    return True
 
 
 def new_job_meta(
@@ -59,10 +66,16 @@ def new_job_meta(
     stream: bool = False,
     communicating: bool = False,
 ) -> dict[str, Any]:
-    """The metadata of a new job, as written to job.json (``cluster``: the cluster's description)."""
+    """The metadata of a new job, as written to job.json (``cluster``: the cluster's description).
+    Raises ConfigError for a ``tag`` that is not text or an ``env`` that is not a mapping of
+    variable names to text (a number is written as its text)."""
+    tag = "" if tag is None else tag
+    if not isinstance(tag, str):
+        raise ConfigError(f"tag must be text, not {tag!r}")
+    env = _environment(env)
     cwd = os.getcwd()
     return {
-        "format": 1,
+        "format": 2,
         "id": job_id,
         "name": name,
         "user": _user(),
@@ -78,9 +91,29 @@ def new_job_meta(
         "communicating": communicating,
         "cwd": cwd,
         "sys_path": [os.path.abspath(p) if p else cwd for p in sys.path],
-        "env": dict(env or {}),
+        "env": env,
         "client": {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable},
     }
+
+
+def _environment(env: Any) -> dict[str, str]:
+    """``env=`` checked: variable names (text, without ``=``) to values, text or numbers (a
+    number is written as its text, as a shell would)."""
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise ConfigError(f"env must be a dict of environment variables to values, such as "
+                          f"{{'OMP_NUM_THREADS': '1'}}, not {env!r}")  # fmt: skip
+    out = {}
+    for k, v in env.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise ConfigError(f"env: {k!r} is not the name of an environment variable (text, without '=')")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = str(v)
+        if not isinstance(v, str) or "\0" in v:
+            raise ConfigError(f"env: the value of {k} must be text (or a number), not {v!r}")
+        out[k] = v
+    return out
 
 
 def job_folders(meta: Mapping[str, Any]) -> list[str]:

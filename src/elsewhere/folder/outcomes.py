@@ -9,18 +9,24 @@ failure described, the same way:
   message, traceback, host, the exception itself where it could be pickled);
 - lost: a TaskError of reason "lost": the backend's reason, or what the vanished worker last
   printed;
-- cancelled: a TaskError of reason "cancelled".
+- cancelled: a TaskError of reason "cancelled";
+- damaged: a TaskError of reason "damaged" (type name "DamagedJob") saying which file and
+  task, "damaged: results/w3.bin, task 7, checksum mismatch", never a wrong value. A body
+  whose checksum does not hold is marked damaged in the job folder at once (the task is then
+  failed for everyone, and ``job.retry()`` runs it again); a results file missing or cut short
+  is marked so by the next poll of a job whose tasks have all ended (it may be a copy that a
+  pull is completing).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..util.errors import JobError, TaskError
+from ..util.errors import DamagedJob, ElsewhereError, JobError, TaskError
 from ..util.states import TaskState
 from .errorrecord import ErrorRecord
-from .journal import read_body, read_log
-from .records import Kind, Record
+from .journal import body_damage, read_body, read_log
+from .records import FLAG_DAMAGED, Kind, Record
 from .store import CONTROL
 
 if TYPE_CHECKING:
@@ -35,6 +41,7 @@ class OutcomeReader:
     def __init__(self, handle: JobHandle) -> None:
         self.handle = handle
         self.cache: dict[tuple[str, int], list[Any]] = {}
+        self.bad: dict[tuple[str, int], DamagedJob] = {}  # bodies found damaged, by (worker, offset)
 
     @property
     def _name(self) -> str:
@@ -62,16 +69,62 @@ class OutcomeReader:
         if rec.kind == Kind.CANCELLED:
             return TaskError("the task was cancelled", type_name="Cancelled", index=index,
                              job=self._name, reason="cancelled", seed=rec.seed)
-        value = read_body(self.handle.store, wid, rec, self.cache, index)
+        try:
+            bad = self.bad.get((wid, rec.res_off))
+            if bad is not None:
+                raise bad
+            value = read_body(self.handle.store, wid, rec, self.cache, index)
+        except DamagedJob as exc:
+            marks: dict[int, tuple[int, str]] = {}
+            err = self.damaged(index, wid, rec, exc, marks)
+            self._mark(marks)
+            return err
         if rec.kind == Kind.ERROR:
             return task_error(value, self._name, rec)
         return value
 
+    def damaged(self, index: int, wid: str, rec: Record, exc: DamagedJob,
+                marks: dict[int, tuple[int, str]]) -> TaskError:  # fmt: skip
+        """The TaskError of task ``index``, whose body (``rec``'s, in worker ``wid``'s results)
+        is damaged; a body whose bytes are there but wrong is noted in ``marks`` (every task of
+        it) to be marked damaged in the folder, once a second read finds it damaged too."""
+        err = self.damaged_error(index, f"{exc.path}, task {index}, {exc.what}", exc)
+        key = (wid, rec.res_off)
+        if key in self.bad:
+            return err
+        self.bad[key] = exc  # one look per body (the tasks of a range or group share it)
+        if exc.what.startswith(("cut short", "the file is missing")):
+            return err  # perhaps a copy being completed: the next poll of an ended job looks again
+        if body_damage(self.handle.store, wid, rec) is None:
+            return err  # whole at a second look: written meanwhile (a copy pulled)
+        for (w, r), tasks in self.handle.outcomes.by_entry().items():
+            if w == wid and r.res_off == rec.res_off and not r.flags & FLAG_DAMAGED:
+                for t in tasks:
+                    marks[t] = (r.attempt, f"damaged: {exc.path}, task {t}, {exc.what}")
+        return err
+
+    def damaged_error(self, index: int, message: str, exc: BaseException | None = None) -> TaskError:
+        """A TaskError of reason "damaged" for task ``index``."""
+        return TaskError(message, type_name="DamagedJob", index=index, job=self._name, reason="damaged",
+                         seed=self._seed(index), exception=exc)  # fmt: skip
+
+    def _mark(self, marks: dict[int, tuple[int, str]]) -> None:
+        """Mark tasks damaged in the folder (best effort: the errors are returned anyway)."""
+        if marks:
+            try:
+                self.handle.mark_damaged(marks)
+            except (OSError, ValueError, ElsewhereError):
+                pass
+
     def lost_error(self, index: int, rec: Record) -> TaskError:
         """The TaskError of a task lost with its worker: the backend's reason, or what the
-        worker that vanished last printed (a crash report names the error first)."""
+        worker that vanished last printed (a crash report names the error first); of a task
+        whose outcome was found damaged, what is damaged."""
         store = self.handle.store
         q = store.queue()
+        if rec.flags & FLAG_DAMAGED:
+            said = q.lost_reason(index) or f"damaged: the outcome of task {index}"
+            return self.damaged_error(index, said.removeprefix("damaged: "))
         if q.lost_by(index) is None and q.lost_reason(index) is None:
             # The reaper appends the record before it writes the queue that says
             # who was lost: wait for it to finish (it holds the lock meanwhile).
@@ -107,6 +160,7 @@ class OutcomeReader:
         append = out.append
         communicating = bool(self.handle.spec.get("communicating"))
         n = snap.n
+        marks: dict[int, tuple[int, str]] = {}
         i = 0
         while i < n:
             f = get(i)
@@ -114,7 +168,17 @@ class OutcomeReader:
                 rec = f[1]
                 values = cache.get((f[0], rec.res_off))
                 if values is None:
-                    value = read_body(store, f[0], rec, cache, i)
+                    try:
+                        bad = self.bad.get((f[0], rec.res_off))
+                        if bad is not None:
+                            raise bad
+                        value = read_body(store, f[0], rec, cache, i)
+                    except DamagedJob as exc:
+                        value = self.damaged(i, f[0], rec, exc, marks)
+                        failed.append(i)
+                        append(value)
+                        i += 1
+                        continue
                     values = cache.get((f[0], rec.res_off))
                     if values is None:
                         append(value)
@@ -138,6 +202,7 @@ class OutcomeReader:
                 missing += 1
                 out.append(None)
             i += 1
+        self._mark(marks)
         return out, failed, missing
 
     def log(self, index: int, snap: Snapshot) -> str:

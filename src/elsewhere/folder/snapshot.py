@@ -29,17 +29,19 @@ class Snapshot:
 
     ``reasons`` maps a task index to a short text from the backend (e.g. a
     scheduler's "pending: Resources"); ``running`` maps a running task to
-    (worker id, since). (A plain class: importing dataclasses costs a client
-    a few milliseconds on its first submission.)
+    (worker id, since); ``damaged`` says what of the job folder was found damaged, one
+    line each ("damaged: journal/w3.rec: 104 bytes at byte 4096 skipped (...)"), and
+    ``note`` is the backend's note followed by those lines. (A plain class: importing
+    dataclasses costs a client a few milliseconds on its first submission.)
     """
 
-    __slots__ = ("cancelled", "cancelled_tasks", "final", "kind_counts", "n", "note", "reasons", "running",
-                 "submitted")
+    __slots__ = ("_note", "cancelled", "cancelled_tasks", "damaged", "final", "kind_counts", "n", "reasons",
+                 "running", "submitted")
 
     def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
                  running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
                  kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
-                 note: str = "") -> None:
+                 note: str = "", damaged: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
         self.n = n
         self.submitted = submitted
         self.cancelled = cancelled
@@ -48,7 +50,15 @@ class Snapshot:
         self.cancelled_tasks = cancelled_tasks
         self.kind_counts = kind_counts if kind_counts is not None else {}
         self.reasons = reasons if reasons is not None else {}
-        self.note = note
+        self._note = note
+        self.damaged = tuple(damaged)
+
+    @property
+    def note(self) -> str:
+        """The backend's note, then what was found damaged (each said once: a backend that
+        hands the note it was given back does not repeat the damage)."""
+        extra = [d for d in self.damaged if d not in self._note]
+        return "; ".join([self._note, *extra] if self._note else extra)
 
     def __repr__(self) -> str:
         return (f"Snapshot(n={self.n}, submitted={self.submitted}, cancelled={self.cancelled}, "
@@ -57,7 +67,7 @@ class Snapshot:
     def but(self, **changes: Any) -> Snapshot:
         """A copy with ``changes`` (``running``, ``reasons``, ``note``...): a backend's fresher
         view, leaving the snapshot it was given as it was."""
-        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields = {name.lstrip("_"): getattr(self, name) for name in self.__slots__}
         fields.update(changes)
         return Snapshot(**fields)
 

@@ -75,17 +75,19 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), default=str).encode()
 
 
-def write_json(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True) -> None:
-    """Atomically write ``obj`` as JSON."""
-    atomic_write(path, _json_bytes(obj), fsync=fsync)
+def write_json(path: str | os.PathLike[str], obj: Any, *, fsync: bool = True, sealed: bool = False) -> None:
+    """Atomically write ``obj`` as JSON (``sealed``: a dict, with its checksum: ``records.seal_json``)."""
+    data = _json_bytes(obj)
+    atomic_write(path, records.seal_json(data) if sealed else data, fsync=fsync)
 
 
-def write_new(path: str | os.PathLike[str], obj: Any) -> None:
+def write_new(path: str | os.PathLike[str], obj: Any, *, sealed: bool = False) -> None:
     """Write ``obj`` as JSON in place, no temporary file, no rename: for a file that no
     one reads before it is whole (one of a job folder being made, a worker's own info)."""
+    data = _json_bytes(obj)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        _write_all(fd, _json_bytes(obj))
+        _write_all(fd, records.seal_json(data) if sealed else data)
     finally:
         os.close(fd)
 
@@ -94,6 +96,24 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Read a JSON file."""
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def read_sealed(path: str | os.PathLike[str], name: str) -> dict[str, Any]:
+    """Read a JSON object written with ``sealed=True``, checked (one written before there
+    were seals is taken as it is); :class:`~elsewhere.util.errors.DamagedJob` naming the
+    file (``name``: ``job.json``) if it is cut, garbage or its checksum does not hold."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        obj = json.loads(records.open_json(raw))
+        if not isinstance(obj, dict):
+            raise ValueError("not a JSON object")
+        return obj
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError too
+        from ..util.errors import DamagedJob
+
+        what = str(exc) if str(exc).startswith(("checksum", "not a")) else "not whole JSON (cut or garbage)"
+        raise DamagedJob(name, "the file is empty" if not raw else what) from None
 
 
 def writev_all(fd: int, parts: list[bytes | memoryview]) -> None:
@@ -109,6 +129,52 @@ def writev_all(fd: int, parts: list[bytes | memoryview]) -> None:
             else:
                 views[0] = first[n:]
                 n = 0
+
+
+def job_gone(folder: str) -> Exception:
+    """The error of a job whose folder is gone (purged): JobGone, naming the job's id."""
+    from ..util.errors import JobGone  # here: the worker rarely needs it
+
+    return JobGone(f"job {os.path.basename(folder)} is gone: its folder {folder} was purged")
+
+
+def queue_damaged(exc: ValueError) -> Exception:
+    """The DamagedJob of a queue whose two slots are both damaged (``exc``: as queue.py says it)."""
+    from ..util.errors import DamagedJob
+
+    if isinstance(exc, DamagedJob):
+        return exc
+    return DamagedJob(f"{QUEUE} and {QUEUE_B}", "neither holds a whole queue state")
+
+
+class _JobQueueLock(LockedQueue):
+    """``store.locked_queue()``: a LockedQueue that tells a job purged under it (its folder
+    renamed away, see ``lifecycle.remove_folder``) with JobGone, not the FileNotFoundError
+    of whichever of its files was opened first."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Queue:
+        try:
+            q = super().__enter__()
+        except FileNotFoundError as exc:
+            if os.path.isdir(self.store.dir):
+                raise
+            raise job_gone(self.store.dir) from exc
+        except ValueError as exc:  # neither slot whole
+            raise queue_damaged(exc) from None
+        if not self.body and not os.path.isdir(self.store.dir):  # purged between the lock and the read
+            self._release()
+            raise job_gone(self.store.dir)
+        return q
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            super().__exit__(exc_type, *rest)
+        except FileNotFoundError as exc:
+            if os.path.isdir(self.store.dir):
+                raise
+            raise job_gone(self.store.dir) from exc
 
 
 class JobStore:
@@ -156,36 +222,37 @@ class JobStore:
     @classmethod
     def create(cls, path: Path, meta: dict[str, Any]) -> JobStore:  # client only
         """Make a new job folder (mode 0700) with its metadata."""
+        from ..util.paths import private_dir
         from . import housekeeping
 
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(path.parent)  # its missing parents 0700 too, whatever the umask
         housekeeping.make_job_folder(path)  # subfolders, queue.lock, notify.fifo, empty files
         store = cls(path)
-        write_new(path / META, meta)  # made durable when the job is submitted
+        write_new(path / META, meta, sealed=True)  # made durable when the job is submitted
         return store
 
     # -- metadata ---------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        """The job's metadata."""
-        return read_json(self._p(META))
+        """The job's metadata (DamagedJob if job.json is damaged)."""
+        return read_sealed(self._p(META), META)
 
     def update_meta(self, *, fsync: bool = True, **changes: Any) -> dict[str, Any]:
         """Change metadata fields (the client is the only writer)."""
         meta = self.meta()
         meta.update(changes)
-        write_json(self._p(META), meta, fsync=fsync)
+        write_json(self._p(META), meta, fsync=fsync, sealed=True)
         return meta
 
     def cluster_data(self) -> dict[str, Any]:
         """What the backend stored with ``set_job_cluster_data``."""
         try:
-            return read_json(self._p(CLUSTER))
+            return read_sealed(self._p(CLUSTER), CLUSTER)
         except FileNotFoundError:
             return {}
 
     def set_cluster_data(self, data: dict[str, Any]) -> None:
         """Store the backend's own data (scheduler ids, hosts, pids)."""
-        write_json(self._p(CLUSTER), data)
+        write_json(self._p(CLUSTER), data, sealed=True)
 
     # -- the queue ----------------------------------------------------------
     def locked_queue(self) -> LockedQueue:
@@ -194,8 +261,11 @@ class JobStore:
 
             with store.locked_queue() as q:
                 q.cancel_task(3)
+
+        In a job folder purged meanwhile it raises :class:`~elsewhere.util.errors.JobGone`
+        (a FileNotFoundError too, as a worker expects of a folder that went away).
         """
-        return LockedQueue(self)
+        return _JobQueueLock(self)
 
     def queue(self) -> Queue:
         """A snapshot of the queue state (no lock: the file is replaced atomically)."""
@@ -203,6 +273,8 @@ class JobStore:
             q = read_queue(self)[2]
         except FileNotFoundError:
             return Queue(new_queue(0))
+        except ValueError as exc:  # neither slot whole
+            raise queue_damaged(exc) from None
         if q.get("submitted"):
             self.seen_submitted = True
         return Queue(q)

@@ -5,13 +5,16 @@ Every error elsewhere raises on its own account derives from
 
     ElsewhereError
     ├── ConfigError              bad input: an argument, a profile, a template
-    │   └── ProfileNotFound      on="name" names no profile
+    │   ├── ProfileNotFound      on="name" names no profile
+    │   └── NoSuchTask           a task index the job does not have (also an IndexError)
     ├── SerializationError       a function or an argument cannot be serialised
     ├── JobError                 a job cannot be created, found or used
     │   ├── JobNotFound          no job of that name or id in the registry
+    │   │   └── JobGone          the job was purged under us (also a FileNotFoundError)
     │   ├── NameInUse            a running job already has that name
-    │   └── StateError           a move the state does not allow (cancel a finished task,
-    │                            retry a running one, add tasks to a closed job)
+    │   ├── StateError           a move the state does not allow (cancel a finished task,
+    │   │                        retry a running one, add tasks to a closed job)
+    │   └── DamagedJob           a file of the job folder is damaged (also a ValueError)
     ├── TimeoutError             wait(timeout=...) ran out (also a builtins.TimeoutError)
     ├── SchedulerError           a scheduler command failed (command, exit code, stderr tail)
     │   └── CommandNotFound      a scheduler or transport command is not installed
@@ -48,6 +51,10 @@ class ProfileNotFound(ConfigError):
     """``on="name"`` names a profile that no configuration file defines."""
 
 
+class NoSuchTask(ConfigError, IndexError):
+    """A task index that the job does not have (``job.retry([99])`` of a job of 3 tasks)."""
+
+
 class SerializationError(ElsewhereError, TypeError):
     """A function or argument cannot be serialised; the message names it."""
 
@@ -63,6 +70,12 @@ class JobNotFound(JobError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class JobGone(JobNotFound, FileNotFoundError):
+    """The job was purged while it was being used (by another process, or earlier by this
+    one): its folder is gone. Also a FileNotFoundError, for code that met the folder's files
+    vanishing before this class existed."""
+
+
 class NameInUse(JobError):
     """A job of this name is still running."""
 
@@ -70,6 +83,29 @@ class NameInUse(JobError):
 class StateError(JobError):
     """A move that the task and job states do not allow (see :mod:`elsewhere.util.states`):
     cancelling a task that has ended, retrying one that runs, adding tasks to a closed job."""
+
+
+class DamagedJob(JobError, ValueError):
+    """A file of a job folder is damaged: cut, garbage, or a checksum that does not hold.
+
+    Attributes: ``path`` (the file, as the job folder names it: ``results/w3.bin``),
+    ``what`` (what is wrong), ``task`` (the task whose data it held, or None). Also a
+    ValueError, which is what a damaged folder raised before this class existed.
+    """
+
+    def __init__(self, path: str, what: str, *, task: int | None = None) -> None:
+        self.path = path
+        self.what = what
+        self.task = task
+        where = f", task {task}" if task is not None else ""
+        super().__init__(f"damaged: {path}{where}, {what}")
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_damaged, (self.path, self.what, self.task))
+
+
+def _rebuild_damaged(path: str, what: str, task: int | None) -> DamagedJob:
+    return DamagedJob(path, what, task=task)
 
 
 class TimeoutError(ElsewhereError, builtins.TimeoutError):
