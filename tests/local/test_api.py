@@ -330,9 +330,9 @@ def test_executor_burst_is_counted_in_the_queue_before_the_job_closes(ew_home, m
     ex.shutdown(wait=True)
     assert [f.result(timeout=0) for f in futs] == [i * i for i in range(500)]
     # even when the counter thread has not come round to it (here: never does)
-    from elsewhere.api.executor import Executor
+    from elsewhere.api.streaming import Stream
 
-    monkeypatch.setattr(Executor, "_count_tasks", lambda self: None)
+    monkeypatch.setattr(Stream, "_count_tasks", lambda self: None)
     ex = ew.Executor(on=ew.local(cores=2))
     futs = [ex.submit(pow, i, 3) for i in range(200)]
     assert ex.job.store.queue().n < 200  # only the first (a lone task) is counted yet
@@ -424,7 +424,7 @@ def test_new_workers_each_lead_their_own_session(ew_home):
 def test_workers_that_ended_are_not_left_as_zombies(ew_home):
     # The client starts workers as its own children; once they end (idle timeout),
     # it collects them, so a long-lived notebook does not pile up zombies.
-    from elsewhere.backends import local as local_backend
+    from elsewhere.backends import localworkers as local_backend  # the processes it started
 
     cluster = ew.local(cores=2, idle_timeout_s=0.2)
     assert ew.map(abs, [-1, -2], on=cluster) == [1, 2]

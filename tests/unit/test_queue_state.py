@@ -79,6 +79,32 @@ def test_lost_attempts_and_requeue():
     assert s.lost_by(1) == "w1" and s.lost_reason(1) is None
 
 
+def test_halt_writes_off_what_nobody_claimed_and_a_retry_takes_it_back():
+    s = q(10)
+    s.submit()
+    assert s.take_next(3) == 0
+    s.requeue([1])
+    s.lose_all([2, 0], "disk full")  # a failed worker's claim: one run, one reason
+    again, rest = s.halt("disk full")
+    assert again == [1] and rest == range(3, 10) and s.unclaimed() == 0 and s.next == 10
+    assert all(s.lost_reason(t) == "disk full" for t in range(10))
+    s.retry({4: 1, 5: 1})
+    assert s.lost_reason(4) is None and s.lost_reason(5) is None and s.to_rerun == [4, 5]
+    assert s.lost_reason(3) == s.lost_reason(6) == "disk full"
+
+
+def test_workers_lost_at_start_are_counted_until_one_joins():
+    s = q(4)
+    s.note_dispatched(["a", "b"], 1.0)
+    s.note_started(["a", "b", "late"], 123, "host")
+    assert s.started_by("a") == (123, "host") and s.started_by("late") is None
+    assert s.lost_at_start("a") == 1 and s.lost_at_start("b") == 2
+    assert s.dispatched() == {} and s.started_by("a") is None
+    s.join("c", {"pid": 1})
+    s.note_dispatched(["d"], 2.0)
+    assert s.lost_at_start("d") == 1
+
+
 def _snap(n, final=(), cancelled=False, cancelled_tasks=(), running=()):
     o = Outcomes()
     counts: dict[int, int] = {}

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from ..backends.base import Cluster, ensure_post_constructed
+from ..core.submit import making
 from ..folder.lifecycle import busy, create_store, new_job_meta
 from ..folder.registry import Registry
 from ..folder.store import JobStore
 from ..util import paths
 from ..util.errors import ConfigError, JobNotFound
+from ..util.units import parse_duration
 from .job import Job, raise_first_failure, write_and_submit
 
 
@@ -181,6 +183,9 @@ def create_job(
         seed = None  # no per-task seeding: for floods of tiny tasks that use no randomness
     elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, None (random) or False (off), not {seed!r}")
+    files = _file_list(files)
+    if storage is not None and not isinstance(storage, (str, os.PathLike)):
+        raise ConfigError(f"storage= must be the path of a folder (a str or a pathlib.Path), not {storage!r}")
     root = Path(storage).expanduser().absolute() if storage else (cl.storage or paths.default_storage())
     job_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(4).hex()
     meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl.describe(),
@@ -196,19 +201,32 @@ def create_job(
         # to exist): tasks run in the job's files folder, code travels by value.
         meta["cwd"] = None
         meta["sys_path"] = []
-    store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
-    if files:
-        _copy_files(store, files)
-        if not cl.sends_files():
-            import warnings
+    with making(root / job_id, meta["name"]):  # a failure (a full disk) leaves no folder behind
+        store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
+        if files:
+            _copy_files(store, files)
+    if files and not cl.sends_files():
+        import warnings
 
-            warnings.warn(
-                f"{type(cl).__name__} does not send files= to its workers: tasks find them only on "
-                "machines where the caller's directory exists (the same machine, or a shared file "
-                "system); pass their contents as arguments or job_data to reach other machines",
-                UserWarning, stacklevel=3,
-            )  # fmt: skip
+        warnings.warn(
+            f"{type(cl).__name__} does not send files= to its workers: tasks find them only on "
+            "machines where the caller's directory exists (the same machine, or a shared file "
+            "system); pass their contents as arguments or job_data to reach other machines",
+            UserWarning, stacklevel=3,
+        )  # fmt: skip
     return Job(store, cl, meta, job_data=job_data, queue_n=_n_tasks)
+
+
+def _file_list(files: Any) -> list[str | os.PathLike[str]]:
+    """``files=`` as a list of paths: one path is a list of it (not of its characters)."""
+    if files is None:
+        return []
+    if isinstance(files, (str, os.PathLike)):
+        return [files]
+    listed = list(files) if isinstance(files, Iterable) and not isinstance(files, (bytes, dict)) else [files]
+    if not all(isinstance(f, (str, os.PathLike)) for f in listed):
+        raise ConfigError(f"files= must be a path or a list of paths (str or pathlib.Path), not {files!r}")
+    return listed
 
 
 def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> None:
@@ -337,7 +355,7 @@ def map(
     *iterables: Iterable[Any],
     on: Cluster | str | None = None,
     errors: str = "raise",
-    timeout: float | None = None,
+    timeout: float | str | None = None,
     progress: bool | None = None,
     keep: bool = False,
     combine: bool = False,
@@ -349,6 +367,8 @@ def map(
     ``wait = TRUE``). ``errors="raise"`` (default) raises the first task's
     error (a TaskError, and an instance of the original type where it can be
     rebuilt); ``errors="return"`` puts TaskError values in the list.
+    ``timeout``: seconds or a duration ("10min") to wait before raising
+    :class:`elsewhere.TimeoutError` (the job is cancelled and purged, unless kept).
     ``keep=True`` keeps the job (name it to recover it); ``combine=True``
     combines results like ``job.get()`` (lists concatenated, DataFrames
     row-bound).
@@ -357,13 +377,14 @@ def map(
 
     if errors not in ("raise", "return"):
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
+    timeout_s = parse_duration(timeout, what="timeout")  # before a job is made of bad input
     try:
         job = submit(fn, *iterables, on=on, _waited=True, **options)
     except _NoTasks:
         return []  # as the built-in map: nothing in, nothing out
     ok = False
     try:
-        job.wait(timeout=timeout, progress=progress)
+        job.wait(timeout=timeout_s, progress=progress)
         values = job.results()
         ok = True
     finally:
@@ -425,8 +446,12 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
                     reg.set_state(row["id"], st.value, snap.n)
                 entry["state"] = st.value
             except Exception as exc:  # a damaged folder must not hide the others
+                if not path.exists():
+                    continue  # purged while listed
                 entry["state"] = f"unreadable: {exc}"
         elif not (path / "job.json").exists():
+            if not path.exists() and path.parent.is_dir():
+                continue  # purged while listed
             entry["state"] = "missing"
         out.append(entry)
     return out

@@ -265,3 +265,17 @@ def ensure_post_constructed(cluster: Cluster) -> Cluster:
         cluster.post_construct()
         cluster._post_constructed = True
     return cluster
+
+
+def refuse_unknown(cluster: Cluster, unknown: Mapping[str, Any]) -> None:
+    """A ConfigError naming the settings ``cluster`` was given but does not take, and listing
+    those it does (read from its ``__init__``), instead of Python's TypeError; nothing if none."""
+    if not unknown:
+        return
+    import inspect
+
+    params = inspect.signature(type(cluster).__init__).parameters.values()
+    takes = [p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    given = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
+    raise ConfigError(f"unknown option {given} for the {cluster.kind or type(cluster).__name__} cluster: "
+                      f"it takes {', '.join(takes)}")  # fmt: skip

@@ -16,6 +16,15 @@ non-blocking open fails with ENXIO, and it cleans up and tries the next.
 
 When no idle worker is left, new ones are started detached (own session,
 so they survive the client), by the absolute path of this interpreter.
+
+Workers on their way are noted in the job's queue (``dispatched``, with the pid of the process
+started for them), so that a poll neither starts more nor waits for ever: a worker that took
+its lock (``workers/<wid>.cur``) and let it go, or whose starting process has ended, before it
+joined is lost at start and replaced at the next poll (about a second); one that has not joined
+after _DISPATCH_GRACE_S is forgotten. After _START_LOSSES in a row, the job is halted with the
+tail of ``pool.log`` as the reason, rather than starting workers for ever. (A job its client
+registered but was killed before it handed it over is handed over by the core's next poll,
+as for every backend: ``core/submit.py``'s ``take_over``.)
 """
 
 from __future__ import annotations
@@ -28,16 +37,30 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..folder.journal import lock_is_free, reap
+from ..folder.housekeeping import is_disk_full, no_space
+from ..folder.journal import reap
+from ..run.claims import write_off
 from ..util import paths
-from ..util.errors import ConfigError
-from .base import Cluster, Property, ensure_post_constructed
+from ..util.errors import ConfigError, JobError
+from .base import Cluster, Property, ensure_post_constructed, refuse_unknown
+from .localworkers import (
+    kill,
+    lost_at_start,
+    note_dispatched,
+    note_spawned,
+    reap_children,
+    wake,
+)
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..folder.queue import Queue
 
+_wake = wake  # the name api/streaming.py imports
+
 _DISPATCH_GRACE_S = 15.0
+_START_LOOK_S = 1.0  # a worker on its way this long whose process has ended is lost at start
+_START_LOSSES = 10  # ... and this many in a row halt the job
 #: ``python -m elsewhere.worker`` without runpy (and what it imports): a few ms less per start
 _WORKER_MAIN = "import sys; from elsewhere.worker import main; sys.exit(main())  # elsewhere.worker"
 
@@ -92,12 +115,11 @@ class LocalCluster(Cluster):
     ) -> None:
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)
-        if unknown:  # as the other clusters: a ConfigError naming the option, not a TypeError
-            raise ConfigError(f"unknown option(s) {', '.join(f'{k}={v!r}' for k, v in unknown.items())} for the local cluster (it takes cores, cores_per_task, idle_timeout_s, python)")
+        refuse_unknown(self, unknown)  # as the other clusters: a ConfigError naming the option, not a TypeError
         if cores is not None and (not isinstance(cores, int) or cores < 1):
             raise ConfigError(f"cores must be a positive integer or None, not {cores!r}")
-        if idle_timeout_s < 0:
-            raise ConfigError(f"idle_timeout_s must be >= 0, not {idle_timeout_s!r}")
+        if isinstance(idle_timeout_s, bool) or not isinstance(idle_timeout_s, (int, float)) or not idle_timeout_s >= 0:
+            raise ConfigError(f"idle_timeout_s must be a number of seconds >= 0, not {idle_timeout_s!r}")
         self.cores = cores
         self.idle_timeout_s = float(idle_timeout_s)
         self.python = python or sys.executable
@@ -151,7 +173,7 @@ class LocalCluster(Cluster):
         d = home / "local" / key
         if not (d / "fifo").is_dir():
             for sub in ("idle", "fifo"):
-                (d / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+                paths.private_dir(d / sub)  # and home, local, the pool: 0700 whatever the umask
         _pools[(str(home), self.python)] = d
         return d
 
@@ -194,7 +216,7 @@ class LocalCluster(Cluster):
             with job.store.locked_queue() as q:
                 if max_workers is not None:
                     q.set_max_workers(max_workers)
-                new = _note_dispatched(q, idle[:count], count)
+                new = note_dispatched(q, idle[:count], count)
         except BaseException:
             self._hand_over(pool, job, [], idle, [])
             raise
@@ -223,25 +245,32 @@ class LocalCluster(Cluster):
                 pass
         if new:
             # One new process; it forks the others once it has started up.
-            self._spawn(pool, new[0], job, also=new[1:])
+            pid = self._spawn(pool, new[0], job, also=new[1:])
             started += new
+            try:
+                with job.store.locked_queue() as q:  # if it ends before they join, so do they
+                    q.note_started(new, pid, os.uname().nodename)
+            except (OSError, ValueError):
+                pass  # purged meanwhile; or then the dispatch grace is all there is
         return started
 
-    def _spawn(self, pool: Path, wid: str, job: JobHandle, also: tuple[str, ...] | list[str] = ()) -> None:
+    def _spawn(self, pool: Path, wid: str, job: JobHandle, also: tuple[str, ...] | list[str] = ()) -> int:
         from ..hosts.spawn import spawn_python_pid
 
         argv = ["-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
                 "--job", str(job.store.path), "--idle-timeout", str(self.idle_timeout_s)]
         if also:
             argv += ["--also", ",".join(also)]
-        _reap()
+        reap_children()
         # posix_spawn where it can (a fork of a big client costs it milliseconds); the worker
         # leaves the client's folder itself
-        _spawned.append(spawn_python_pid(argv, python=self.python, log=pool / "pool.log"))
+        pid = spawn_python_pid(argv, python=self.python, log=pool / "pool.log")
+        note_spawned(pid)
+        return pid
 
     def shutdown(self) -> int:
         """Ask this pool's idle workers to exit now; returns how many were asked."""
-        _reap()
+        reap_children()
         stopped = 0
         for _wid, fd in self._take_idle(self.pool_dir()):
             try:
@@ -292,12 +321,12 @@ class LocalCluster(Cluster):
                 waiting = q.waiting_fifos()
                 if want > 0:
                     use = idle[:want]
-                    new = _note_dispatched(q, use, want)
+                    new = note_dispatched(q, use, want)
         except BaseException:
             self._hand_over(pool, job, [], idle, [])
             raise
         for fifo in waiting:
-            _wake(fifo)
+            wake(fifo)
         self._hand_over(pool, job, use, idle[len(use):], new)
 
     def submit_communicating(self, job: JobHandle) -> None:
@@ -351,21 +380,46 @@ class LocalCluster(Cluster):
                                for i in range(job.n_tasks)})
 
     def poll(self, job: JobHandle) -> None:
-        _reap()
+        reap_children()
         if job.spec.get("communicating"):
             self._poll_communicating(job)
             return
-        with job.store.locked_queue() as q:
-            if not q.submitted or q.cancelled:
-                return
-            reap(job.store, q)
-            now = time.time()
-            for wid, t in q.dispatched().items():
-                if now - t > _DISPATCH_GRACE_S:
-                    q.forget_dispatched(wid)
-            want = min(q.max_workers, q.unclaimed()) - q.live_members() - len(q.dispatched())
+        try:
+            with job.store.locked_queue() as q:
+                want = 0
+                if q.submitted and not q.cancelled:
+                    reap(job.store, q)
+                    self._forget_lost_at_start(job, q)
+                    want = min(q.max_workers, q.unclaimed()) - q.live_members() - len(q.dispatched())
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            raise JobError(f"job {job.name!r} cannot go on: {no_space(job.path)}: the workers it lost cannot "
+                           "be written off; free some space, then wait again") from exc  # fmt: skip
         if want > 0:
             self.dispatch(job, want)
+
+    def _forget_lost_at_start(self, job: JobHandle, q: Queue) -> None:
+        """Forget the workers on their way that were lost at start, or are late (see the module)."""
+        now = time.time()
+        for wid, t in q.dispatched().items():
+            if now - t > _START_LOOK_S and lost_at_start(job, q, wid):
+                if q.lost_at_start(wid) == _START_LOSSES:
+                    write_off(job.store, q, [], self._start_failure(), halt=True)
+            elif now - t > _DISPATCH_GRACE_S:
+                q.forget_dispatched(wid)
+
+    def _start_failure(self) -> str:
+        """Why the job is halted after workers kept ending before they joined it."""
+        tail = ""
+        try:
+            with open(self.pool_dir() / "pool.log", "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 2000))
+                tail = "; ".join(f.read().decode(errors="replace").strip().splitlines()[-5:])
+        except OSError:
+            pass
+        why = f"{_START_LOSSES} workers in a row ended before they joined the job (started with {self.python})"
+        return why + (f"; the end of their output: {tail}" if tail else "")
 
     def cancel_job(self, job: JobHandle) -> None:
         if job.spec.get("communicating"):
@@ -384,7 +438,7 @@ class LocalCluster(Cluster):
             return
         with job.store.locked_queue() as q:
             for m in q.cancel_job():
-                _kill(m)
+                kill(m)
             reap(job.store, q, dead=set(q.members))
 
     def cancel_task(self, job: JobHandle, index: int) -> None:
@@ -393,7 +447,7 @@ class LocalCluster(Cluster):
         with job.store.locked_queue() as q:
             for wid, m in q.members.items():
                 if m.get("state") == "active" and job.store.read_running(wid)[0] == index:
-                    _kill(m)
+                    kill(m)
             reap(job.store, q)
 
     def delete_job(self, job: JobHandle) -> None:
@@ -401,58 +455,3 @@ class LocalCluster(Cluster):
         # (they notice the folder is gone). Only a job with work left is stopped.
         if not (job.snapshot().done or job.state.done):  # the last look, if recent, is enough when done
             self.cancel_job(job)
-
-
-_spawned: list[int] = []  # workers this process started and has not reaped yet
-
-
-def _note_dispatched(q: Queue, use: list[tuple[str, int]], count: int) -> list[str]:
-    """Record in queue ``q`` that the idle workers ``use`` and ``count - len(use)`` new ones
-    are on their way; returns the new ones' ids."""
-    new = [f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}" for _ in range(count - len(use))]
-    q.note_dispatched([w for w, _ in use] + new, time.time())
-    return new
-
-
-def _reap() -> None:
-    """Collect the exit status of workers this process started that have ended, so
-    they do not stay zombies while it lives (a notebook may run for days)."""
-    for pid in list(_spawned):
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            done = pid  # not ours to wait for any more (reaped elsewhere)
-        if done:
-            _spawned.remove(pid)
-
-
-def _wake(fifo: str | None) -> None:
-    """Wake a worker that waits on its FIFO (a newline is "look again")."""
-    if not fifo:
-        return
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:
-        return
-    try:
-        os.write(fd, b"\n")
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _kill(member: dict[str, Any]) -> None:
-    """Kill a worker and everything it started (it leads its own session)."""
-    pid = int(member.get("pid", 0))
-    if pid <= 0 or lock_is_free(member.get("lock", "")):
-        return  # already gone; its pid may belong to someone else by now
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..util.errors import ConfigError, RemoteSetupError, TransportError
-from .base import Cluster, Property
+from ..util.paths import private_dir, write_private
+from .base import Cluster, Property, refuse_unknown
 from .sshranks import SSHRanks
 
 if TYPE_CHECKING:
@@ -91,11 +92,16 @@ class SSHCluster(SSHRanks, Cluster):
         host_timeout_s: float = 60.0,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
+        **other: Any,
     ) -> None:
+        refuse_unknown(self, other)  # as ew.slurm: a ConfigError naming the option, not a TypeError
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)
         if isinstance(nodes, str):
             nodes = [nodes]
+        if not isinstance(nodes, (list, tuple, dict)):
+            raise ConfigError(f"nodes must be an ssh destination ('host', 'user@host'), a list of them or a "
+                              f"dict of destination -> cores, not {nodes!r}")  # fmt: skip
         if isinstance(nodes, dict):
             for host, cores in nodes.items():
                 if not isinstance(cores, int) or cores < 1:
@@ -243,7 +249,7 @@ class SSHCluster(SSHRanks, Cluster):
             self._rerun(job, job.tasks)
             return
         n = job.n_tasks
-        (job.store.path / "files").mkdir(exist_ok=True)
+        private_dir(job.store.path / "files")
         plan: dict[str, dict[str, Any]] = {}
         early = self._early.pop(job.id, None)
         if early is not None:
@@ -327,7 +333,7 @@ class SSHCluster(SSHRanks, Cluster):
             files = shlex.quote(p["dir"] + "/files")
             res = t.run_shell(f"mkdir -p {files} && cd {files} && {self.setup}", check=False, timeout=3600)
             log = job.store.path / "logs" / f"setup-{_safe(host)}.log"
-            log.write_bytes(res.stdout + res.stderr)
+            write_private(log, res.stdout + res.stderr)
             if res.returncode != 0:
                 raise RemoteSetupError(
                     f"setup failed on {host}; its output is in {log}", host=host,
@@ -345,7 +351,7 @@ class SSHCluster(SSHRanks, Cluster):
             self._poll_mpi(job, data)
             return
         changed = False
-        merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "members": {}}
+        merged: dict[str, Any] = {"lost_by": {}, "lost_reason": {}, "lost_ranges": [], "members": {}}
         asked = [(h, p) for h, p in hosts.items()
                  if p.get("workers") and not p.get("abandoned") and not p.get("done")]
         # a node that does not answer must not hold up the others, nor for longer than
@@ -378,13 +384,15 @@ class SSHCluster(SSHRanks, Cluster):
             qs = ans.get("queue", {})
             merged["lost_by"].update(qs.get("lost_by") or {})
             merged["lost_reason"].update(qs.get("lost_reason") or {})
+            merged["lost_ranges"] += qs.get("lost_ranges") or []  # a node's halted or failed workers' tasks
             merged["members"].update(qs.get("members") or {})
             if ans.get("work") == 0 and ans.get("live") == 0:
                 p["done"] = True
         if changed:
             self.set_job_cluster_data(job, data)
         with job.store.locked_queue() as q:
-            q.adopt(members=merged["members"], lost_by=merged["lost_by"], lost_reason=merged["lost_reason"])
+            q.adopt(members=merged["members"], lost_by=merged["lost_by"], lost_reason=merged["lost_reason"],
+                    lost_ranges=merged["lost_ranges"])
 
     def _abandon(self, job: JobHandle, host: str, p: dict[str, Any], hosts: dict[str, Any], why: str) -> None:
         job.refresh()
@@ -440,7 +448,7 @@ class SSHCluster(SSHRanks, Cluster):
     def fetch_files(self, job: JobHandle) -> Path:
         """Bring back what tasks wrote in their working folder on each node."""
         dest = job.store.path / "files"
-        dest.mkdir(exist_ok=True)
+        private_dir(dest)
         for host, p in self.get_job_cluster_data(job).get("hosts", {}).items():
             if p.get("workers"):
                 self.copy_on(job, host, p["dir"]).pull_files()

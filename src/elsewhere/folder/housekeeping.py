@@ -17,16 +17,24 @@ costs as much again. So a client process
 
 Whatever the background thread had not done when the process ends is done
 at exit; folders left by a process that was killed (``.<id>.purged-*``,
-``.spare/.building-*``) are swept by the next process that makes a spare.
+``.spare/.building-*``) are swept by the next process that makes a spare, and other
+sweeps run once per process in the background (:func:`call_later`: the folders of jobs
+whose client was killed inside ``submit``, see ``core/submit.py``).
+
+Also here: telling a full disk (:func:`is_disk_full`, :func:`no_space`) and a live process
+(:func:`process_alive`), for the workers and clients that meet one.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 SPARES = ".spare"
 SUBDIRS = ("journal", "results", "logs", "workers")
@@ -36,11 +44,12 @@ NOTIFY = "notify.fifo"
 FILES = (QUEUE_LOCK, "job.json", "queue.json", "queue.b.json", "payload.log")
 
 _lock = threading.Lock()
-_todo: list[tuple[str, Path]] = []
+_todo: list[tuple[str, Any]] = []  # (kind, a path; for "call", a function)
 _wake = threading.Condition(_lock)
 _thread: threading.Thread | None = None
 _thread_pid = 0
 _swept: set[Path] = set()
+_called: set[str] = set()
 _busy = 0  # hot sections running now (see hot())
 _DEFER_MAX_S = 1.0  # ... which hold the housekeeping back at most this long
 
@@ -81,6 +90,15 @@ def make_job_folder(path: Path) -> None:
     else:
         _build(path)
     _later("spare", path.parent)
+
+
+def call_later(key: str, fn: Callable[[], object]) -> None:
+    """Call ``fn`` in the background, once per ``key`` in this process (a sweep)."""
+    with _lock:
+        if key in _called:
+            return
+        _called.add(key)
+    _later("call", fn)
 
 
 def remove_later(path: Path) -> None:
@@ -153,7 +171,42 @@ def _sweep(root: Path, older_than_s: float = 3600.0) -> None:
                     pass
 
 
-def _later(kind: str, path: Path) -> None:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is running (a zombie is not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it exists
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) is all we know
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file system is full (or the user's quota used up)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    # sqlite3 (the registry): SQLITE_FULL
+    return getattr(exc, "sqlite_errorcode", None) == 13 or "database or disk is full" in str(exc)
+
+
+def no_space(path: str | os.PathLike[str]) -> str:
+    """The reason given for a full disk: "no space left on <path> (<n> bytes free)"."""
+    try:
+        st = os.statvfs(path)
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on {os.fspath(path)} ({free})"
+
+
+def _later(kind: str, path: Any) -> None:
     global _thread, _thread_pid
     with _lock:
         if kind == "spare" and ("spare", path) in _todo:
@@ -189,9 +242,11 @@ def _run() -> None:
                 _todo.remove((kind, path))
 
 
-def _do(kind: str, path: Path) -> None:
+def _do(kind: str, path: Any) -> None:
     try:
-        if kind == "remove":
+        if kind == "call":
+            path()
+        elif kind == "remove":
             shutil.rmtree(path, ignore_errors=True)
         elif kind == "sync":
             _sync(path)
@@ -202,9 +257,9 @@ def _do(kind: str, path: Path) -> None:
 
 
 def finish() -> None:
-    """Do what is still to be done, now (at exit: syncs and removals; no new spares)."""
+    """Do what is still to be done, now (at exit: syncs and removals; no new spares, no sweeps)."""
     with _lock:
-        todo = [t for t in _todo if t[0] != "spare"]
+        todo = [t for t in _todo if t[0] not in ("spare", "call")]
         _todo.clear()
     for kind, path in todo:
         _do(kind, path)

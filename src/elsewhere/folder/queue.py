@@ -12,19 +12,29 @@ editing the JSON. A transition that the state does not allow raises
 and read without the lock from ``store.queue()`` (a snapshot: never change it).
 
 On disk the state is JSON in two slots (``queue.json``, ``queue.b.json``), each written in place
-with a generation and a checksum (see :func:`write_queue`): a write torn by a crash leaves the
-previous state whole in the other slot.
+with a generation and a checksum: a write torn by a crash leaves the previous state whole in the
+other slot (``queuefile.py``, whose names this module re-exports).
 
 This module is imported by the worker: keep its imports light.
 """
 
 from __future__ import annotations
 
+import bisect
 import fcntl
-import json
 import os
 import time
-import zlib
+
+from .queuefile import (
+    QUEUE,
+    QUEUE_B,
+    QUEUE_LOCK,
+    json_bytes,
+    read_newest,
+    read_queue,
+    write_queue,
+    write_slot,
+)
 
 TYPE_CHECKING = False  # no typing at run time: the worker imports this module
 if TYPE_CHECKING:
@@ -40,9 +50,17 @@ if TYPE_CHECKING:
 
         def _p(self, *parts: str) -> str: ...
 
-QUEUE = "queue.json"
-QUEUE_B = "queue.b.json"  # the queue's second slot (see write_queue)
-QUEUE_LOCK = "queue.lock"
+__all__ = [
+    "QUEUE",
+    "QUEUE_B",
+    "QUEUE_LOCK",
+    "LockedQueue",
+    "Queue",
+    "new_queue",
+    "read_queue",
+    "write_queue",
+]
+
 _MEMBER_STATES = ("active", "waiting", "left", "dead")
 
 
@@ -50,10 +68,6 @@ def _refuse(message: str) -> StateError:
     from ..util.errors import StateError  # here, not at the top: the worker never needs it
 
     return StateError(message)
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), default=str).encode()
 
 
 class LockedQueue:
@@ -72,7 +86,7 @@ class LockedQueue:
             if held and os.fstat(held[1]).st_nlink == 0:  # the folder was purged: as if opened by path
                 raise FileNotFoundError(self.store._p(QUEUE))
             try:
-                self.gen, self.slot, q, self.body = _read_newest(self.store)
+                self.gen, self.slot, q, self.body = read_newest(self.store)
             except FileNotFoundError:
                 self.gen, self.slot, q, self.body = 0, 1, new_queue(0), b""
         except BaseException:
@@ -84,10 +98,10 @@ class LockedQueue:
     def __exit__(self, exc_type: object, *rest: object) -> None:
         try:
             if exc_type is None:
-                body = _json_bytes(self.q)  # the state read encodes to the bytes read: unchanged
+                body = json_bytes(self.q)  # the state read encodes to the bytes read: unchanged
                 if body != self.body:
                     # over the older slot: the one just read stays whole if this write is torn
-                    _write_slot(self.store, body, self.gen + 1, 1 - self.slot)
+                    write_slot(self.store, body, self.gen + 1, 1 - self.slot)
                 if self.q.get("submitted"):
                     self.store.seen_submitted = True
         finally:
@@ -98,106 +112,6 @@ class LockedQueue:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
         else:
             os.close(self.fd)  # releases the lock
-
-
-_QUEUE_MAGIC = b"EWQ1"
-
-
-def write_queue(store: JobStore, q: dict[str, Any], gen: int, slot: int) -> None:
-    """Write queue state ``q`` as generation ``gen`` into ``slot`` (0: queue.json, 1: queue.b.json).
-
-    The queue is rewritten at every claim, join and leave, always under
-    queue.lock. It is written *in place*, into the slot that does not hold the
-    newest state, as one line ``EWQ1 <generation> <length> <crc32>`` and the
-    JSON; a reader takes the newest slot whose checksum holds. A write torn by
-    a crash leaves the other slot, the state before it, to be read; a reader
-    without the lock that meets a slot being written does the same. No file is
-    created or renamed per update (on many disks that costs more than the rest
-    of a claim).
-    """
-    _write_slot(store, _json_bytes(q), gen, slot)
-
-
-def _write_slot(store: JobStore, body: bytes, gen: int, slot: int) -> None:
-    data = b"%s %d %d %08x\n%s" % (_QUEUE_MAGIC, gen, len(body), zlib.crc32(body), body)
-    held = store._held
-    fd = held[1 + slot] if held else os.open(store._p(QUEUE_B if slot else QUEUE), os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        view = memoryview(data)
-        off = 0
-        while off < len(data):
-            off += os.pwrite(fd, view[off:], off)
-        os.ftruncate(fd, len(data))
-    finally:
-        if not held:
-            os.close(fd)
-
-
-def _pread_all(fd: int) -> bytes:
-    data = os.pread(fd, 65536, 0)
-    if len(data) < 65536:
-        return data
-    parts = [data]
-    off = len(data)
-    while chunk := os.pread(fd, 1 << 20, off):
-        parts.append(chunk)
-        off += len(chunk)
-    return b"".join(parts)
-
-
-def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
-    """(generation, state, JSON body) of one slot's bytes; None if not whole."""
-    if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
-        try:
-            return 0, json.loads(data), b""
-        except ValueError:
-            return None
-    nl = data.find(b"\n")
-    head = data[:nl].split() if nl > 0 else []
-    if len(head) != 4 or head[0] != _QUEUE_MAGIC:
-        return None
-    try:
-        gen, length, crc = int(head[1]), int(head[2]), int(head[3], 16)
-        body = data[nl + 1:nl + 1 + length]
-        if len(body) != length or zlib.crc32(body) != crc:
-            return None
-        return gen, json.loads(body), body
-    except ValueError:
-        return None
-
-
-def _read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
-    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none."""
-    best: tuple[int, int, dict[str, Any], bytes] | None = None
-    found = False
-    held = store._held
-    for slot, name in ((0, QUEUE), (1, QUEUE_B)):
-        if held:
-            data = _pread_all(held[1 + slot])
-        else:
-            try:
-                fd = os.open(store._p(name), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                data = _pread_all(fd)
-            finally:
-                os.close(fd)
-        found = True
-        got = _parse_slot(data)
-        if got is not None and (best is None or got[0] > best[0]):
-            best = (got[0], slot, got[1], got[2])
-    if best is None:
-        if found:
-            raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
-        raise FileNotFoundError(store._p(QUEUE))
-    return best
-
-
-def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
-    """(generation, slot, state) of the newest whole queue state; FileNotFoundError if none."""
-    gen, slot, q, _ = _read_newest(store)
-    return gen, slot, q
 
 
 def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int = 0) -> dict[str, Any]:
@@ -309,8 +223,14 @@ class Queue:
         return float(self.d.get("retried_at", {}).get(str(task), 0.0))
 
     def lost_reason(self, task: int) -> str | None:
-        """Why ``task`` was reported lost by its backend (``report_lost``), if it was."""
-        return self.d.get("lost_reason", {}).get(str(task))
+        """Why ``task`` ended without a result, if its backend reported it lost (``report_lost``),
+        a failed worker wrote it off, or the job was halted (:meth:`halt`)."""
+        why = self.d.get("lost_reason", {}).get(str(task))
+        if why is None:
+            for first, end, reason in self.d.get("lost_ranges", ()):
+                if first <= task < end:
+                    return str(reason)
+        return why
 
     def lost_by(self, task: int) -> str | None:
         """The worker that vanished while it ran ``task``, if one did."""
@@ -405,6 +325,8 @@ class Queue:
             rerun[str(t)] = int(a)
             when[str(t)] = now
             lost.pop(str(t), None)
+        if self.d.get("lost_ranges"):
+            self.d["lost_ranges"] = _cut(self.d["lost_ranges"], sorted(attempts))
         have = self.d.setdefault("retry", [])
         seen = set(have)
         have += [t for t in sorted(attempts) if t not in seen]
@@ -434,12 +356,34 @@ class Queue:
         if by is not None:
             self.d.setdefault("lost_by", {})[str(task)] = by
 
+    def lose_all(self, tasks: Iterable[int], reason: str) -> None:
+        """Record ``reason`` for many ``tasks`` that ended without a result, kept as runs of
+        consecutive tasks (a failed worker's claim, a halted job's rest: one entry each)."""
+        runs = self.d.setdefault("lost_ranges", [])
+        for t in sorted(tasks):
+            if runs and runs[-1][1] == t and runs[-1][2] == reason:
+                runs[-1][1] = t + 1
+            else:
+                runs.append([t, t + 1, reason])
+
+    def halt(self, reason: str) -> tuple[list[int], range]:
+        """Hand out nothing more: the tasks to run again and those never claimed end without a
+        result, for ``reason`` (a full disk, a damaged job folder); what members claimed is
+        theirs. Returns (the tasks to run again, the range never claimed): their "lost" records
+        are the caller's to write (cancelled tasks keep their own outcome)."""
+        again, _ = self.take_reruns(len(self.to_rerun))
+        first, end = self.next, self.n
+        self.d["next"] = max(first, end)
+        self.lose_all([*again, *range(first, end)], reason)
+        return again, range(first, end)
+
     # -- a worker's membership and claims (run/claims.py) --------------------------------
     def join(self, wid: str, info: dict[str, Any]) -> dict[str, Any]:
         """Worker ``wid`` becomes a member (``info``: pid, host, python, lock, fifo, ...),
         active with nothing claimed yet; its member entry."""
         m = {**info, "claim": [], "state": "active"}
         self.members[wid] = m
+        self.d.pop("start_losses", None)
         return m
 
     def set_member(self, wid: str, state: str, claim: list[int] | None = None) -> None:
@@ -485,13 +429,51 @@ class Queue:
     def forget_dispatched(self, wid: str) -> None:
         """Worker ``wid`` joined, or will never."""
         self.d.get("dispatched", {}).pop(wid, None)
+        self.d.get("started_by", {}).pop(wid, None)
+
+    def note_started(self, wids: Iterable[str], pid: int, host: str) -> None:
+        """Workers ``wids`` on their way come from process ``pid`` on ``host`` (the one
+        started, which forks the others): if it is gone before they join, so are they."""
+        d = self.d.setdefault("started_by", {})
+        for w in wids:
+            if w in self.d.get("dispatched", {}):
+                d[w] = [pid, host]
+
+    def lost_at_start(self, wid: str) -> int:
+        """Worker ``wid``, on its way, ended before it joined: forgotten. Returns how many in
+        a row did so (a worker that joins starts the count again)."""
+        self.forget_dispatched(wid)
+        n = self.d["start_losses"] = int(self.d.get("start_losses", 0)) + 1
+        return n
+
+    def started_by(self, wid: str) -> tuple[int, str] | None:
+        """(pid, host) of the process that starts worker ``wid`` on its way, if known."""
+        got = self.d.get("started_by", {}).get(wid)
+        return (int(got[0]), str(got[1])) if got else None
 
     def adopt(self, *, members: dict[str, dict[str, Any]], lost_by: dict[str, str],
-              lost_reason: dict[str, str]) -> None:
+              lost_reason: dict[str, str], lost_ranges: list[list[Any]] | None = None) -> None:
         """Take in what the queues of the job's copies on other machines say of their workers
-        and lost tasks (the ssh backend: each node runs its share from a queue of its own)."""
+        and lost tasks (the ssh backend: each node runs its share from a queue of its own;
+        ``lost_ranges``: a node's ``d["lost_ranges"]``, tasks its failed workers wrote off)."""
         self.members.update(members)
         if lost_by:
             self.d.setdefault("lost_by", {}).update(lost_by)
         if lost_reason:
             self.d.setdefault("lost_reason", {}).update(lost_reason)
+        if lost_ranges:
+            have = self.d.setdefault("lost_ranges", [])
+            have += [list(r) for r in lost_ranges if list(r) not in have]
+
+
+def _cut(ranges: list[list[Any]], tasks: list[int]) -> list[list[Any]]:
+    """``ranges`` (``[first, end, reason]``) without the (sorted) ``tasks``."""
+    out = []
+    for first, end, why in ranges:
+        for t in tasks[bisect.bisect_left(tasks, first) : bisect.bisect_left(tasks, end)]:
+            if t > first:
+                out.append([first, t, why])
+            first = t + 1
+        if end > first:
+            out.append([first, end, why])
+    return out

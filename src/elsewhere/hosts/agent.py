@@ -55,13 +55,14 @@ from typing import Any
 from ..folder.journal import lock_is_free, reap
 from ..folder.queue import new_queue
 from ..folder.store import JobStore
+from ..util.paths import private_dir
 from .spawn import spawn_python
 
 MARKER = "ELSEWHERE-AGENT "
 
 
 def _spawn(job: Path, count: int) -> list[int]:
-    (job / "logs").mkdir(exist_ok=True)
+    private_dir(job / "logs")
     argv = ["-m", "elsewhere.worker", "--job", str(job)]
     return [spawn_python(argv, log=job / "logs" / "workers-start.log", cwd=job).pid
             for _ in range(count)]
@@ -76,7 +77,7 @@ def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[st
             q.reset(new_queue(b, retries=retries, max_workers=workers))
             q.submit(assigned=a)
         q.submit(max_workers=workers)
-    (job / "files").mkdir(exist_ok=True)
+    private_dir(job / "files")
     return {"pids": _spawn(job, workers)}
 
 
@@ -91,6 +92,7 @@ def poll(job: Path, workers: int) -> dict[str, Any]:
             q.set_max_workers(max(q.max_workers, live + want))
         state = {"n": q.n, "next": q.next, "retry": q.to_rerun, "cancelled": q.cancelled,
                  "lost_by": q.d.get("lost_by", {}), "lost_reason": q.d.get("lost_reason", {}),
+                 "lost_ranges": q.d.get("lost_ranges", []),  # tasks its failed workers wrote off
                  "members": {w: {"state": m.get("state"), "pid": m.get("pid"), "host": m.get("host"),
                                  "claim": m.get("claim", [])}
                              for w, m in q.members.items()}}  # fmt: skip

@@ -6,14 +6,22 @@ share of what is left that shrinks towards the end, never less than ~2 ms of wor
 costs a lock and a rewrite of the queue). Tasks to run again (retried, or given back by a lost
 worker) are claimed first. A worker that finds nothing left reaps lost members (their tasks
 come back) and looks again; in a job that may still grow (an open stream) it then waits.
+
+A worker never leaves with tasks it did not finish (see ``jobrun.py``): interrupted, or out of
+memory, it writes itself off as a reaper would (:meth:`Claims.lose`); failed because of the
+job's files (a full disk, an I/O error, a damaged job folder), it fails them with its reason
+and halts the job (:meth:`Claims.fail`). Killed outright, it is reaped by whoever looks next.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
-from ..folder.journal import reap
+from ..folder import records
+from ..folder.journal import finished_by, reap
+from ..folder.records import Kind
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
 if TYPE_CHECKING:
@@ -22,7 +30,7 @@ if TYPE_CHECKING:
     from ..folder.queue import Queue
     from ..folder.store import JobStore
 
-__all__ = ["WAIT", "Claims", "claim_size"]
+__all__ = ["WAIT", "Claims", "claim_size", "write_off"]
 
 WAIT = object()
 """A claim that found nothing now in a job that may still get tasks: wait, then claim again."""
@@ -31,6 +39,7 @@ _TARGET_BATCH_S = 0.02  # a claim should hold about 20 ms of work
 _MIN_BATCH_S = 0.002  # ... and no less than this, even at the end of a job
 _MAX_BATCH = 32768
 _EARLY_S = 60  # a worker started before its job was submitted waits this long at most
+_CLIENT_LOOK_S = 1.0  # ... and after this long, no longer than its client lives
 _PY_VERSION = sys.version.split()[0]
 
 
@@ -50,9 +59,10 @@ class Claims:
     cancelled), None when the worker is done with the job, or :data:`WAIT`.
     """
 
-    def __init__(self, store: JobStore, wid: str) -> None:
+    def __init__(self, store: JobStore, wid: str, client: dict[str, Any] | None = None) -> None:
         self.store = store
         self.wid = wid
+        self.client = client or {}  # who makes the job (job.json's "client": host, pid)
         self.attempts: dict[int, int] = {}  # the attempts due of the last claim's tasks run again
         self.left = False  # the last claim found nothing left and recorded that the worker left
 
@@ -84,8 +94,10 @@ class Claims:
         wid = self.wid
         want, least = claim_size(mean_s, n_done)
         if not q.submitted:
-            # Started early, while the client still writes the inputs.
-            if time.time() - m.get("joined", 0) > _EARLY_S:
+            # Started early, while the client still writes the inputs (a client killed
+            # meanwhile never submits: its folder is housekeeping's to remove).
+            waited = time.time() - m.get("joined", 0)
+            if waited > _EARLY_S or (waited > _CLIENT_LOOK_S and self._client_gone()):
                 q.set_member(wid, "left")
                 return None
             q.set_member(wid, "waiting")
@@ -134,6 +146,45 @@ class Claims:
         skip = q.cancelled_tasks
         return [i for i in tasks if i not in skip]
 
+    def _client_gone(self) -> bool:
+        pid, host = self.client.get("pid"), self.client.get("host")
+        if not isinstance(pid, int) or host != os.uname().nodename:
+            return False
+        from ..folder.housekeeping import process_alive
+
+        return not process_alive(pid)
+
+    def lose(self) -> None:
+        """Leave the job interrupted (a signal): as if this worker had vanished
+        (``journal.reap``): the task it ran is lost (or runs again while the job's retries
+        last), the rest of its claim goes back to the queue."""
+        with self.store.locked_queue() as q:
+            reap(self.store, q, dead={self.wid})
+        self.store.notify()
+
+    def fail(self, why: str, given: list[int] | None = None) -> None:
+        """Leave the job failed, for reason ``why`` (a full disk, an I/O error, a damaged job
+        folder): the tasks of this worker's claim (or those ``given`` it) without an outcome
+        fail as lost with ``why``. A member also halts the job (see :func:`write_off`), since
+        every worker would meet the same. Writes nothing for a cancelled or purged job, or a
+        worker reaped meanwhile."""
+        store, wid = self.store, self.wid
+        with store.locked_queue() as q:
+            m = q.members.get(wid)
+            if q.cancelled or (m is not None and m.get("state") == "dead"):
+                return
+            q.forget_dispatched(wid)
+            if given is not None:
+                mine = given
+            elif m is not None:
+                mine = list(records.iter_ranges(m.get("claim") or []))
+                q.set_member(wid, "left", [])
+            else:
+                mine = []
+            done = finished_by(store, wid, q) if mine else set()
+            write_off(store, q, [t for t in mine if t not in done], why, halt=given is None, by=wid)
+        store.notify()
+
     def leave(self) -> None:
         """Leave the job (the claim that found nothing left may have said so already)."""
         if self.left:
@@ -147,3 +198,52 @@ class Claims:
         except FileNotFoundError:
             return  # purged: nothing to leave
         self.store.notify()
+
+
+def write_off(
+    store: JobStore, q: Queue, tasks: list[int], why: str, *, halt: bool, by: str | None = None
+) -> None:
+    """Fail ``tasks`` as lost, for reason ``why`` (caller holds the queue lock); with ``halt``,
+    also every task nobody claimed (``Queue.halt``): the job ends once its workers are done
+    with what they hold, and ``job.retry()`` runs them all again. Cancelled tasks keep their
+    own outcome. The records go to the journal of worker ``by`` (the worker that writes them
+    off: on a full disk, the last page of its own journal most likely has room for them, where
+    a first record in ``journal/_control.rec`` needs a new one), else to the reapers'."""
+    skip = q.cancelled_tasks
+    tasks = [t for t in tasks if t not in skip]
+    q.lose_all(tasks, why)
+    again, rest = q.halt(why) if halt else ([], range(0))
+    now = time.time()
+    recs = [records.make_record(Kind.LOST, t, q.attempt(t), t_end=now) for t in tasks + again]
+    first = rest.start
+    for t in [*sorted(t for t in skip if t in rest), rest.stop]:  # ranges around cancelled tasks
+        if t > first:
+            recs.append(records.make_record(Kind.LOST, first, 0, count=t - first, t_end=now))
+        first = t + 1
+    if recs and not (by is not None and _append(store.journal_path(by), recs)):
+        store.append_control(recs)
+
+
+def _append(path: str, recs: list[Any]) -> bool:
+    """Append ``recs`` to the journal at ``path`` as one frame, durably; False (the journal as
+    it was) if that cannot be done."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            frame = records.pack_frame(recs)
+            if os.write(fd, frame) == len(frame):
+                os.fsync(fd)
+                return True
+        except OSError:
+            pass
+        try:
+            os.ftruncate(fd, size)  # no torn frame: it would hide what comes after it
+        except OSError:
+            pass
+        return False
+    finally:
+        os.close(fd)

@@ -6,15 +6,27 @@ nothing; the rest of a claim then runs on the fast path, one loop per payload ch
 (:meth:`~.runner.TaskRunner.run_quiet`) and one range record per 10 ms. Outcomes are
 written in task order, grouped per 10 ms, and fsynced at least every 50 ms and before the
 worker waits or leaves (``results.py``). Claims and their sizes: ``claims.py``.
+
+However the loop ends, the worker accounts for its claim before it goes (:meth:`JobRun.run`):
+done, it leaves; interrupted (KeyboardInterrupt, SystemExit) or out of memory or descriptors,
+it writes itself off as lost (its running task lost or retried, the rest of its claim back to
+the queue, for another worker); failed because of the job's files (a full disk, an I/O error,
+a damaged job folder), it fails what it did not finish with its reason ("no space left on
+<folder> (<n> bytes free)") and halts the job, since every worker would fail the same way, so
+that a wait ends and ``job.retry()`` runs it all again once the cause is gone. After a failed
+write its results and journal are cut back to their last whole record (a full disk gets back
+the space the torn write took, and the journal stays readable past it).
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import sys
 import time
 
+from ..folder import records
 from ..folder.store import CUR, write_new
 from .claims import WAIT, Claims
 from .results import ResultWriter
@@ -48,10 +60,13 @@ _QUIET_BEFORE_FAST = 8  # tasks in a row without output before the fast path is 
 _FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _PY_VERSION = sys.version.split()[0]
 _NO_CLAIM = object()  # claim at the top of the loop
+_OWN_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
 
 
 class JobRun:
     """The state of one worker inside one job: ``tasks`` given to it, or None to claim them."""
+
+    out: ResultWriter  # its results and journal, once opened (see run)
 
     def __init__(self, worker: JobWorker, store: JobStore, meta: dict[str, Any], tasks: list[int] | None) -> None:
         self.w = worker
@@ -59,7 +74,7 @@ class JobRun:
         self.setup = JobSetup.from_meta(meta)
         self.fixed = tasks
         self.runner = worker.runner
-        self.claims = Claims(store, worker.wid)
+        self.claims = Claims(store, worker.wid, meta.get("client"))
         self.mpi = bool(worker.mpi)
         self.payload: Any = None
         self.mean_s = 0.0  # seconds a task takes, lately
@@ -79,6 +94,26 @@ class JobRun:
     def run(self, cur_fd: int, first: Any = _NO_CLAIM) -> None:
         """Run the job's tasks: those given, or ``first`` (the claim made at ``join``), then
         claims until none are left. ``cur_fd``: the worker's ``workers/<w>.cur``."""
+        failure: BaseException | None = None
+        cur: mmap.mmap | None = None
+        try:
+            cur = mmap.mmap(cur_fd, CUR.size)
+            self._open()
+            files = self.store._p("files")
+            has_files = os.path.isdir(files)
+            self.runner.enter(self.setup, cur=cur, fallback_cwd=lambda: files if has_files else self.store.dir,
+                              front=[files] if has_files else (), common=self._load_common)  # fmt: skip
+            self._loop(first)
+        except BaseException as exc:
+            failure = exc
+        failure = self._close(cur, failure)
+        self._account(failure)
+        if failure is not None:
+            raise failure
+
+    def _open(self) -> None:
+        """The worker's files in the job: who it is (a worker given its tasks), its results and
+        journal, its log as its stdout and stderr."""
         store, wid, w = self.store, self.w.wid, self.w
         if self.fixed is not None:
             info = {"host": w.host, "pid": w.pid, "python": sys.executable, "version": _PY_VERSION,
@@ -86,34 +121,77 @@ class JobRun:
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
-        cur = mmap.mmap(cur_fd, CUR.size)
-        runner = self.runner
-        self.out = ResultWriter(store, wid, runner.error)
+        self.out = ResultWriter(store, wid, self.runner.error)
+        if not os.fstat(self.out.jfd).st_size:
+            # An empty first frame: the journal's first block is taken now, while there is room,
+            # so that on a full disk this worker can still write there why it stopped.
+            os.write(self.out.jfd, records.pack_frame([]))
         log_fd = os.open(store.log_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         flush_output()
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        files = store._p("files")
-        has_files = os.path.isdir(files)
-        try:
-            runner.enter(self.setup, cur=cur, fallback_cwd=lambda: files if has_files else store.dir,
-                         front=[files] if has_files else (), common=self._load_common)  # fmt: skip
-            self._loop(first)
-        finally:
+
+    def _close(self, cur: mmap.mmap | None, failure: BaseException | None) -> BaseException | None:
+        """Write what is pending (not after a full disk), put the process back as it was;
+        the first failure, of the loop's or of these steps'."""
+        w, out = self.w, getattr(self, "out", None)
+        steps = [
+            flush_output,
+            self.runner.leave,
+            lambda: os.dup2(w.stdio[0], 1),
+            lambda: os.dup2(w.stdio[1], 2),
+        ]
+        if out is not None:
+            if failure is not None:
+                steps.append(self._trim)
+            steps.append(out.close)
+            if not _disk_full(failure):
+                steps.insert(0, out.flush)
+        if cur is not None:
+            steps.append(cur.close)
+        if self.payload is not None:
+            steps.append(self.payload.close)
+        for step in steps:
             try:
-                self.out.flush()
-            finally:
-                flush_output()
-                runner.leave()
-                os.dup2(w.stdio[0], 1)
-                os.dup2(w.stdio[1], 2)
-                self.out.close()
-                cur.close()
-                if self.payload is not None:
-                    self.payload.close()
+                step()
+            except BaseException as exc:
+                if failure is None:
+                    failure = exc
+        return failure
+
+    def _trim(self) -> None:
+        """After a failed write: results and journal cut back to their last whole record."""
+        out = getattr(self, "out", None)
+        if out is None:
+            return
+        try:
+            os.ftruncate(out.res_fd, out.res_end)
+            size = os.fstat(out.jfd).st_size
+            _, whole = records.parse_frames(os.pread(out.jfd, size, 0))
+            if whole < size:
+                os.ftruncate(out.jfd, whole)
+        except OSError:
+            pass
+
+    def _account(self, failure: BaseException | None) -> None:
+        """Leave the job, accounting for every task claimed (see the module)."""
+        claims = self.claims
+        try:
+            if failure is None:
                 if self.fixed is None:
-                    self.claims.leave()
+                    claims.leave()
+            elif not isinstance(failure, Exception) or own_trouble(failure):
+                if self.fixed is None:
+                    claims.lose()
+            elif not isinstance(failure, FileNotFoundError) or os.path.isdir(self.store.dir):
+                claims.fail(failure_reason(failure, self.store.dir, self.w), self.fixed)
+        except FileNotFoundError:
+            pass  # purged meanwhile: nothing to account for
+        except Exception as exc:
+            # (a disk still full): the claim stays, for whoever reaps this worker
+            why = f"{type(exc).__name__}: {exc}"
+            _say(f"elsewhere worker {self.w.wid}: could not leave job {self.store.dir}: {why}")
 
     def _loop(self, claim: Any) -> None:
         if self.fixed is not None:
@@ -126,6 +204,8 @@ class JobRun:
                 return
             if claim is WAIT:
                 self.out.flush()
+                if self.payload is not None:
+                    self.payload.forget()  # nothing of the calls run is held while waiting
                 self.w.wait_for_work()
                 claim = _NO_CLAIM
                 continue
@@ -172,7 +252,12 @@ class JobRun:
         out = self.out
         pending = out.pending
         for idx in indices:
-            o = run(idx, attempts.get(idx, 0) if attempts else 0, load, idx)
+            if pending:  # outcomes wait for this task's: written meanwhile should it take long
+                out.begin_task()
+                o = run(idx, attempts.get(idx, 0) if attempts else 0, load, idx)
+                out.end_task()
+            else:
+                o = run(idx, attempts.get(idx, 0) if attempts else 0, load, idx)
             pending.append(o)
             if self.mpi and not o.ok:
                 self._abort(o)
@@ -256,3 +341,34 @@ class JobRun:
             MPI.COMM_WORLD.Abort(1)
         except Exception:
             os._exit(1)
+
+
+def own_trouble(exc: BaseException) -> bool:
+    """A failure of this process alone (out of memory, of descriptors), not of the job: the
+    worker goes as if it had vanished, and another takes over its claim."""
+    return isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno in _OWN_ERRNOS)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    if exc is None:
+        return False
+    from ..folder.housekeeping import is_disk_full  # (only now: a worker imports little)
+
+    return is_disk_full(exc)
+
+
+def failure_reason(exc: BaseException, folder: str, w: Any) -> str:
+    """Why a worker failed, as its tasks' TaskError will say: a full disk names the folder
+    and its free bytes; anything else, the worker and the error."""
+    from ..folder.housekeeping import is_disk_full, no_space
+
+    if is_disk_full(exc):
+        return no_space(folder)
+    return f"the worker running it (pid {w.pid} on {w.host}) failed: {type(exc).__name__}: {exc}"
+
+
+def _say(text: str) -> None:
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except Exception:
+        pass  # its log is on the full disk too

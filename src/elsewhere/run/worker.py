@@ -222,31 +222,56 @@ class Worker:
 
     def _run_job(self, job_dir: str, tasks: list[int] | None) -> None:
         store = JobStore(job_dir)
+        cur_fd = -1
         try:
             meta = store.meta()
-        except FileNotFoundError:
-            return  # purged before we got here
-        # workers/<wid>.cur: which task runs now (a shared map), and the worker's
-        # lock: held while it lives, released by the kernel however it ends.
-        cur_path = store._p("workers", f"{self.wid}.cur")
-        cur_fd = os.open(cur_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(cur_fd, CUR.pack(-1, 0.0, 0))
+            # workers/<wid>.cur: which task runs now (a shared map), and the worker's lock:
+            # held while it lives, released by the kernel however it ends (taken at once: a
+            # client that finds the file with its lock free takes the worker for gone).
+            cur_path = store._p("workers", f"{self.wid}.cur")
+            cur_fd = os.open(cur_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(cur_fd, fcntl.LOCK_EX)
+            os.ftruncate(cur_fd, 0)
+            os.write(cur_fd, CUR.pack(-1, 0.0, 0))
             try:
                 store.hold_queue()  # a claim is then a lock, two reads and a write
             except FileNotFoundError:
-                pass  # a folder from before queue.b.json: opened per claim
+                if not os.path.isdir(job_dir):
+                    raise
+                # a folder from before queue.b.json: opened per claim
             run = JobRun(self, store, meta, tasks)
+            first = run.join(cur_path) if tasks is None else None
+        except Exception as exc:
+            if cur_fd >= 0:
+                os.close(cur_fd)
+            store.release_queue()
+            if isinstance(exc, FileNotFoundError) and not os.path.isdir(job_dir):
+                return  # purged before we got here
+            # a damaged job.json, a full disk: the job cannot run here, nor elsewhere
+            self._fail_unjoined(store, exc, tasks)
+            raise
+        try:  # from here on, the job run accounts for its tasks however it ends
             if tasks is not None:
                 run.run(cur_fd)
-            else:
-                first = run.join(cur_path)
-                if first is not None:
-                    run.run(cur_fd, first)
+            elif first is not None:
+                run.run(cur_fd, first)
         finally:
             store.release_queue()
             os.close(cur_fd)
+
+    def _fail_unjoined(self, store: JobStore, exc: Exception, tasks: list[int] | None) -> None:
+        """Before joining, the job cannot be read: its tasks fail with the reason (see
+        ``Claims.fail``), rather than workers being started for it again and again."""
+        from .claims import Claims
+        from .jobrun import failure_reason, own_trouble
+
+        if own_trouble(exc):
+            return  # this process's alone (memory, descriptors): another worker will do
+        try:
+            Claims(store, self.wid).fail(failure_reason(exc, store.dir, self), tasks)
+        except Exception:
+            pass  # the queue cannot be read either: the client says so when it looks
+
 
 class _Args:
     job: str | None
@@ -338,8 +363,11 @@ def _main(args: Any) -> int:
     try:
         Worker(wid, args.pool, args.idle_timeout, mpi=mpi).serve(args.job, tasks)
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            print(f"elsewhere worker {wid}: disk full: {exc}", file=sys.stderr)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            try:
+                print(f"elsewhere worker {wid}: disk full: {exc}", file=sys.stderr, flush=True)
+            except OSError:
+                pass  # its log is on the full disk too (the job says why, see jobrun.py)
             return 75
         raise
     return 0

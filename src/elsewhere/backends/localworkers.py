@@ -1,0 +1,99 @@
+"""The local backend's worker processes, as its client sees them: those it starts (and reaps,
+so they do not stay zombies), those on their way to a job (noted in the job's queue), and
+whether one was lost before it joined; waking and killing them. See ``local.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..folder.housekeeping import process_alive
+from ..folder.journal import lock_is_free
+
+if TYPE_CHECKING:
+    from ..folder.handle import JobHandle
+    from ..folder.queue import Queue
+
+__all__ = [
+    "kill",
+    "lost_at_start",
+    "note_dispatched",
+    "note_spawned",
+    "reap_children",
+    "wake",
+]
+
+_spawned: list[int] = []  # workers this process started and has not reaped yet
+
+
+def note_spawned(pid: int) -> None:
+    """This process started worker ``pid``: :func:`reap_children` collects it once it ends."""
+    _spawned.append(pid)
+
+
+def note_dispatched(q: Queue, use: list[tuple[str, int]], count: int) -> list[str]:
+    """Record in queue ``q`` that the idle workers ``use`` and ``count - len(use)`` new ones
+    are on their way; returns the new ones' ids."""
+    new = [
+        f"{os.uname().nodename}-{os.getpid()}-{os.urandom(4).hex()}"
+        for _ in range(count - len(use))
+    ]
+    q.note_dispatched([w for w, _ in use] + new, time.time())
+    return new
+
+
+def lost_at_start(job: JobHandle, q: Queue, wid: str) -> bool:
+    """Whether worker ``wid``, on its way to ``job``, ended before it joined: it took its lock
+    and let it go, or the process started for it (which forks it) has ended without it."""
+    cur = job.store._p("workers", f"{wid}.cur")
+    if os.path.exists(cur):
+        return lock_is_free(cur)
+    by = q.started_by(wid)
+    return by is not None and by[1] == os.uname().nodename and not process_alive(by[0])
+
+
+def reap_children() -> None:
+    """Collect the exit status of workers this process started that have ended, so
+    they do not stay zombies while it lives (a notebook may run for days)."""
+    for pid in list(_spawned):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid  # not ours to wait for any more (reaped elsewhere)
+        if done:
+            _spawned.remove(pid)
+
+
+def wake(fifo: str | None) -> None:
+    """Wake a worker that waits on its FIFO (a newline is "look again")."""
+    if not fifo:
+        return
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.write(fd, b"\n")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def kill(member: dict[str, Any]) -> None:
+    """Kill a worker and everything it started (it leads its own session)."""
+    pid = int(member.get("pid", 0))
+    if pid <= 0 or lock_is_free(member.get("lock", "")):
+        return  # already gone; its pid may belong to someone else by now
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
