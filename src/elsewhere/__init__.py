@@ -54,6 +54,9 @@ _EXPORTS = {
     "SerializationError": "util.errors",
     "JobError": "util.errors",
     "JobNotFound": "util.errors",
+    "JobGone": "util.errors",
+    "NoSuchTask": "util.errors",
+    "DamagedJob": "util.errors",
     "NameInUse": "util.errors",
     "StateError": "util.errors",
     "TimeoutError": "util.errors",
@@ -103,10 +106,13 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .run.context import TaskContext, task
     from .util.errors import (
         ConfigError,
+        DamagedJob,
         ElsewhereError,
         JobError,
+        JobGone,
         JobNotFound,
         NameInUse,
+        NoSuchTask,
         PeerError,
         SchedulerError,
         SerializationError,

@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import exits, jsonout
+from .argtypes import Parser, count, nonnegative, port, positive, seconds
+
 __all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_stop", "cmd_worker", "worker_options"]
 
 
@@ -36,12 +39,12 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                        description="Run a peer worker. Ctrl-C or SIGTERM drains: running tasks "
                        "finish and are delivered; a second Ctrl-C hands them back.")  # fmt: skip
     _group_args(w, repeat=True)
-    w.add_argument("--slots", type=int, default=None, help="tasks at once (cores on offer; default: all)")
+    w.add_argument("--slots", type=count, default=None, help="tasks at once (cores on offer; default: all)")
     w.add_argument("--memavail", help="memory on offer, e.g. 8G (a bare number is MiB; default: the machine's)")
     w.add_argument("--timavail", help="longest a single task may run, e.g. 2h (default: no limit)")
     w.add_argument("--maxtime", help="stop (draining) after this long, e.g. 8h")
     w.add_argument("--maxidle", help="stop after this long without tasks, e.g. 1h")
-    w.add_argument("--maxnum", type=int, default=None, help="stop after this many tasks")
+    w.add_argument("--maxnum", type=count, default=None, help="stop after this many tasks")
     w.add_argument("--grace", default="10min",
                    help="how long a controller may be away (its connection lost: a laptop asleep, a "
                    "network cut) before its running tasks are stopped and its finished results "
@@ -57,12 +60,12 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     w.add_argument("--refuse-host", action="append", default=[], metavar="HOST",
                    help="never serve this host (name, address or network); may repeat")  # fmt: skip
     w.add_argument("--bind", help="address to accept tasks on (default: the interface, or all)")
-    w.add_argument("--tcp-port", type=int, default=0, help="TCP port for tasks (default: any free)")
+    w.add_argument("--tcp-port", type=port, default=0, help="TCP port for tasks (default: any free)")
     w.add_argument("--fcfs", action="store_true",
                    help="first come, first served instead of fair share between controllers")  # fmt: skip
-    w.add_argument("--half-life", type=float, default=60.0,
+    w.add_argument("--half-life", type=positive, default=60.0,
                    help="seconds after which a controller's use counts half (fair share)")  # fmt: skip
-    w.add_argument("--busy-poll", type=float, default=2.0, metavar="MS",
+    w.add_argument("--busy-poll", type=nonnegative, default=2.0, metavar="MS",
                    help="milliseconds to keep polling, awake, after each frame or task result (the "
                    "daemon) and after each batch (the process that ran it): "
                    "tiny tasks go faster, at the cost of a busy core meanwhile (0: off; default 2)")  # fmt: skip
@@ -78,16 +81,16 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                         description="Stop the peer workers this user started here with --detach: "
                         "each finishes (or, with --now, hands back) its running tasks, delivers "
                         "their results, and exits.")  # fmt: skip
-    st.add_argument("pid", nargs="*", type=int, help="only these workers (default: all of them)")
+    st.add_argument("pid", nargs="*", type=count, help="only these workers (default: all of them)")
     st.add_argument("--now", action="store_true",
                     help="hand running tasks back to their controllers instead of finishing them")  # fmt: skip
-    st.add_argument("--timeout", type=float, default=600.0,
+    st.add_argument("--timeout", type=seconds, default=600.0,
                     help="seconds to wait for them to exit (default 600)")  # fmt: skip
     st.set_defaults(func=cmd_stop)
 
     ls = sub.add_parser("list", help="list every peer seen: host, user, group, state, slots, memory")
     _group_args(ls, all_groups=True)
-    ls.add_argument("--wait", type=float, default=2.5, help="seconds to listen (default 2.5)")
+    ls.add_argument("--wait", type=nonnegative, default=2.5, help="seconds to listen (default 2.5)")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
@@ -108,7 +111,7 @@ def _group_args(p: argparse.ArgumentParser, *, all_groups: bool = False, repeat:
                    + ("; may repeat: one worker, its slots shared by the groups" if repeat else ""))  # fmt: skip
     p.add_argument("--key", **many, help="key file (instead of the default place)"
                    + ("; may repeat (with --group: one group per key file, in order)" if repeat else ""))  # fmt: skip
-    p.add_argument("--port", type=int, default=None, help="discovery port (default 17700)")
+    p.add_argument("--port", type=port, default=None, help="discovery port (default 17700)")
     p.add_argument("--multicast-group", default=None, help="multicast address, or 'none'")
     p.add_argument("--interface", default=None, help="local IPv4 address of the network to use")
     p.add_argument("--peer", action="append", default=[], metavar="HOST[:PORT]",
@@ -208,9 +211,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _detach(args)
     import os
 
+    opts = worker_options(args)  # bad arguments first: one line, before any logging
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s elsewhere peer: %(message)s")  # fmt: skip
-    opts = worker_options(args)
     if opts.key is None:
         print("elsewhere peer: no group key: loopback-only mode (this user's controllers on this "
               "machine only). Make a key with `elsewhere peer keygen default` to join a network.",
@@ -235,6 +238,8 @@ def _detach(args: argparse.Namespace) -> int:
     import os
     import secrets
 
+    from ..util import paths
+
     opts = worker_options(args)  # bad arguments are reported here, before anything starts
     argv = sys.argv[1:]
     if "--detach" not in argv or "worker" not in argv:
@@ -247,7 +252,7 @@ def _detach(args: argparse.Namespace) -> int:
               + ", ".join(f"pid {r['pid']}, group {r['group']}" for r in others)
               + "); each offers its own slots (`elsewhere peer stop PID` stops one)", file=sys.stderr)  # fmt: skip
     folder = _workers_dir()
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    paths.private_dir(folder)
     stem = folder / f"worker-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     log_path, stats = stem.with_suffix(".log"), stem.with_suffix(".stats.json")
     argv = [a for a in argv if a != "--detach"]
@@ -256,7 +261,7 @@ def _detach(args: argparse.Namespace) -> int:
     stats = Path(args.stats_file or stats).expanduser()
     from ..hosts.spawn import spawn_python
 
-    with open(log_path, "ab") as log:
+    with open(paths.private_file(log_path, os.O_WRONLY | os.O_APPEND), "ab") as log:
         proc = spawn_python(["-m", "elsewhere", *argv], log=log.fileno(), importable=False,
                             env={**os.environ, "ELSEWHERE_PEER_DETACHED": "1"})  # fmt: skip
     deadline = time.monotonic() + 30
@@ -279,7 +284,7 @@ def _detach(args: argparse.Namespace) -> int:
     record = {"pid": proc.pid, "group": group, "port": port, "log": str(log_path), "stats": str(stats),
               "started": time.time(), "argv": argv}  # fmt: skip
     tmp = stem.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record))
+    paths.write_private(tmp, json.dumps(record))
     os.replace(tmp, folder / f"{proc.pid}.json")
     print(f"elsewhere peer worker started in the background: pid {proc.pid}, group {group}, "
           f"tasks on port {port}; log: {log_path}\nstop it with `elsewhere peer stop` (it finishes "
@@ -400,7 +405,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         listener.stop()
     rows.sort(key=lambda r: (r["group"], r["host"], r["state"], r["peer_id"]))
     if args.json:
-        print(json.dumps(rows, indent=2, default=str))
+        print(jsonout.dumps(rows))
         return 0
     listed = {r["address"].rsplit(":", 1)[0] for r in rows}
     refused: dict[str, tuple[int, str, bool]] = {}
@@ -461,19 +466,12 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m elsewhere.api.peer_cli ...``: the peer commands without the main ``elsewhere`` one."""
-    from ..util.errors import ElsewhereError
-
-    parser = argparse.ArgumentParser(prog="elsewhere")
+    """``python -m elsewhere.api.peer_cli ...``: the peer commands without the main ``elsewhere`` one
+    (the same parser, error lines and exit codes)."""
+    parser = Parser(prog="elsewhere")
     add_peer_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ElsewhereError as exc:
-        print(f"elsewhere: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return exits.run(args.func, args)
 
 
 if __name__ == "__main__":

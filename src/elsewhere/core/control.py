@@ -8,26 +8,40 @@ whatever the backend does, and a job recovered in another process sees it.
 =======================  ===========================================================
 ``snapshot``             the tasks' states: read from the folder, then made fresher by
                          the backend's ``job_state``
-``poll``                 periodic care: the backend's ``poll``; workers on this machine
-                         that ended while running a task are reported lost
+``poll``                 periodic care: a job whose client died before it handed the
+                         job over is handed over; the backend's ``poll``; workers on
+                         this machine that ended while running a task are reported lost
 ``cancel``               queue: cancelled; then ``cancel_job``
 ``cancel_task``          queue: that task cancelled; then ``cancel_task``
 ``retry``                queue: the tasks to run again, with their attempts; then
                          ``submit_independent`` with exactly those tasks
+``purge``                ``delete_job``, then the folder renamed away and removed, and
+                         the registry entry
 ``restarter``            what ``JobHandle.report_lost`` calls to rerun lost tasks
 =======================  ===========================================================
+
+Several processes may do these at once on one job (two shells, a notebook and a script):
+each is safe against the others. A job purged by another process meanwhile makes each of
+them raise :class:`~elsewhere.util.errors.JobGone` (a JobNotFound), never the
+FileNotFoundError of one of its files; of several purges at once exactly one succeeds, the
+others raise JobGone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import operator
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..folder.handle import JobHandle, Restart
+from ..folder.lifecycle import remove_folder
 from ..folder.registry import Registry
 from ..folder.snapshot import Snapshot
-from ..util.errors import ConfigError
+from ..util.errors import ConfigError, JobGone, NoSuchTask
 from ..util.states import TERMINAL, TaskState, check_move
+from .submit import take_over
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -42,50 +56,95 @@ def restarter(cluster: Cluster) -> Restart:
     return restart
 
 
+@contextmanager
+def present(handle: JobHandle) -> Iterator[None]:
+    """``with present(handle):`` a FileNotFoundError of the job's files, once its folder is
+    gone, becomes :class:`~elsewhere.util.errors.JobGone` naming the job (it was purged)."""
+    try:
+        yield
+    except FileNotFoundError as exc:
+        if handle.path.is_dir() and not isinstance(exc, JobGone):
+            raise  # the folder is there: a file of it is missing (damaged), not a purge
+        raise gone(handle) from exc
+
+
+def gone(handle: JobHandle) -> JobGone:
+    """The error of the job of ``handle`` purged (by another process, or earlier by this one)."""
+    return JobGone(f"job {handle.name!r} is gone: it was purged (its folder {handle.path} no longer "
+                   "exists); `elsewhere jobs` lists the jobs there are")  # fmt: skip
+
+
+def task_index(handle: JobHandle, index: Any, n: int) -> int:
+    """``index`` as a task index of the job (``n`` tasks): ConfigError if it is not a whole
+    number, NoSuchTask (also an IndexError) if the job has no such task."""
+    try:
+        if isinstance(index, bool):
+            raise TypeError
+        i = operator.index(index)  # ints, NumPy's integers; not floats or text
+    except TypeError:
+        raise ConfigError(f"a task index is a whole number (0 to {n - 1} in job {handle.name!r}), "
+                          f"not {index!r}") from None  # fmt: skip
+    if not 0 <= i < n:
+        raise NoSuchTask(f"job {handle.name!r} has no task {i}: its tasks are 0 to {n - 1}" if n else
+                         f"job {handle.name!r} has no task {i}: it has no tasks")  # fmt: skip
+    return i
+
+
 def snapshot(cluster: Cluster, handle: JobHandle) -> Snapshot:
     """The tasks' states now: the folder's, made fresher by the backend where it knows more."""
-    snap = handle.snapshot()
-    if snap.submitted and not snap.cancelled and len(snap.final) < snap.n:
-        snap = cluster.job_state(handle, snap)
+    with present(handle):
+        snap = handle.snapshot()
+        if not snap.submitted and not handle.path.is_dir():  # no queue read: purged, not "pending"
+            raise gone(handle)
+        if snap.submitted and not snap.cancelled and len(snap.final) < snap.n:
+            snap = cluster.job_state(handle, snap)
     return snap
 
 
 def poll(cluster: Cluster, handle: JobHandle) -> None:
-    """Periodic care while someone looks at the job: the backend's ``poll``, and tasks whose
-    worker (started with its tasks given, on this machine) ended without a result are
-    reported lost, for every backend."""
-    cluster.poll(handle)
-    if handle.store.queue().submitted:
-        lost = handle.vanished()
-        if lost:
-            handle.report_lost(lost)
+    """Periodic care while someone looks at the job: a job whose client was killed inside
+    ``submit`` before it handed the job over is handed over now (``submit.take_over``: a
+    JobError says why, if it cannot be); the backend's ``poll``; and tasks whose worker
+    (started with its tasks given, on this machine) ended without a result are reported
+    lost. The same for every backend."""
+    with present(handle):
+        if not handle.store.seen_submitted and not handle.store.queue().submitted:
+            take_over(cluster, handle)
+        cluster.poll(handle)
+        if handle.store.queue().submitted:
+            lost = handle.vanished()
+            if lost:
+                handle.report_lost(lost)
 
 
 def cancel(cluster: Cluster, handle: JobHandle) -> None:
-    """Cancel the job: nothing new starts, the backend stops what runs."""
-    with handle.store.locked_queue() as q:
-        q.cancel_job()  # first: nothing new starts, whatever the backend does
-        submitted = q.submitted
-    if submitted:
-        cluster.cancel_job(handle)
-    Registry().set_state(handle.id, handle.state.value)
+    """Cancel the job: nothing new starts, the backend stops what runs. Cancelling a cancelled
+    job again changes nothing; a purged one raises JobGone."""
+    with present(handle):
+        with handle.store.locked_queue() as q:
+            q.cancel_job()  # first: nothing new starts, whatever the backend does
+            submitted = q.submitted
+        if submitted:
+            cluster.cancel_job(handle)
+        state = handle.state.value
+    Registry().set_state(handle.id, state)
 
 
 def cancel_task(cluster: Cluster, handle: JobHandle, index: int) -> bool:
     """Cancel task ``index``: marked cancelled in the folder, then the backend stops it. The
     job's other tasks go on. False if the task had ended already (nothing changes)."""
-    snap = handle.snapshot()
-    if not 0 <= index < snap.n:
-        raise IndexError(f"job {handle.name!r} has no task {index} (it has {snap.n})")
-    state = snap.task_state(index)
-    if state in TERMINAL:
-        return False
-    check_move(state, TaskState.CANCELLED, task=index, job=handle.name)
-    with handle.store.locked_queue() as q:
-        q.cancel_task(index)
-        submitted = q.submitted
-    if submitted:
-        cluster.cancel_task(handle, index)
+    with present(handle):
+        snap = handle.snapshot()
+        index = task_index(handle, index, snap.n)
+        state = snap.task_state(index)
+        if state in TERMINAL:
+            return False
+        check_move(state, TaskState.CANCELLED, task=index, job=handle.name)
+        with handle.store.locked_queue() as q:
+            q.cancel_task(index)
+            submitted = q.submitted
+        if submitted:
+            cluster.cancel_task(handle, index)
     return True
 
 
@@ -94,32 +153,79 @@ def retry(cluster: Cluster, handle: JobHandle, tasks: Iterable[int] | None = Non
     """Run failed and cancelled tasks again (``tasks``: those; default every one); returns
     the tasks started again. The backend is asked to start exactly those tasks
     (``submit_independent`` with ``handle.tasks`` set to them); ``resources`` reach it as
-    ``handle.resources`` (batch schedulers: ``mem=``, ``walltime=``...)."""
-    snap = handle.snapshot()
-    if tasks is None:
-        again = [i for i in range(snap.n) if snap.task_state(i) in (TaskState.FAILED, TaskState.CANCELLED)]
-    else:
-        again = sorted(set(tasks))
-        for i in again:
-            if not 0 <= i < snap.n:
-                raise IndexError(f"job {handle.name!r} has no task {i} (it has {snap.n})")
-            check_move(snap.task_state(i), TaskState.QUEUED, task=i, job=handle.name, retry=True)
-    if not again:
-        return []
-    if resources and not cluster.takes_resources():
-        raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster takes no resources for a "
-                          f"retry: {', '.join(sorted(resources))}")  # fmt: skip
-    with handle.store.locked_queue() as q:
-        attempts = {}
-        for i in again:
-            f = snap.final.get(i)
-            attempts[i] = (f[1].attempt + 1) if f else q.attempt(i) + 1
-        q.retry(attempts)
-    handle.reader.forget(attempts)
-    try:
-        cluster.submit_independent(handle.for_tasks(again, resources))
-    except BaseException as exc:
-        # They will not run: failed with the reason, not left queued for ever.
-        handle.write_off(dict.fromkeys(again, f"could not be started again: {type(exc).__name__}: {exc}"))
-        raise
+    ``handle.resources`` (batch schedulers: ``mem=``, ``walltime=``...). A task that another
+    process retried meanwhile is left to that retry (so two retries at once run it once)."""
+    if tasks is not None and (isinstance(tasks, (str, bytes)) or not isinstance(tasks, Iterable)):
+        raise ConfigError(f"tasks= takes task indices, such as [0, 3] (all failed and cancelled "
+                          f"tasks: leave it out), not {tasks!r}")  # fmt: skip
+    with present(handle):
+        before = handle.store.queue()  # read first: a retry after it is seen under the lock
+        snap = handle.snapshot()
+        if tasks is None:
+            again = [
+                i
+                for i in range(snap.n)
+                if snap.task_state(i) in (TaskState.FAILED, TaskState.CANCELLED)
+            ]
+        else:
+            again = sorted({task_index(handle, i, snap.n) for i in tasks})
+            for i in again:
+                check_move(
+                    snap.task_state(i), TaskState.QUEUED, task=i, job=handle.name, retry=True
+                )
+        if not again:
+            return []
+        if resources and not cluster.takes_resources():
+            raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster takes no resources "
+                              f"for a retry: {', '.join(sorted(resources))}")  # fmt: skip
+        with handle.store.locked_queue() as q:
+            # not those that another process retried since ``before``
+            again = [i for i in again if q.retried_at(i) == before.retried_at(i)]
+            attempts = {}
+            for i in again:
+                f = snap.final.get(i)
+                attempts[i] = (f[1].attempt + 1) if f else q.attempt(i) + 1
+            if attempts:
+                q.retry(attempts)
+        if not again:
+            return []
+        handle.reader.forget(attempts)
+        try:
+            cluster.submit_independent(handle.for_tasks(again, resources))
+        except BaseException as exc:
+            # They will not run: failed with the reason, not left queued for ever.
+            if handle.path.is_dir():
+                handle.write_off(
+                    dict.fromkeys(again, f"could not be started again: {type(exc).__name__}: {exc}")
+                )
+            raise
     return again
+
+
+def purge(cluster: Cluster, handle: JobHandle, *, local: bool = True) -> None:
+    """Delete the job: the backend's ``delete_job`` (it stops what runs and removes what the
+    cluster keeps of the job), then, with ``local``, the job folder (renamed away at once,
+    removed in the background) and its registry entry. Raises JobGone if the folder was gone
+    already: of several purges at once, exactly one succeeds."""
+    if local and not handle.path.is_dir():
+        Registry().remove(handle.id)  # a row pointing at nothing helps no one
+        raise gone(handle)
+    removed = True
+    try:
+        with present(handle):
+            cluster.delete_job(handle)
+    except JobGone:
+        if not local:
+            raise
+    except ValueError as exc:
+        if not local or isinstance(exc, ConfigError):
+            raise
+        # a damaged folder (DamagedJob is a ValueError): its backend cannot read it; it goes all the same
+        logging.getLogger(__name__).warning("purging job %r: its folder is damaged (%s); its cluster "
+                                            "was not asked to stop it", handle.name, exc)  # fmt: skip
+    finally:
+        if local:
+            removed = remove_folder(handle.path)
+            Registry().remove(handle.id)
+    if not removed:
+        raise gone(handle)

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..folder.handle import JobHandle
-from ..util.errors import JobError, TimeoutError
+from ..util.errors import TimeoutError
 from ..util.states import JobState, TaskState
 from . import control
 
@@ -44,7 +44,7 @@ def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: 
     except FileNotFoundError:
         if handle.path.is_dir():
             raise
-        raise JobError(f"job {handle.name!r} was deleted while it was waited for") from None
+        raise control.gone(handle) from None
     finally:
         bar.close()
         if fd >= 0:
@@ -65,7 +65,7 @@ def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float 
             look = len(reader.final) >= n_known
         if look:
             if not handle.path.is_dir():  # purged meanwhile (by another process)
-                raise JobError(f"job {handle.name!r} was deleted while it was waited for")
+                raise control.gone(handle)
             snap = control.snapshot(cluster, handle)
             st = snap.job_state()
             bar.update(snap.counts(), snap.n, snap.note)

@@ -2,10 +2,10 @@
 
 The one grammar of every option that takes a size or a duration (docs/units.md): the batch
 clusters' ``mem``, ``mem_per_core`` and ``walltime`` (and ``job.retry``'s), ``ew.peers``'
-``memory`` and ``time``, the peer worker's ``--memavail``, ``--timavail``, ``--maxtime``,
-``--maxidle`` and ``--grace``. A size is read as bytes, a duration as seconds; whoever needs
-another unit converts that one value (a scheduler's MiB and ``HH:MM:SS``:
-:mod:`elsewhere.schedulers.resources`).
+``memory`` and ``time``, ``job.wait``'s and ``ew.map``'s ``timeout``, the peer worker's
+``--memavail``, ``--timavail``, ``--maxtime``, ``--maxidle`` and ``--grace``. A size is read
+as bytes, a duration as seconds; whoever needs another unit converts that one value (a
+scheduler's MiB and ``HH:MM:SS``: :mod:`elsewhere.schedulers.resources`).
 
 A bare number means the same everywhere: **MiB** for a size (as SLURM's ``--mem=512``, and what
 people mean by ``mem=4096``: nobody asks for 512 bytes), **seconds** for a duration (as Python's
