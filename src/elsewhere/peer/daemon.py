@@ -76,7 +76,6 @@ __all__ = ["PeerWorker"]
 
 log = logging.getLogger(__name__)
 
-_HANDSHAKE_S = 10.0
 _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements a second
 _TICK_S = 0.1
 
@@ -241,8 +240,7 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
                              "other controllers, with less recent use, came first")  # fmt: skip
             else:
                 self._refuse(h.peer, h.ask, RefuseReason.BUSY, "no slot became free in time")
-        for peer in [p for p in self.peers if not p.controller and now - p.opened > _HANDSHAKE_S]:
-            self._close(peer, "handshake timed out")
+        self._expire_handshakes(now)
         if self.admission.drop_unused(now, 60.0):  # accepted, but their TASKs never came
             self._admit()
         for controller, done in list(self.unacked.items()):

@@ -36,7 +36,14 @@ from .keys import GroupKey
 from .layout import HANDSHAKE_TYPES, PAYLOAD_TYPES, TAG_SIZE, Limits, MessageType
 from .messages import Auth, Challenge, Error, Greeting, Hello, Identity, Message
 
-__all__ = ["Handshake"]
+__all__ = ["HANDSHAKE_DEADLINE_S", "Handshake"]
+
+HANDSHAKE_DEADLINE_S = 1.0
+"""How long a responder waits for a connection's handshake to complete (from its accept):
+two round trips, milliseconds even between busy machines. A worker closes a connection
+still in its handshake after this, so connections that never prove the key (idle, or a
+stranger's) hold a place among the few it admits for no longer; an initiator whose
+handshake was cut connects again."""
 
 
 class Handshake:
@@ -57,6 +64,7 @@ class Handshake:
     _nonce: bytes
     _transcript: list[bytes]
     _outbox: list[OutgoingFrame]
+    _packer: msgpack.Packer
     _send_seq: int
     _send_key: DirectionKey | None
     _recv_key: DirectionKey | None
@@ -71,11 +79,7 @@ class Handshake:
     def _use_key(self, key: GroupKey | None) -> None:
         self.group = key.group if key is not None else ""
         self._secret = key.secret if key is not None else b""
-        self._hs_key = (
-            hkdf(self._secret, None, b"elsewhere peer v1 handshake\0" + self.group.encode())
-            if key is not None
-            else b""
-        )
+        self._hs_key = b""  # derived when first used: never for a connection that says nothing
 
     def _handshake_step(self, message: Message, events: list[Event]) -> None:
         frame = bytes(self._head)
@@ -140,7 +144,7 @@ class Handshake:
 
     def _queue_handshake(self, message: Message, label: bytes) -> bytes:
         """Queue a handshake frame, tagged with HMAC over the transcript when keyed."""
-        header = msgpack.packb(message.to_header(), use_bin_type=True)
+        header = self._packer.pack(message.to_header())
         head = self._build_head(message.TYPE, header, [], 0)
         if self.keyed and label:
             head += self._handshake_tag(label, head)
@@ -149,6 +153,9 @@ class Handshake:
         return head
 
     def _handshake_tag(self, label: bytes, head: bytes | memoryview) -> bytes:
+        if not self._hs_key:
+            info = b"elsewhere peer v1 handshake\0" + self.group.encode()
+            self._hs_key = hkdf(self._secret, None, info)
         prior = hashlib.sha256(b"".join(self._transcript)).digest()
         mac = hmac.new(self._hs_key, label + b"\0" + prior, hashlib.sha256)
         mac.update(head)
@@ -156,7 +163,7 @@ class Handshake:
 
     def _fail_handshake(self, code: str, text: str) -> ProtocolError:
         """Queue an (untagged) ERROR for the peer and return the error to raise."""
-        header = msgpack.packb(Error(code, text).to_header(), use_bin_type=True)
+        header = self._packer.pack(Error(code, text).to_header())
         head = self._build_head(MessageType.ERROR, header, [], 0)
         self._outbox.append(OutgoingFrame(MessageType.ERROR, self._send_seq, head, [], None))
         self._send_seq += 1

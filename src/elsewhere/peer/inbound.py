@@ -1,12 +1,23 @@
 """The worker daemon's connections from controllers: accepted, verified, read, closed.
 
-A connection is accepted while fewer than ``_MAX_PEERS`` are open (without a
-group key, from this machine only); its handshake proves the group key, and the
-worker's access rules (and, without a key, the user owning the other end)
-decide whether its ASKs may ever be admitted. A controller has one live
-connection: a new one replaces the old, and gets at once every result not yet
-acknowledged. Frames are read as the selector says and handed on by type
-(ASK, TASK, CANCEL to :mod:`.intake`; ACK forgets results, :mod:`.delivery`);
+A connection is accepted (without a group key, from this machine only) into
+``handshaking``, where it has :data:`~.handshake.HANDSHAKE_DEADLINE_S` to prove the
+group key, and read at once (a controller sends its HELLO as it connects, so under a
+flood, when connections wait in the kernel's backlog, the HELLO is there already).
+At most :data:`MAX_UNAUTHENTICATED` wait there: one more is always accepted, and
+pushes out a connection of the address that holds the most places (a flood comes
+from few), one that has not said HELLO first, the oldest first. So a flood
+pushes out its own connections first, and connections that never speak do not
+push out a handshake under way; refusing newcomers instead would let 64 idle
+connections, opened again as each expires, lock every controller out.
+Sockets dropped before their handshake are reset (:func:`~.net.abort`).
+
+A connection that proved the key is a controller's, one of at most
+:data:`MAX_AUTHENTICATED`; the worker's access rules (and, without a key, the
+user owning the other end) decide whether its ASKs may ever be admitted. A
+controller has one live connection: a new one replaces the old, and gets at
+once every result not yet acknowledged. Frames are read as the selector says and
+handed on by type (ASK, TASK, CANCEL to :mod:`.intake`; ACK forgets results, :mod:`.delivery`);
 what is sent waits in the connection's pump, and leaves at once, or with the
 others of the same moment (``_corked``, see :meth:`~.delivery.Delivery._complete`).
 A protocol error closes the connection (after an ERROR frame, if one could go).
@@ -14,6 +25,7 @@ A protocol error closes the connection (after an ERROR frame, if one could go).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import selectors
@@ -23,17 +35,24 @@ from typing import Any
 from ..util.errors import PeerError, ProtocolError
 from .access import same_user
 from .admission import Peer
+from .handshake import HANDSHAKE_DEADLINE_S
 from .messages import Ack, Ask, Bye, Cancel, Error, Ping, Pong, Result, Task
+from .net import abort as _abort
 from .net import tune, watch_after_flush
 from .stream import Closed
 from .wire import Connection, HandshakeComplete, Received, Role
 from .workerstate import WorkerState
 
-__all__ = ["Inbound"]
+__all__ = ["MAX_AUTHENTICATED", "MAX_UNAUTHENTICATED", "Inbound"]
 
 log = logging.getLogger("elsewhere.peer.daemon")  # the daemon's log, whichever part writes
 
-_MAX_PEERS = 256
+MAX_UNAUTHENTICATED = 64
+"""Connections in their handshake at once; one more pushes out another (see the module doc)."""
+MAX_AUTHENTICATED = 256
+"""Connections of controllers that proved the key; one more is told so and closed."""
+_ACCEPTS_PER_TURN = 16  # then the loop reads what the open connections sent (a flood's
+# connections cost ~0.1 ms each: frames of real work wait no more than a few ms for them)
 
 
 def _is_loopback(address: str) -> bool:
@@ -45,7 +64,7 @@ class Inbound(WorkerState):
 
     def _accept(self) -> None:
         assert self.listen_sock is not None
-        for _ in range(64):
+        for _ in range(_ACCEPTS_PER_TURN):
             try:
                 sock, addr = self.listen_sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -54,19 +73,37 @@ class Inbound(WorkerState):
                 log.debug("accept failed: %s", exc)
                 return
             self.stats["connections"] += 1
-            if len(self.peers) >= _MAX_PEERS:
-                sock.close()
-                self.stats["connections_over_cap"] += 1
-                continue
             if self.key is None and not _is_loopback(addr[0]):
                 sock.close()
                 continue
+            if len(self.handshaking) >= MAX_UNAUTHENTICATED:
+                self._make_room()
             tune(sock)
             peer = Peer(sock, addr[0])
             peer.connect(Connection(Role.RESPONDER, self.key, self.identity, more_keys=self.options.more_keys,
                                     allocate=self.pool.allocator(peer)))  # fmt: skip
             self.peers.add(peer)
+            self.handshaking[peer] = None
             self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))
+            self._on_peer(peer, selectors.EVENT_READ)  # its HELLO may be here already
+
+    def _make_room(self) -> None:
+        """Push out a connection in its handshake for a newcomer: one of the address that
+        holds the most places, one that has not said HELLO first, the oldest first."""
+        count = collections.Counter(p.address for p in self.handshaking)
+        # min() keeps the first of equals: self.handshaking is oldest first
+        victim = min(self.handshaking, key=lambda p: (-count[p.address], p.conn.peer is not None))
+        self.stats["handshakes_pushed_out"] += 1
+        self._close(victim, "pushed out by newer connections", abort=True)
+
+    def _expire_handshakes(self, now: float) -> None:
+        """Close the connections whose handshake is past its deadline (oldest first)."""
+        while self.handshaking:
+            peer = next(iter(self.handshaking))
+            if now - peer.opened <= HANDSHAKE_DEADLINE_S:
+                return
+            self.stats["handshake_timeouts"] += 1
+            self._close(peer, "handshake timed out", abort=True)
 
     def _on_peer(self, peer: Peer, mask: int) -> None:
         if peer.closed:
@@ -114,17 +151,30 @@ class Inbound(WorkerState):
         else:
             self._flush(peer)
 
-    def _close(self, peer: Peer, why: str) -> None:
+    def _close(self, peer: Peer, why: str, *, abort: bool = False) -> None:
+        """Close ``peer``'s connection (``abort``: with a reset, dropping what it did not
+        send yet) and forget what it held."""
         if peer.closed:
             return
         peer.closed = True
         self.peers.discard(peer)
         with contextlib.suppress(KeyError, ValueError):
             self.sel.unregister(peer.sock)
-        with contextlib.suppress(OSError):
-            peer.sock.close()
+        if abort:
+            _abort(peer.sock)
+        else:
+            with contextlib.suppress(OSError):
+                peer.sock.close()
+        # what refers back to the peer goes, so that it is freed now, not by the cyclic gc
+        # (a flood leaves thousands): its allocator (the connection's), and the error that
+        # ended it (whose traceback holds the frames that held the peer)
+        peer.conn.close()
+        peer.pump.failed = None
         if why:
             log.debug("closed connection from %s: %s", peer.address, why)
+        if peer in self.handshaking:
+            del self.handshaking[peer]
+            return  # it never proved the key: it held no ASK, no buffer, no slot
         if peer.controller and self.by_controller.get(peer.controller) is peer:
             del self.by_controller[peer.controller]
             self.gone_since[peer.controller] = time.monotonic()
@@ -160,10 +210,20 @@ class Inbound(WorkerState):
             self._send(peer, Pong(msg.token))
         elif isinstance(msg, (Bye, Error)):
             self._close(peer, "")
+        elif isinstance(msg, Result):  # no worker takes one: its buffers go back at once
+            for buf in event.buffers:
+                self.pool.free(buf)
 
     def _on_handshake(self, peer: Peer, event: HandshakeComplete) -> None:
         self.stats["handshakes"] += 1
+        del self.handshaking[peer]
         g = event.peer
+        if g.peer_id not in self.by_controller and len(self.by_controller) >= MAX_AUTHENTICATED:
+            self.stats["controllers_over_cap"] += 1
+            why = f"this worker serves at most {MAX_AUTHENTICATED} controllers at once"
+            self._send(peer, Error("busy", why))
+            self._close(peer, "too many controllers")
+            return
         peer.controller, peer.user, peer.host = g.peer_id, g.user, g.host
         peer.refusal = self.options.access.check(g.user, g.host, peer.address)
         if peer.refusal is None and self.key is None and not same_user(peer.sock):

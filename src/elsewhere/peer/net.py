@@ -7,7 +7,7 @@ sockets, one way for every user:
 - TCP: the worker daemon's listening socket (:func:`listen_tcp`), a
   controller's connection to a worker (:func:`connect_tcp`,
   :func:`connect_error`), and both ends tuned alike (:func:`tune`: no Nagle,
-  so a frame leaves at once);
+  so a frame leaves at once); a connection dropped unheard (:func:`abort`);
 - UDP: discovery's sender and receivers (:func:`udp_sender`,
   :func:`udp_receivers`), multicast or unicast to static peers;
 - the selector loops of the controller and the daemon: a :class:`Waker` that
@@ -36,6 +36,7 @@ from .keys import LOOPBACK_HOST
 __all__ = [
     "Waker",
     "Watched",
+    "abort",
     "connect_error",
     "connect_tcp",
     "listen_tcp",
@@ -49,6 +50,8 @@ __all__ = [
 _READ = selectors.EVENT_READ
 _READ_WRITE = selectors.EVENT_READ | selectors.EVENT_WRITE
 _IP_MULTICAST_ALL = getattr(socket, "IP_MULTICAST_ALL", 49)  # Linux; absent from Python's table
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
+_BACKLOG = 1024  # connections the kernel completes before the daemon accepts them
 
 
 # ---------------------------------------------------------------- selector loops
@@ -111,6 +114,16 @@ def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def abort(sock: socket.socket) -> None:
+    """Close ``sock`` with a reset (SO_LINGER 0): no TIME_WAIT or orphaned socket stays in
+    the kernel, and what was not sent yet is dropped. For connections dropped before they
+    proved anything, which may come by the thousand."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
 def listen_tcp(address: tuple[str, int]) -> socket.socket:
     """A non-blocking socket listening on ``address`` (port 0: any free one); raises the
     OSError of ``bind`` (the caller says what it means)."""
@@ -121,7 +134,7 @@ def listen_tcp(address: tuple[str, int]) -> socket.socket:
     except OSError:
         sock.close()
         raise
-    sock.listen(128)
+    sock.listen(_BACKLOG)
     sock.setblocking(False)
     return sock
 

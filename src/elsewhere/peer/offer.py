@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any
 
+from ..util.paths import private_file
 from .announce import PeerState
 from .workerstate import WorkerState
 
@@ -99,12 +100,14 @@ class Offer(WorkerState):
             data["datagrams_received"] = self.listener.received
         data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
         data["function_parts"] = sum(len(p.fns) for p in self.peers)  # kept for controllers
+        data["handshaking"] = len(self.handshaking)  # connections not authenticated (yet)
+        data["controllers"] = len(self.peers) - len(self.handshaking)
         data["pid"] = os.getpid()
         data["peer_id"] = self.peer_id
         data["port"] = self.address[1]
         data["children"] = [c.pid for c in self.children]
         data["running"] = len(self.running)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
+        with open(private_file(tmp), "w") as f:
             json.dump(data, f)
         os.replace(tmp, path)

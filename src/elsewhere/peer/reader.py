@@ -188,6 +188,7 @@ class Reader:
 
     def _close(self) -> None:
         self.state = ConnectionState.CLOSED
+        self._head = b""
         self._buffers = []
         self._small_body = False
         self._target = memoryview(self._fixed_buf)
@@ -338,7 +339,9 @@ class Reader:
         self._message = None
         self._set_target(_Stage.FIXED, self._fixed_buf)
         if self.state is ConnectionState.HANDSHAKE:
-            self._handshake_step(message, events)
+            self._handshake_step(message, events)  # reads the frame from _head
+            self._head = b""
         else:
+            self._head = b""  # not kept between frames: a head may be a MiB
             self._admit(message)
             events.append(Received(message, buffers, fixed.flags))

@@ -30,11 +30,12 @@ from typing import Any
 
 from ..util.errors import PeerError, ProtocolError
 from .frames import OutgoingFrame
-from .wire import Buffer, Connection, Event
+from .wire import Buffer, Connection, ConnectionState, Event
 
 __all__ = ["Closed", "ConnectionPump", "ReusableBuffers", "SharedBuffers", "check_open", "new_memfd"]
 
 _SMALL_READ = 64 << 10
+_HANDSHAKE_READ = 4 << 10  # a handshake frame is at most 32 + 2048 + 16 bytes
 _MAX_PARTS = 256  # parts per sendmsg (IOV_MAX is 1024 on Linux)
 _MAX_QUEUED = 8 << 20  # bytes of parts pulled from the frames before a sendmsg
 _READ_BUDGET = 32 << 20  # bytes read per read() call, so one peer cannot starve the others
@@ -55,7 +56,10 @@ class ConnectionPump:
         self._frames: collections.deque[Iterator[memoryview]] = collections.deque()
         self._parts: collections.deque[memoryview] = collections.deque()
         self._queued = 0
-        self._rbuf = bytearray(_SMALL_READ)
+        # a connection that has not proved the key yet gets a small read buffer: a worker
+        # may hold dozens of those, most of them perhaps a stranger's
+        ready = conn.state is ConnectionState.READY
+        self._rbuf = bytearray(_SMALL_READ if ready else _HANDSHAKE_READ)
         self._rview = memoryview(self._rbuf)
         self.failed: PeerError | None = None
         """Why the connection ended, once it has; raise it after handling the events."""
@@ -133,6 +137,9 @@ class ConnectionPump:
         budget = _READ_BUDGET
         try:
             while budget > 0 and self.failed is None:
+                if len(self._rbuf) < _SMALL_READ and conn.state is ConnectionState.READY:
+                    self._rbuf = bytearray(_SMALL_READ)  # the handshake is done
+                    self._rview = memoryview(self._rbuf)
                 want = conn.next_size()
                 try:
                     if want >= _SMALL_READ:

@@ -105,6 +105,12 @@ instead of four; ``job-part``, a TASK whose job data and files travel in a part 
 own (``jpart``, ``njpart``), once per connection whatever the functions."""
 
 _MAX_SEQ = 2**64 - 1
+_PACKER_BYTES = 4 << 10
+"""The msgpack packer's first buffer (msgpack's default is 256 KiB, for every connection,
+the unauthenticated ones included); it grows for a larger header and is made anew after
+one over :data:`_PACKER_KEEP`, so a connection does not keep the memory of its largest
+header."""
+_PACKER_KEEP = 64 << 10
 
 
 class Connection(Reader, Handshake):
@@ -159,7 +165,7 @@ class Connection(Reader, Handshake):
         self._caps = CAPABILITIES  # what this end says it understands, in HELLO or CHALLENGE
         self._use_key(key)
         self._allocate = allocate
-        self._packer = msgpack.Packer(use_bin_type=True)
+        self._packer = msgpack.Packer(use_bin_type=True, buf_size=_PACKER_BYTES)
         self._outbox: list[OutgoingFrame] = []
         self._send_seq = 0
         self._recv_seq = 0
@@ -195,6 +201,14 @@ class Connection(Reader, Handshake):
             self._transcript.append(self._queue_handshake(hello, b""))
         else:
             self._expect = frozenset({MessageType.HELLO})
+
+    def close(self) -> None:
+        """Its socket was closed: drop what the connection holds (a frame half read, frames
+        not sent, the allocator, which may refer to the connection's owner and so make a
+        cycle), so that it and its owner are freed as soon as nothing else refers to them."""
+        self._close()
+        self._outbox = []
+        self._allocate = bytearray
 
     # ------------------------------------------------------------ sending
 
@@ -235,6 +249,8 @@ class Connection(Reader, Handshake):
                 raise PeerError(f"buffers over the cap of {limits.max_body_bytes} bytes")
         else:
             lengths = []
+        if len(header) > _PACKER_KEEP:  # a large header: do not keep the buffer it grew
+            self._packer = msgpack.Packer(use_bin_type=True, buf_size=_PACKER_BYTES)
         cap = limits.max_header_bytes if payload else limits.max_control_header_bytes
         if len(header) > cap:
             raise PeerError(f"{mtype.name} header is {len(header)} bytes, over the cap of {cap}")

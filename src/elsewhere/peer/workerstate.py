@@ -7,8 +7,9 @@ its own: see :mod:`.daemon`), all made by its constructor from the
 
 - who it is and what it offers: ``options``, ``key``, ``peer_id``,
   ``identity``, ``mem_total``;
-- its connections from controllers: ``peers``, ``by_controller`` (the live
-  connection of each controller), ``gone_since`` (when one left);
+- its connections: ``peers`` (all), ``handshaking`` (those still in their
+  handshake, oldest first), ``by_controller`` (the live connection of each
+  controller), ``gone_since`` (when one left);
 - the work: ``admission`` (held ASKs, and admissions until their TASK),
   ``fair`` (use per controller), ``queued`` (TASKs waiting for a child),
   ``running`` (runs on children), ``children``, ``pool`` (the shared memory
@@ -56,7 +57,7 @@ class WorkerState:
         # .inbound
         def _send(self, peer: Peer, message: Any, buffers: Any = ()) -> None: ...
         def _flush(self, peer: Peer) -> None: ...
-        def _close(self, peer: Peer, why: str) -> None: ...
+        def _close(self, peer: Peer, why: str, *, abort: bool = False) -> None: ...
 
         # .intake
         def _on_ask(self, peer: Peer, ask: Ask) -> None: ...
@@ -93,6 +94,7 @@ class WorkerState:
         self.mem_total = min(total, options.memavail) if options.memavail is not None else total
         self.sel = selectors.DefaultSelector()
         self.peers: set[Peer] = set()
+        self.handshaking: dict[Peer, None] = {}  # in their handshake, oldest first
         self.by_controller: dict[str, Peer] = {}
         self._corked: set[Peer] | None = None  # peers whose frames wait to leave together
         self._folding: tuple[Peer, list[str]] | None = None  # ACCEPTs for the RESULT being made
