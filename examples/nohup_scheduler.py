@@ -91,6 +91,10 @@ class NohupCluster(ew.Cluster):
         parts = [tasks[k : k + per] for k in range(0, len(tasks), per)]
         if job.stream and not tasks:
             parts = [[] for _ in range(self.slots)]  # no --tasks: they claim
+        self._start(job, parts)
+
+    def _start(self, job: ew.JobHandle, parts: list[list[int]]) -> None:
+        """One detached worker process per part (an empty part: a worker that claims)."""
         logs = job.path / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         data = self.get_job_cluster_data(job)
@@ -112,6 +116,12 @@ class NohupCluster(ew.Cluster):
 
     def poll(self, job: ew.JobHandle) -> None:
         """A process that is gone while some of its tasks have no result lost them."""
+        if job.stream:  # its processes claim tasks: the queue knows what each held
+            job.reap_workers()
+            procs = self.get_job_cluster_data(job).get("processes", [])
+            alive = sum(1 for p in procs if not p["tasks"] and _alive(p))
+            if alive < self.slots and not job.state.done:
+                self._start(job, [[] for _ in range(self.slots - alive)])  # replacements
         final = job.refresh()
         lost: dict[int, str] = {}
         procs = self.get_job_cluster_data(job).get("processes", [])

@@ -74,3 +74,18 @@ def ew_home(tmp_path, monkeypatch):
 def worker_pids():
     """A function returning the pids of live workers of a home."""
     return _pids_with_home
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Executors a failed test left open are stopped, so that the interpreter's exit (which
+    waits for pending calls, as the standard's executors do) does not wait on them."""
+    import sys
+
+    executor = sys.modules.get("elsewhere.api.executor")
+    if executor is None:
+        return
+    for stream in list(executor._live):
+        try:
+            stream.close(kill=True)
+        except Exception:
+            pass

@@ -84,7 +84,7 @@ def test_one_task_at_a_time_takes_two_frames(on: PeerCluster, monkeypatch: pytes
     monkeypatch.setattr(peer_batching, "_SHORT_S", 60.0)  # where the controller places
     with ew.Executor(on=on) as ex:
         assert [ex.submit(square, i).result(timeout=30) for i in range(30)] == [i * i for i in range(30)]
-        counters = ex._link.counters()
+        counters = ex._stream.link.counters()
     assert counters["asks_folded"] >= 25, counters  # all but the first few
     assert counters["accepts_folded"] >= 25, counters
 
@@ -155,7 +155,7 @@ def test_job_data_crosses_once_per_worker_whatever_the_functions(on: PeerCluster
     table = bytes(2 << 20)
     with ew.Executor(on=on, job_data=table) as ex:
         got = [ex.submit(functools.partial(with_table, float(k)), 1.0).result(timeout=30) for k in range(30)]
-        sent = ex._link.counters()["bytes_sent"]
+        sent = ex._stream.link.counters()["bytes_sent"]
     assert got == [float(k) + len(table) for k in range(30)]
     assert sent < 3 * len(table), sent  # two workers: twice, not thirty times
 
@@ -194,7 +194,7 @@ def touch_and_sleep(path: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def test_a_future_is_running_while_its_task_is_on_a_worker_and_cancel_stops_it(
+def test_a_future_is_running_while_its_task_is_on_a_worker_and_kill_stops_it(
         on: PeerCluster, lab_workers: Workers, tmp_path: Path) -> None:  # fmt: skip
     import time
 
@@ -206,7 +206,10 @@ def test_a_future_is_running_while_its_task_is_on_a_worker_and_cancel_stops_it(
         time.sleep(1.2)  # the workers' counters are written every second
         started = sum(w.stats().get("children_started", 0) for w in lab_workers)
         assert fut.running() and not fut.done()
-        assert fut.cancel() and fut.cancelled() and not fut.running()
+        assert not fut.cancel() and fut.running()  # the standard: a running call runs on
+        assert ex.kill(fut)  # the explicit way to stop it
+        with pytest.raises(ew.TaskError, match="killed"):
+            fut.result(timeout=10)
         # the worker killed the task's child (and started a fresh one)
         wait_until(lambda: sum(w.stats().get("children_started", 0) for w in lab_workers) > started, 15,
                    "the running task to be stopped on its worker")  # fmt: skip
@@ -233,7 +236,7 @@ def test_a_task_whose_send_failed_carries_its_function_when_sent_again(
     with ew.Executor(on=on) as ex:  # the worker that missed it gets tasks of it later
         futs = [ex.submit(touch_and_sleep, "/dev/null", 0.05) for k in range(40)]
         assert [f.result(timeout=30) for f in futs] == [None] * 40
-        counters = ex._link.counters()
+        counters = ex._stream.link.counters()
     assert failed  # the first TASK did fail; the worker it was for took tasks of that function
     assert counters.get("disconnections", 0) == 0, counters  # again, the function sent with them
 
@@ -306,14 +309,17 @@ def test_as_completed_and_map_work_across_threads(on: PeerCluster) -> None:
         assert list(ex.map(square, range(5))) == [0, 1, 4, 9, 16]
 
 
-def test_a_cancelled_task_stops_and_the_executor_carries_on(on: PeerCluster) -> None:
+def test_killed_and_cancelled_calls_and_the_executor_carries_on(on: PeerCluster) -> None:
     import time
 
-    with ew.Executor(on=on) as ex:
+    with ew.Executor(2, on=on) as ex:
         slow = [ex.submit(time.sleep, 30) for _ in range(2)]  # both workers busy
+        waiting = ex.submit(time.sleep, 30)  # held back by max_workers=2
+        wait_until(lambda: all(f.running() for f in slow), 30, "both calls to run")
+        assert waiting.cancel() and waiting.cancelled()  # not taken by a worker: cancelled
         for f in slow:
-            assert f.cancel()
-        assert all(f.cancelled() for f in slow)
+            assert not f.cancel() and ex.kill(f)
+        assert all(isinstance(f.exception(timeout=10), ew.TaskError) for f in slow)
         # the workers are free again: without the cancel this would wait 30 s (the timeout)
         assert [ex.submit(square, i).result(timeout=20) for i in range(3)] == [0, 1, 4]
 
@@ -388,3 +394,25 @@ def test_a_result_that_times_out_says_what_holds_the_task_back(lab: tuple[Path, 
             fut.exception(timeout=0.1)
     finally:
         ex.shutdown(wait=False, cancel_futures=True)
+
+
+def test_a_callable_dropped_by_the_caller_is_freed(on: PeerCluster) -> None:
+    # the controller keeps each function's pickled part while the function lives, not longer:
+    # a partial (or bound method, closure) and what it holds are freed once dropped
+    import functools
+    import gc
+    import weakref
+
+    with ew.Executor(on=on) as ex:
+        fn = functools.partial(pow, 2)
+        ref = weakref.ref(fn)
+        assert ex.submit(fn, 10).result(timeout=30) == 1024
+        assert ex.submit(fn, 3).result(timeout=30) == 8  # the part is used again while it lives
+        del fn
+
+        def freed() -> bool:
+            gc.collect()
+            return ref() is None
+
+        wait_until(freed, 15, "the dropped partial to be freed")
+        assert ex.submit(square, 6).result(timeout=30) == 36

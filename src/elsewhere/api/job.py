@@ -20,12 +20,13 @@ from ..core import control, waiting
 from ..core.submit import as_entries, submit_job
 from ..folder import records
 from ..folder.handle import JobHandle
-from ..folder.lifecycle import busy, remove_folder
+from ..folder.lifecycle import busy
 from ..folder.outcomes import OutcomeReader
 from ..folder.snapshot import Snapshot
 from ..folder.store import JobStore
 from ..util.errors import ConfigError, JobError, TaskError
 from ..util.states import JobState, TaskState
+from ..util.units import parse_duration
 
 _REMOTE_LOOK_S = 1.0  # a state read of a job whose workers write elsewhere polls at most this often
 
@@ -189,7 +190,7 @@ class Job:
 
     def wait(
         self,
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         *,
         state: str | JobState = "finished",
         progress: bool | None = None,
@@ -201,14 +202,20 @@ class Job:
         "finished" (any end: finished, failed, cancelled). A progress bar
         shows on a terminal after a couple of seconds (``progress=False``
         turns it off). Raises :class:`elsewhere.TimeoutError` when the time
-        runs out; the job goes on running.
+        runs out; the job goes on running. ``timeout`` is seconds or a duration
+        as ``"10min"`` (docs/units.md).
         """
-        target = JobState(state) if not isinstance(state, JobState) else state
+        timeout_s = parse_duration(timeout, what="timeout")
+        try:
+            target = JobState(state)  # a JobState is its own value
+        except (ValueError, TypeError):
+            raise ConfigError(f"state must be one of {', '.join(s.value for s in JobState)} (a job's states), "
+                              f"not {state!r}") from None  # fmt: skip
         if not self._meta.get("submitted") and target.rank > JobState.PENDING.rank:
             raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
         n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
         try:
-            waiting.wait_for(self.cluster, self._handle, target, timeout=timeout, progress=progress,
+            waiting.wait_for(self.cluster, self._handle, target, timeout=timeout_s, progress=progress,
                              poll_interval_s=poll_interval_s, n_known=n_known)  # fmt: skip
         finally:
             self._dirty()
@@ -270,8 +277,7 @@ class Job:
 
     def log(self, index: int) -> str:
         """The captured stdout and stderr of task ``index`` (so far, while it runs)."""
-        if not 0 <= index < self.n_tasks:
-            raise IndexError(f"job {self.name!r} has no task {index} (it has {self.n_tasks})")
+        index = control.task_index(self._handle, index, self.n_tasks)
         return self._outcomes.log(index, self._snapshot(fresh=True))
 
     # -- control -----------------------------------------------------------------
@@ -297,14 +303,8 @@ class Job:
         it is left. ``local=False`` keeps the job folder here, so that the results of a job
         that ran elsewhere can still be read (``ew.recover`` finds it).
         """
-        from ..folder.registry import Registry
-
-        try:
-            self.cluster.delete_job(self._handle)
-        finally:
-            if local:
-                remove_folder(self.store.path)
-                Registry().remove(self.id)
+        control.purge(self.cluster, self._handle, local=local)  # a second purge: JobGone
+        self._dirty()
 
 
 class Status:

@@ -146,25 +146,63 @@ def pickle_values(records: Iterable[ErrorRecord]) -> bytes:
 
 
 def _pickled(exc: BaseException) -> bytes | None:
-    """``exc`` pickled, if it loads back (an exception with an odd ``__init__`` may pickle but
-    not load); a class of the caller's script or of a module sent by value goes by value, and
-    the caller's cloudpickle maps it back to the caller's own class."""
+    """``exc`` pickled, if it loads back; a class of the caller's script or of a module sent by
+    value goes by value, and the caller's cloudpickle maps it back to the caller's own class.
+
+    An exception whose ``__init__`` takes other arguments than its ``args`` (a custom class
+    whose ``__init__(self, a, b)`` passes one message up) pickles but does not load back the
+    usual way: it goes as its type, ``args`` and attributes instead, rebuilt without calling
+    ``__init__`` (:func:`rebuild_exception`)."""
     import pickle
 
-    try:
-        data = pickle.dumps(exc, protocol=5)
-    except Exception:
-        try:
-            from .serial import dumps_inband
+    for obj in (exc, _AsState(exc)):
+        for dumps in (_plain_dumps, _cloud_dumps):
+            try:
+                data = dumps(obj)
+                pickle.loads(data)
+            except Exception:
+                continue
+            return data
+    return None
 
-            data = dumps_inband(exc)
-        except Exception:
-            return None
-    try:
-        pickle.loads(data)
-    except Exception:
-        return None
-    return data
+
+def _plain_dumps(obj: Any) -> bytes:
+    import pickle
+
+    return pickle.dumps(obj, protocol=5)
+
+
+def _cloud_dumps(obj: Any) -> bytes:
+    from .serial import dumps_inband
+
+    return dumps_inband(obj)
+
+
+class _AsState:
+    """Pickles as :func:`rebuild_exception` of an exception's type, ``args`` and attributes."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def __reduce__(self) -> Any:
+        exc = self.exc
+        state = dict(getattr(exc, "__dict__", None) or {})
+        return (rebuild_exception, (type(exc), exc.args, state))
+
+
+def rebuild_exception(cls: type, args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """An exception of type ``cls`` with ``args`` and attributes ``state``, made without
+    calling its ``__init__`` (see :func:`_pickled`)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    if state:
+        try:
+            exc.__dict__.update(state)
+        except AttributeError:  # a type without a __dict__: its args are all it has
+            pass
+    return exc
 
 
 def _int(value: Any, default: int) -> int:

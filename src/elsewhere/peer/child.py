@@ -200,6 +200,8 @@ class _Child:
                 self.common[jdigest] = pickle.loads(job_parts[0], buffers=job_parts[1:])
             if jdigest and self.common.get(jdigest, (None, None))[1] is not None:
                 self.attach_files(job, self.common[jdigest][1])
+            if items:
+                self.runner.mark(int(items[0][0]))  # a crash while loading costs the first task
             entries = pickle.loads(task_parts[0], buffers=task_parts[1:])
             if not isinstance(entries, list) or len(entries) < len(items):  # items: what to run
                 raise ValueError("the batch does not match its items")
@@ -213,7 +215,7 @@ class _Child:
             common = (common[0], self.common.get(jdigest, (None, None))[0])
         self.runner.use_common(lambda: common)
         out = BatchResults(self.sock, header["batch"], leases=self.leases, error=self.runner.error,
-                           finish=self._finish, maps=maps,
+                           finish=self._finish, maps=maps, mark=self.runner.mark,
                            group_bytes=int(header.get("group_bytes") or GROUP_BYTES))  # fmt: skip
         self._run_items(out, items, entries, failure, header.get("diary", "always"))
         if maps:

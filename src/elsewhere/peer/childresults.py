@@ -90,8 +90,9 @@ class BatchResults:
 
     def __init__(self, sock: Any, batch: str, *, leases: Leases, error: Callable[[BaseException, int], ErrorRecord],
                  finish: Callable[[dict[str, Any]], None], maps: list[tuple[int, Any, mmap.mmap]] | None = None,
-                 group_bytes: int = GROUP_BYTES) -> None:  # fmt: skip
+                 group_bytes: int = GROUP_BYTES, mark: Callable[[int], None] | None = None) -> None:  # fmt: skip
         self.sock = sock
+        self.mark = mark  # tells the daemon which task a crash while pickling costs
         self.batch = batch
         self.leases = leases
         self.error = error
@@ -114,10 +115,12 @@ class BatchResults:
         self.logs.append(log)
 
     def _pickle(self) -> tuple[bytes, list[memoryview]]:
+        if self.mark is not None and self.items:
+            self.mark(int(self.items[0][0]))
         if self.oob >= _MAX_RESULT_OOB:  # a RESULT carries at most 1024 buffers
             try:
                 return pickle.dumps(self.values, protocol=5), []
-            except Exception:
+            except BaseException:  # (dump_values makes the error of the value that fails)
                 pass
         items = self.items
         data, bufs, bad = dump_values(self.values, lambda k, exc: self.error(exc, int(items[k][0])))
@@ -144,6 +147,13 @@ class BatchResults:
 
     def send(self, *, last: bool) -> None:
         """Send the outcomes added since the last send (``last``: the batch is done)."""
+        try:
+            self._send(last=last)
+        finally:
+            if self.mark is not None:
+                self.mark(-1)  # pickled: no task's any more
+
+    def _send(self, *, last: bool) -> None:
         pickled = self._pickle() if self.items else None
         if pickled is None or len(self.items) < 2 or _size(pickled) <= self.group_bytes:
             self._send_group(pickled, last=last)
@@ -158,7 +168,7 @@ class BatchResults:
         for value in values:
             try:
                 sizes.append(_size(serial.dumps_plain([value])))
-            except Exception:
+            except BaseException:
                 sizes.append(0)  # it fails again below, and becomes an error there
         parts: list[list[int]] = [[]]
         total = 0

@@ -152,6 +152,19 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         """Drop task ``index``: it is not placed again, and its result is not kept."""
         self._command("cancel_task", index)
 
+    def withdraw(self, index: int) -> bool:
+        """Cancel task ``index`` if no worker has it yet (an Executor's ``cancel``): True if
+        it will not run, False if it was sent (it runs on) or has ended."""
+        with self._state:
+            if index in self.inflight or index in self.final:
+                return False
+            self.cancelled.add(index)  # a put still on its way is dropped when it comes
+            with contextlib.suppress(ValueError):
+                self.pending.remove(index)
+            self.entries.pop(index, None)
+            self.prepared.pop(index, None)
+            return True
+
     def cancel(self) -> None:
         """Cancel every task and stop."""
         # A flag, not a queued command: a ``stop()`` that follows can end the loop in a turn

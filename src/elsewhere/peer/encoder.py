@@ -17,6 +17,8 @@ import contextlib
 import hashlib
 import pickle
 import threading
+import types
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["TaskEncoder"]
 
 _MAX_OOB = 1000
+_FN_PARTS = 256  # the function parts kept pickled (see TaskEncoder._fn_part)
+_FN_PART_BYTES = 64 << 20
 MAX_SENT_PARTS = 64
 """Function parts a worker keeps for one connection (an Executor whose tasks are each a
 new closure or partial sends one per task): the controller says which to drop."""
@@ -52,7 +56,8 @@ class TaskEncoder:
         self.time_s = time_s
         self.lock = threading.Lock()  # the function parts and cloudpickle's registry
         self.common: tuple[str, list[Any]] | None = None
-        self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]]]] = {}
+        self.fn_parts: dict[int, tuple[Any, tuple[str, list[Any]], Any]] = {}  # id -> (weak ref, part, fn)
+        self.fn_part_bytes = 0
         self._job_data: Any = None
         self._job_fn: Any = None
         self._by_value: list[Any] = []
@@ -194,16 +199,35 @@ class TaskEncoder:
         return self.common
 
     def _fn_part(self, fn: Any) -> tuple[str, list[Any]]:
-        """The function part of a task's own function, pickled once."""
-        cached = self.fn_parts.get(id(fn))
-        if cached is not None and cached[0] is fn:
+        """The function part of a task's own function, pickled once while the function lives.
+
+        Held weakly: a partial, bound method or closure the caller drops is freed with what
+        it holds, and its part with it; a function that cannot be referenced weakly (a
+        built-in: it lives as long as its module anyway) is held as it is. At most
+        :data:`_FN_PARTS` parts and :data:`_FN_PART_BYTES` bytes of them are kept."""
+        key = id(fn)
+        cached = self.fn_parts.get(key)
+        if cached is not None and (cached[0]() if cached[0] is not None else cached[2]) is fn:
             return cached[1]
         self._common()
         part = self._pickle_part(fn)
-        self.fn_parts[id(fn)] = (fn, part)  # keeps fn alive: its id cannot be reused meanwhile
-        if len(self.fn_parts) > 256:
-            self.fn_parts.pop(next(iter(self.fn_parts)))
+        parts = self.fn_parts
+        entry: tuple[Any, tuple[str, list[Any]], Any] | None
+        try:
+            entry = (weakref.ref(fn, lambda _ref: self._forget_part(key)), part, None)
+        except TypeError:
+            entry = (None, part, fn) if isinstance(fn, types.BuiltinFunctionType) else None
+        if entry is not None:
+            parts[key] = entry
+            self.fn_part_bytes += sum(len(b) for b in part[1])
+            while parts and (len(parts) > _FN_PARTS or self.fn_part_bytes > _FN_PART_BYTES):
+                self._forget_part(next(iter(parts)))
         return part
+
+    def _forget_part(self, key: int) -> None:
+        old = self.fn_parts.pop(key, None)
+        if old is not None:
+            self.fn_part_bytes -= sum(len(b) for b in old[1][1])
 
     def _pickle_part(self, fn: Any) -> tuple[str, list[Any]]:
         from ..folder import serial

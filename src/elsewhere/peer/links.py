@@ -200,6 +200,10 @@ class Links(ControllerState):
                 self.sel.unregister(w.sock)
             with contextlib.suppress(OSError):
                 w.sock.close()
+        if w.conn is not None:
+            w.conn.close()  # frees what it holds now, not at the next cycle collection
+        if w.pump is not None:
+            w.pump.failed = None  # (its traceback would keep the connection alive)
         w.sock = w.conn = w.pump = None
         w.sent_fns.clear()
         w.state = "closed"

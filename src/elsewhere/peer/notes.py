@@ -17,6 +17,7 @@ import json
 import logging
 import os
 
+from ..util.paths import write_private
 from .controlstate import ControllerState
 
 __all__ = ["RUNNING_FILE", "Notes"]
@@ -58,6 +59,11 @@ class Notes(ControllerState):
             return (f"waiting for peers: none seen yet on discovery port {port} (without a key: this "
                     f"user's workers on this machine); start one with `{cmd}`")
         group = self.settings.key.group
+        unknown = sorted(src for src, (_n, _why, authentic) in self.listener.refusals().items() if not authentic)
+        if unknown:  # someone announces, under a key this controller does not hold
+            return (f"waiting for peers: announcements from {', '.join(unknown[:5])} that no key here "
+                    f"authenticates (another key for group {group!r}? copy the group's key file there, "
+                    f"or here, with `elsewhere peer keygen`)")[:1000]  # fmt: skip
         return (f"waiting for peers: none seen yet in group {group!r} on discovery port {port}; start "
                 f"one with `{cmd} --group {group}` where its key is")
 
@@ -73,7 +79,7 @@ class Notes(ControllerState):
         path = self.store.path / RUNNING_FILE
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         try:
-            tmp.write_text(json.dumps({**shown, "pid": os.getpid()}))
+            write_private(tmp, json.dumps({**shown, "pid": os.getpid()}))
             os.replace(tmp, path)
         except OSError as exc:
             log.debug("cannot write %s: %s", path, exc)

@@ -130,7 +130,7 @@ class Results(ControllerState):
             pickled, oob = groups[group]
             try:
                 values = serial.loads(pickled, oob)
-            except Exception as exc:
+            except BaseException as exc:  # even a SystemExit from a value's loading: not the loop's
                 log.debug("a result is read back from the job folder: %s", exc)
                 continue
             for index, ok, item, *_rest, seed in group_rows:
@@ -143,7 +143,7 @@ class Results(ControllerState):
         for index, ok, value, seed in outcomes:
             try:
                 self.on_outcome(index, ok, value, seed)
-            except Exception:
+            except BaseException:
                 log.exception("the Executor's result callback failed")
 
     def _on_durable(self, acks: list[Any], buffers: list[Any]) -> None:

@@ -62,7 +62,8 @@ class TaskContext:
     @property
     def job_data(self) -> Any:
         """The job's ``job_data`` (sent once per worker, not once per task)."""
-        return self._job_data() if self._job_data is not None else None
+        data = self._job_data() if self._job_data is not None else None
+        return data.data if isinstance(data, WorkerSetup) else data
 
     @property
     def comm(self) -> Any:
@@ -79,6 +80,38 @@ class TaskContext:
         import numpy as np
 
         return np.random.default_rng(np.random.SeedSequence(self.job_seed, spawn_key=(self.index,)))
+
+
+class WorkerSetup:
+    """The job data of an ``ew.Executor`` made with an ``initializer``: the user's ``data``
+    (what ``ew.task().job_data`` gives), and ``initializer(*initargs)``, which
+    :func:`call_initialised` runs once in each process before its first call of the job.
+    It travels as job data does: once per worker, not once per task."""
+
+    __slots__ = ("data", "initargs", "initializer", "token")
+
+    def __init__(self, initializer: Callable[..., Any], initargs: tuple[Any, ...], data: Any, token: str) -> None:
+        self.initializer = initializer
+        self.initargs = tuple(initargs)
+        self.data = data
+        self.token = token
+
+    def __reduce__(self) -> Any:
+        return (WorkerSetup, (self.initializer, self.initargs, self.data, self.token))
+
+
+_initialised: set[str] = set()  # the tokens of the WorkerSetups run in this process
+
+
+def call_initialised(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, after the job's :class:`WorkerSetup` has run in this process
+    (once: an initializer that raises fails this call, and is tried again before the next)."""
+    ctx = _current.get()
+    setup = ctx._job_data() if ctx is not None and ctx._job_data is not None else None
+    if isinstance(setup, WorkerSetup) and setup.token not in _initialised:
+        setup.initializer(*setup.initargs)
+        _initialised.add(setup.token)
+    return fn(*args, **kwargs)
 
 
 def task() -> TaskContext:

@@ -11,6 +11,7 @@ error (:func:`dump_values`, shared with the peer task process).
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from ..folder import records
@@ -26,7 +27,11 @@ if TYPE_CHECKING:
     from ..folder.errorrecord import ErrorRecord
     from ..folder.store import JobStore
 
-__all__ = ["ResultWriter", "dump_values", "peak_rss"]
+__all__ = ["LATE_S", "ResultWriter", "dump_values", "peak_rss"]
+
+LATE_S = 0.001
+"""How long finished outcomes wait for the next task of their group before they are written
+on their own (a thread in the worker writes them while that task runs)."""
 
 
 class ResultWriter:
@@ -45,10 +50,62 @@ class ResultWriter:
         self.pending: list[TaskOutcome] = []
         self.last_flush = self.last_sync = time.time()
         self.unsynced = False  # written since the last fsync
+        # The late writer (see begin_task): pending outcomes are written by its thread while
+        # the worker's task runs, by the worker's thread otherwise; ``in_task`` says which.
+        self.lock = threading.Lock()
+        self.in_task = False
+        self.due = 0.0
+        self.armed: threading.Event | None = None  # made with the thread, when first needed
+        self.closed = False
 
     def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            if self.armed is not None:
+                self.armed.set()  # the late writer ends
         for fd in (self.res_fd, self.jfd):
             os.close(fd)
+
+    def begin_task(self) -> None:
+        """A task starts while outcomes wait to be written (grouped with those to come): should
+        it run longer than ``LATE_S``, they are written meanwhile, by the late writer's thread,
+        so that a finished result never waits for the task after it."""
+        with self.lock:
+            self.in_task = True
+            self.due = time.monotonic() + LATE_S
+            armed = self.armed
+            if armed is None:
+                armed = self.armed = threading.Event()
+                threading.Thread(target=self._late_writer, name="elsewhere-late-writer", daemon=True).start()
+            armed.set()
+
+    def end_task(self) -> None:
+        """The task begun ends: the worker's thread writes again (after the late writer's
+        write, if one is under way)."""
+        with self.lock:
+            self.in_task = False
+
+    def _late_writer(self) -> None:
+        armed = self.armed
+        assert armed is not None
+        while True:
+            armed.wait()
+            while True:
+                with self.lock:
+                    if self.closed:
+                        return
+                    if not self.in_task or not self.pending:
+                        armed.clear()
+                        break
+                    delay = self.due - time.monotonic()
+                    if delay <= 0:
+                        try:
+                            self.flush(sync=False)  # the task runs on: the worker's thread does not write
+                        except OSError:
+                            pass  # the worker's own write after the task meets it again, and says so
+                        armed.clear()
+                        break
+                time.sleep(delay)
 
     def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
         """Write one result body; its (offset, size)."""
@@ -102,7 +159,7 @@ class ResultWriter:
 
         try:
             data, bufs = serial.dumps_plain(values)
-        except Exception:
+        except BaseException:
             # some value cannot be pickled: record them one by one instead
             self.pending.extend(
                 TaskOutcome(start + k, 0, True, v, t0, t1, log_off, 0, seed + k, 0.0) for k, v in enumerate(values)
@@ -127,13 +184,13 @@ def dump_values(values: list[Any], error_of: Callable[[int, BaseException], Erro
     try:
         data, bufs = serial.dumps_plain(values)
         return data, bufs, []
-    except Exception:
+    except BaseException:  # a value's __reduce__ may even call sys.exit: its task's error
         pass
     bad = []
     for k, value in enumerate(values):
         try:
             serial.dumps_plain(value)
-        except Exception as exc:
+        except BaseException as exc:
             err = error_of(k, exc)
             values[k] = err.explained(f"the result of task {err.index} cannot be serialised").to_value()
             bad.append(k)

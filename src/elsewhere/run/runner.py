@@ -343,6 +343,13 @@ class TaskRunner:
             return j, self.error(exc, j).to_value()
         return None
 
+    def mark(self, index: int) -> None:
+        """The process works for task ``index`` now, outside its call: loading its inputs
+        with others of its batch, or pickling its value. A process that dies meanwhile
+        costs that task (its daemon reads the map), not a batch run again for ever."""
+        if self._cur is not None:
+            _pack_cur(self._cur, 0, index, _time(), self.log_pos) if index >= 0 else self.idle()
+
     def idle(self) -> None:
         """No task runs now (the map says so)."""
         _pack_cur(self._cur, 0, -1, 0.0, 0)
