@@ -114,7 +114,7 @@ def test_wait_ends_when_another_process_purges_the_job(ew_home):
     timer = threading.Timer(0.5, lambda: ew.recover("purged-elsewhere").purge())
     timer.start()
     try:
-        with pytest.raises(ew.JobError, match="was deleted while it was waited for"):
+        with pytest.raises(ew.JobError, match="is gone: it was purged"):
             job.wait(timeout=20)  # not a wait for ever on a folder that is gone
     finally:
         timer.cancel()

@@ -165,8 +165,9 @@ def create_job(
             once loaded, NumPy on a task's first draw). ``False`` turns per-task
             seeding off.
         retries: how many times a task whose worker vanished is run again.
-        files: files and folders copied into the job (they sit in the task's
-            working directory when the caller's is not there, and are on ``sys.path``).
+        files: files and folders (one path, or a list of them) copied into the job (they
+            sit in the task's working directory when the caller's is not there, and are on
+            ``sys.path``).
         job_data: sent once per worker; tasks read it as ``ew.task().job_data``.
         env: environment variables set while the tasks run.
         storage: folder for the job folder (default: the cluster's, else ``<home>/jobs``).

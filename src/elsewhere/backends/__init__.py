@@ -46,6 +46,9 @@ def _load(target: str) -> type[Cluster]:
 
 def cluster_class(kind: str) -> type[Cluster]:
     """The class of a backend: built-in name, entry point, or "module:Class"."""
+    if not isinstance(kind, str):
+        raise ConfigError(f"a cluster kind is a name such as 'slurm' or 'pbs' (built in: {', '.join(sorted(_BUILTIN))}), "
+                          f"an entry point's name, or 'module:Class', not {kind!r}")  # fmt: skip
     if kind in _BUILTIN:
         return _load(_BUILTIN[kind])
     if ":" in kind:

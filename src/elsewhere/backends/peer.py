@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util import paths
 from ..util.errors import ConfigError
-from .base import Cluster, ensure_post_constructed
+from .base import Cluster, ensure_post_constructed, refuse_unknown
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
@@ -107,7 +107,9 @@ class PeerCluster(Cluster):
         detach: bool | None = None,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
+        **unknown: Any,
     ) -> None:
+        refuse_unknown(self, unknown)  # as ew.slurm: a ConfigError naming the option, not a TypeError
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)  # fmt: skip
         self.group = group
