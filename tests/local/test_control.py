@@ -81,15 +81,18 @@ def test_a_folder_of_the_previous_layout_is_read_and_a_newer_one_refused(ew_home
     meta["cluster"]["class"] = "elsewhere.clusters.local:LocalCluster"  # the module before the layers
     (job.path / "job.json").write_text(json.dumps(meta))
     assert ew.recover("old-one").results() == [0, 0]
-    meta["format"] = 2
+    meta["format"] = 1  # the first format: no checksums anywhere
     (job.path / "job.json").write_text(json.dumps(meta))
-    with pytest.raises(ew.JobError, match=r"written by a newer elsewhere \(format 2\).*reads format 1"):
+    assert ew.recover("old-one").results() == [0, 0]
+    meta["format"] = 3
+    (job.path / "job.json").write_text(json.dumps(meta))
+    with pytest.raises(ew.JobError, match=r"written by a newer elsewhere \(format 3\).*reads format 2"):
         ew.recover("old-one")
 
 
 
 #: a client that dies (SIGKILL) inside ``ew.submit``, once the job is registered and before it
-#: hands the job to its cluster (``cluster``, a class of ``module``); tests/ssh uses it too
+#: hands the job to its cluster (``cluster``, a class of ``module``)
 KILLED_CLIENT = """
 import os, signal
 import elsewhere as ew
@@ -138,3 +141,28 @@ def test_a_job_whose_client_died_before_the_hand_over_is_handed_over_by_the_next
     job.wait(timeout=30)
     assert job.results() == [1, 2, 3]
     assert ew.recover("orphan").handle.spec["client"]["pid"] == os.getpid()
+
+
+def test_a_hand_over_that_fails_part_way_fails_the_tasks_with_the_reason(ew_home, monkeypatch):
+    from elsewhere.backends.local import LocalCluster
+
+    kill_inside_submit("half")
+    job = ew.recover("half")
+
+    def half(self, handle):  # the backend takes the job in (its queue says so), then fails
+        with handle.store.locked_queue() as q:
+            q.submit(max_workers=2)
+        raise OSError("fork failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(LocalCluster, "submit_independent", half)
+        with pytest.raises(ew.JobError, match=r"'half' was registered by a client .* handing it over now "
+                           r"failed, and its tasks not started fail with the reason .*: OSError: fork failed"):
+            job.wait(timeout=30)
+    job.wait(timeout=30)  # nothing waits for what was never started
+    for v in job.results():
+        assert isinstance(v, ew.TaskError) and v.reason == "lost"
+        assert v.message == "could not be handed to its local cluster: OSError: fork failed"
+    job.retry()
+    job.wait(timeout=30)
+    assert job.results() == [1, 2, 3]

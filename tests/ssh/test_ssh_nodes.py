@@ -170,3 +170,69 @@ def test_remote_submission_to_slurm_without_shared_storage(ew_home, sshd, remote
     assert cl.transport.connections_opened <= 1
     job.purge()
     assert not (remote / job.id).exists()
+
+
+def test_client_killed_inside_submit_the_next_poll_hands_the_job_over(ew_home, sshd, remote):
+    """A client killed after it registered the job and before it handed it to the nodes (the
+    payload perhaps half streamed there): ``ew.recover(name).wait()`` hands it over, or says why
+    it cannot (here: the node's storage is not a folder) and does so once that is fixed."""
+    code = (
+        "import os, signal\nimport elsewhere as ew\nfrom elsewhere.backends.ssh import SSHCluster\n"
+        "SSHCluster.submit_independent = lambda self, job: os.kill(os.getpid(), signal.SIGKILL)\n"
+        f"ew.submit(abs, [-1, -2, -3], name='ssh-orphan', on=ew.ssh({{{sshd.host!r}: 1}}, "
+        f"ssh_config={str(sshd.config)!r}, python={PY!r}, remote_storage={str(remote)!r}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    job = ew.recover("ssh-orphan")
+    assert not job.handle.store.queue().submitted
+    aside = remote.with_name("remote-aside")
+    streamed = remote.exists()  # (the client may have died before its first look at the node)
+    if streamed:
+        remote.rename(aside)
+    remote.write_text("not a folder")
+    with pytest.raises(ew.JobError, match=r"'ssh-orphan' was registered by a client .* that ended before it "
+                       r"handed the job to its ssh cluster; handing it over now failed .*cannot write to"):
+        job.wait(timeout=60)
+    remote.unlink()
+    if streamed:
+        aside.rename(remote)
+    job.wait(timeout=120)
+    assert job.results() == [1, 2, 3]
+    assert (remote / job.id / "journal").is_dir()
+
+
+def _megabyte(i):
+    return bytes([i]) * (1 << 20)
+
+
+@pytest.fixture
+def small_remote(remote):
+    """The nodes' storage on a 4 MB tmpfs (mounted here, as root), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    remote.mkdir()
+    got = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(remote)],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    if got.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
+    yield remote
+    subprocess.run(["umount", "-l", str(remote)], capture_output=True, timeout=30)
+
+
+def test_a_job_halted_on_a_node_says_why_on_the_client(ew_home, sshd, small_remote):
+    """The node's disk fills up: its worker halts the job there, and every task that did not
+    finish fails on the client with the node's reason; with room again, a retry runs them."""
+    job = ew.submit(_megabyte, range(8), on=nodes(sshd, small_remote, cores=1), name="node-full")
+    job.wait(timeout=120)
+    res = job.results()
+    full = [i for i, v in enumerate(res) if isinstance(v, ew.TaskError)]
+    assert full, "the node's disk did not fill up"
+    for i in full:
+        assert res[i].reason == "lost" and "no space left on" in res[i].message, (i, res[i].message)
+        assert str(small_remote) in res[i].message  # the node's folder, as the node said it
+    assert all(res[i] == _megabyte(i) for i in range(8) if i not in full)
+    subprocess.run(["mount", "-o", "remount,size=64m", str(small_remote)], check=True, timeout=30)
+    job.retry()
+    job.wait(timeout=120)
+    assert job.results() == [_megabyte(i) for i in range(8)]

@@ -24,7 +24,7 @@ joined is lost at start and replaced at the next poll (about a second); one that
 after _DISPATCH_GRACE_S is forgotten. After _START_LOSSES in a row, the job is halted with the
 tail of ``pool.log`` as the reason, rather than starting workers for ever. (A job its client
 registered but was killed before it handed it over is handed over by the core's next poll,
-as for every backend: ``core/submit.py``'s ``take_over``.)
+as for every backend: ``core/handover.py``.)
 """
 
 from __future__ import annotations

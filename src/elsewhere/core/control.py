@@ -41,7 +41,7 @@ from ..folder.registry import Registry
 from ..folder.snapshot import Snapshot
 from ..util.errors import ConfigError, JobGone, NoSuchTask
 from ..util.states import TERMINAL, TaskState, check_move
-from .submit import take_over
+from .handover import take_over
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -103,7 +103,7 @@ def snapshot(cluster: Cluster, handle: JobHandle) -> Snapshot:
 
 def poll(cluster: Cluster, handle: JobHandle) -> None:
     """Periodic care while someone looks at the job: a job whose client was killed inside
-    ``submit`` before it handed the job over is handed over now (``submit.take_over``: a
+    ``submit`` before it handed the job over is handed over now (``handover.take_over``: a
     JobError says why, if it cannot be); the backend's ``poll``; and tasks whose worker
     (started with its tasks given, on this machine) ended without a result are reported
     lost. The same for every backend."""

@@ -15,7 +15,7 @@ A failure at any step removes the job folder and its registry entry: nothing hal
 is left behind (:func:`making`, which also covers the making of the folder). A full disk is
 said as such: a JobError "cannot submit job NAME: no space left on <folder> (<n> bytes free)".
 A client killed inside ``submit`` leaves a job that is registered (the next poll, of any
-backend, hands it over: :func:`take_over`) or none: a folder not registered yet is removed in the background
+backend, hands it over: ``handover.py``) or none: a folder not registered yet is removed in the background
 by a later process (:func:`sweep_unsubmitted`), and the workers started early in it leave when
 they see its client gone.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,8 @@ from ..folder.lifecycle import remove_folder
 from ..folder.payload import PayloadWriter
 from ..folder.registry import Registry
 from ..folder.store import META, JobStore
-from ..util.errors import ConfigError, JobError
+from ..util.errors import JobError
+from .handover import hand_over
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -209,76 +210,6 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
             remove_folder(store.path)  # (and again by making: a no-op)
         raise
     return meta
-
-
-def hand_over(cluster: Cluster, handle: JobHandle, *, communicating: bool) -> None:
-    """Hand the job (written and registered) to ``cluster``: ``submit_communicating`` or
-    ``submit_independent``; then its queue says submitted, whatever the plugin did."""
-    store = handle.store
-    if communicating:
-        if "communicating" not in cluster.capabilities:
-            raise ConfigError(f"the {cluster.kind or type(cluster).__name__} cluster cannot run communicating "
-                              "jobs (its backend lacks the capability 'communicating')")  # fmt: skip
-        cluster.submit_communicating(handle)
-    else:
-        cluster.submit_independent(handle)
-    if not store.seen_submitted and not store.queue().submitted:  # only ever set: no lock to look
-        with store.locked_queue() as q:
-            q.submit()  # the job is now in its hands
-
-
-def orphaned(handle: JobHandle, meta: Mapping[str, Any] | None = None) -> bool:
-    """Whether the job of ``handle`` (not submitted) was registered by a client of this
-    machine that has ended (killed inside ``submit``, before it handed the job over), by
-    ``meta`` (job.json; default the handle's). A client of another machine is never taken
-    for gone (it cannot be looked at from here); nor is an open stream's (its tasks come
-    from its client)."""
-    meta = handle.spec if meta is None else meta
-    client = meta.get("client")
-    if meta.get("stream") or not isinstance(client, dict):
-        return False
-    pid = client.get("pid")
-    if client.get("host") != os.uname().nodename or not isinstance(pid, int) or housekeeping.process_alive(pid):
-        return False
-    return bool(Registry().find(handle.id))  # registered: its inputs are whole
-
-
-def take_over(cluster: Cluster, handle: JobHandle) -> bool:
-    """Hand over a job whose client was killed inside ``submit`` after it registered the job
-    and before it handed it to its cluster (the queue not submitted, the client gone, see
-    :func:`orphaned`); True if this process did. It becomes the job's client (job.json's
-    ``client`` names it, under the queue lock: of several processes looking at once, one
-    hands the job over), then hands it over as ``submit`` would have. If that fails, the job
-    is left to the next look (its client is the one that died again) and a JobError says
-    why."""
-    if not orphaned(handle):
-        return False
-    store = handle.store
-    with store.locked_queue() as q:
-        meta = store.meta()
-        if q.submitted or not orphaned(handle, meta):  # another process took it over meanwhile
-            handle.with_meta(meta)
-            return False
-        dead = meta["client"]
-        meta = store.update_meta(client={**dead, "pid": os.getpid()})
-    handle.with_meta(meta)
-    try:
-        hand_over(cluster, handle, communicating=bool(meta.get("communicating")))
-    except BaseException as exc:
-        try:
-            with store.locked_queue():
-                if store.meta().get("client") == meta["client"]:
-                    handle.with_meta(store.update_meta(client=dead))
-        except (OSError, ValueError):
-            pass  # purged or damaged meanwhile: the error that brought us here says more
-        if not isinstance(exc, Exception):
-            raise
-        kind = cluster.kind or type(cluster).__name__
-        raise JobError(f"job {handle.name!r} was registered by a client (process {dead.get('pid')} on "
-                       f"{dead.get('host')}) that ended before it handed the job to its {kind} cluster; "
-                       "handing it over now failed (the job stays registered: wait again once the cause "
-                       f"is fixed, or purge it): {type(exc).__name__}: {exc}") from exc  # fmt: skip
-    return True
 
 
 def open_job(path: Path, *, check: bool = False) -> tuple[Cluster, JobHandle]:
