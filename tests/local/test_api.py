@@ -617,3 +617,20 @@ def test_one_large_object_in_every_task_is_pointed_out(ew_home, monkeypatch):
         warnings.filterwarnings("error", ".*every task is the same")  # different or small objects: no word
         assert ew.map(len, [bytes(1 << 20) for _ in range(3)]) == [1 << 20] * 3
         assert ew.map(lambda i, k: i + k, range(3), [7] * 3) == [7, 8, 9]
+
+
+def test_jobs_and_executors_leave_no_descriptor_open(ew_home):
+    # a registry connection per short-lived thread (an executor's) kept descriptors open: a
+    # long session (a test run, a notebook) ran out of them
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    ew.map(abs, [-1])
+    with ew.Executor(on=ew.local(cores=2)) as ex:
+        ex.submit(abs, -1).result(timeout=60)
+    before = open_fds()
+    for _ in range(10):
+        ew.map(abs, [-1, -2])
+        with ew.Executor(on=ew.local(cores=2)) as ex:
+            assert ex.submit(abs, -3).result(timeout=60) == 3
+    assert open_fds() <= before + 4, sorted(os.listdir("/proc/self/fd"))

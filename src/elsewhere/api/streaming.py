@@ -335,13 +335,18 @@ class Stream:
         try:
             if self.link is None:
                 fd = os.open(job.store.path / "notify.fifo", os.O_RDWR | os.O_NONBLOCK)
+                self.poller = select.poll()
+                self.poller.register(fd, select.POLLIN)
             last_poll = time.monotonic()
+            said = -1e9
             while True:
                 try:
                     if self._turn(fd, last_poll):
                         break
                 except BaseException:  # never dies: every later future would hang
-                    log.exception("the executor of job %r met an error; it goes on", job.name)
+                    if time.monotonic() - said > 60:  # the same error each turn: said once a minute
+                        said = time.monotonic()
+                        log.exception("the executor of job %r met an error; it goes on", job.name)
                     self.stop.wait(0.25)
                 now = time.monotonic()
                 if now - last_poll > _POLL_S:
@@ -359,8 +364,7 @@ class Stream:
         if fd < 0:
             self.stop.wait(0.25)
         else:
-            r, _, _ = select.select([fd], [], [], 0.25)
-            if r:
+            if self.poller.poll(250):  # (poll: any descriptor number, where select stops at 1024)
                 with contextlib.suppress(BlockingIOError):
                     while os.read(fd, 4096):
                         pass

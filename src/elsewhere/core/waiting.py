@@ -95,8 +95,7 @@ def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float 
         if deadline is not None:
             left = min(left, deadline - now)
         if fd >= 0:
-            r, _, _ = select.select([fd], [], [], max(0.0, left))
-            if r:
+            if _readable(fd, max(0.0, left)):
                 _drain(fd)
                 interval = poll_interval_s
         else:
@@ -120,3 +119,11 @@ def _drain(fd: int) -> None:
 
 def _fmt_counts(counts: dict[TaskState, int]) -> str:
     return ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no tasks"
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` becomes readable within ``timeout`` seconds (poll: any descriptor
+    number, where select stops at 1024)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout * 1000))

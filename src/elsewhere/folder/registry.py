@@ -69,10 +69,12 @@ T = TypeVar("T")
 
 
 class _Borrowed:
-    """A cached connection handed out for one call; ``close()`` keeps it open."""
+    """A connection handed out for one call; ``close()`` keeps a cached one open and closes
+    one made for the call (``owned``)."""
 
-    def __init__(self, con: sqlite3.Connection) -> None:
+    def __init__(self, con: sqlite3.Connection, owned: bool = False) -> None:
         self._con = con
+        self._owned = owned
 
     def execute(self, *args: Any) -> sqlite3.Cursor:
         return self._con.execute(*args)
@@ -84,6 +86,9 @@ class _Borrowed:
         if self._con.in_transaction:
             with contextlib.suppress(sqlite3.Error):  # then _run forgets the connection
                 self._con.execute("ROLLBACK")
+        if self._owned:
+            with contextlib.suppress(sqlite3.Error):
+                self._con.close()
 
 
 def _inode(path: Path) -> int | None:
@@ -113,6 +118,12 @@ class Registry:
 
     # -- connections ------------------------------------------------------
     def _connect(self) -> _Borrowed:
+        if threading.current_thread() is not threading.main_thread():
+            # Other threads come and go (an Executor's, housekeeping's): a connection of
+            # theirs, cached, would outlive them, and SQLite keeps the file descriptor of one
+            # closed while another of the process is open until that one closes too: each
+            # call of theirs has its own, whose descriptor the next one reuses.
+            return _Borrowed(self._open(), owned=True)
         key = str(self.path)
         cons = getattr(_local, "cons", None)
         if cons is None:
@@ -124,6 +135,11 @@ class Registry:
             if pid == os.getpid() and ino == inode:
                 return _Borrowed(con)
             self._forget()
+        for other in [k for k in cons if k != key]:  # one registry at a time per thread: another
+            pid, _ino, old = cons.pop(other)  # home (a test's, a user's switch) closes the last
+            if pid == os.getpid():
+                with contextlib.suppress(sqlite3.Error):
+                    old.close()
         con = self._open()
         cons[key] = (os.getpid(), os.stat(key).st_ino, con)
         return _Borrowed(con)
