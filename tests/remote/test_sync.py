@@ -71,7 +71,7 @@ def test_push_pull_and_discard_on_every_way_files_move(file_transport: Transport
 
 
 def test_worker_output_names_what_workers_write() -> None:
-    assert set(WORKER_OUTPUT) == {"journal/**", "results/**", "logs/**", "workers/**"}
+    assert set(WORKER_OUTPUT) == {"journal/**", "results/**", "logs/**", "workers/**", "damage.txt"}
 
 
 def test_over_an_agent_session_the_payload_streams_then_the_rest_follows(
