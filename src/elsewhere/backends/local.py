@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 _wake = wake  # the name api/streaming.py imports
 
 _DISPATCH_GRACE_S = 15.0
-_START_LOOK_S = 1.0  # a worker on its way this long whose process has ended is lost at start
+_START_LOOK_S = 1.0  # a worker on its way this long that took its lock and let it go is lost at start
+_START_LATE_S = 5.0  # ... one that never took it, once the process started for it has ended
 _START_LOSSES = 10  # ... and this many in a row halt the job
 #: ``python -m elsewhere.worker`` without runpy (and what it imports): a few ms less per start
 _WORKER_MAIN = "import sys; from elsewhere.worker import main; sys.exit(main())  # elsewhere.worker"
@@ -403,7 +404,7 @@ class LocalCluster(Cluster):
         """Forget the workers on their way that were lost at start, or are late (see the module)."""
         now = time.time()
         for wid, t in q.dispatched().items():
-            if now - t > _START_LOOK_S and lost_at_start(job, q, wid):
+            if now - t > _START_LOOK_S and lost_at_start(job, q, wid, now - t > _START_LATE_S):
                 if q.lost_at_start(wid) == _START_LOSSES:
                     write_off(job.store, q, [], self._start_failure(), halt=True)
             elif now - t > _DISPATCH_GRACE_S:

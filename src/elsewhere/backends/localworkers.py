@@ -45,12 +45,16 @@ def note_dispatched(q: Queue, use: list[tuple[str, int]], count: int) -> list[st
     return new
 
 
-def lost_at_start(job: JobHandle, q: Queue, wid: str) -> bool:
+def lost_at_start(job: JobHandle, q: Queue, wid: str, late: bool) -> bool:
     """Whether worker ``wid``, on its way to ``job``, ended before it joined: it took its lock
-    and let it go, or the process started for it (which forks it) has ended without it."""
+    and let it go, or, ``late`` (on its way for seconds), the process started for it (which
+    forks it) has ended and it never took its lock. Not sooner: on a busy machine a worker's
+    interpreter may take seconds to start, after the process that forked it has ended."""
     cur = job.store._p("workers", f"{wid}.cur")
     if os.path.exists(cur):
         return lock_is_free(cur)
+    if not late:
+        return False
     by = q.started_by(wid)
     return by is not None and by[1] == os.uname().nodename and not process_alive(by[0])
 
