@@ -1,6 +1,6 @@
 """The local backend against what a user would pick instead, side by side.
 
-    .venv/bin/python bench/local.py [--rounds 3] [--quick] [--only cold10k,first,...]
+    .venv/bin/python bench/local.py [--rounds 3] [--quick] [--only cold10k,first,...] [--calls N]
 
 Measures in one run, on this machine, each measurement in a fresh interpreter
 (rounds interleaved, median reported), every elsewhere job durable on disk and
@@ -23,9 +23,18 @@ its workers detached, ``on=ew.local(cores=2)``:
    bare ``multiprocessing.Process`` (10 tasks each), measured just before.
 6. ``big``: one task whose argument is a 100 MB NumPy array (returns its sum),
    on warm workers, against a warm ProcessPoolExecutor.
+7. ``latency``: ``ew.Executor``'s result latency, from a call's end in the worker
+   to its future's completion in the caller, lone calls and 5 no-ops behind a
+   1 s call on one worker, against ProcessPoolExecutor's and loky's (see
+   ``_executors.py``).
+8. ``memory``: the caller's peak RSS and wall time for a stream of ``--calls``
+   ``abs`` calls (default 200 000; 1 000 000 is the full figure; at most
+   10 000 futures alive) and of 2 000 calls returning 1 MB each, against
+   ProcessPoolExecutor and loky.
 
 "ratio" is always the alternative's time over elsewhere's (its speed relative
-to the alternative): above 1, elsewhere is faster. A FAIL is reported, never
+to the alternative): above 1, elsewhere is faster (for ``latency`` and
+``memory``, the alternative's latency or RSS over elsewhere's). A FAIL is reported, never
 turned into an exit status: this is a benchmark, not a test.
 
 The task functions live in ``_tasks.py``, a module of their own that workers
@@ -37,6 +46,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+
+import _executors
 
 # -- task functions (imported by workers as _tasks.<name>: see _tasks.py) --------
 from _tasks import arr_sum, noop, spin_cpu
@@ -365,6 +376,8 @@ def m_big(system: str, mb: int, variant: str = "map", reps: int = 3) -> dict:
     return {"t": statistics.median(ts)}
 
 
+EXECUTOR_GROUPS = ("latency", "memory")  # reported by _executors.report
+
 CHILDREN = {
     "ew_cold": m_ew_cold,
     "ew_warm": m_ew_warm,
@@ -375,11 +388,12 @@ CHILDREN = {
     "dask_first": m_dask_first,
     "cpu": m_cpu,
     "big": m_big,
+    **_executors.CHILDREN,
 }
 
 
 # -- the parent: plan, run, report ------------------------------------------------
-def plan(quick: bool) -> list[tuple[str, str, dict, bool]]:
+def plan(quick: bool, calls: int = 200_000) -> list[tuple[str, str, dict, bool]]:
     """(key, child, params, fresh home) of every measurement of one round."""
     from _common import have
 
@@ -408,20 +422,23 @@ def plan(quick: bool) -> list[tuple[str, str, dict, bool]]:
         m.append(("big/ew/map", "big", {"system": "ew", "mb": 100, "variant": "map"}, True))
         m.append(("big/ew/submit", "big", {"system": "ew", "mb": 100, "variant": "submit"}, True))
         m.append(("big/ppe", "big", {"system": "ppe", "mb": 100}, False))
+    m += _executors.plan(calls, 2_000)
     return m
 
 
-def collect(rounds: int, quick: bool, only: set[str] | None) -> tuple[dict[str, list[dict]], float]:
+def collect(rounds: int, quick: bool, only: set[str] | None,
+            calls: int = 200_000) -> tuple[dict[str, list[dict]], float]:  # fmt: skip
     from _common import ChildFailed, run_child
 
-    steps = [s for s in plan(quick) if not only or s[0].split("/")[0] in only]
+    steps = [s for s in plan(quick, calls) if not only or s[0].split("/")[0] in only]
     got: dict[str, list[dict]] = {}
     t_start = pc()
     for r in range(rounds):
         t_round = pc()
         for key, child, params, home in steps:
             try:
-                got.setdefault(key, []).append(run_child(__file__, child, params, home=home))
+                got.setdefault(key, []).append(run_child(__file__, child, params, home=home,
+                                                         timeout_s=_executors.timeout_s(params)))
             except ChildFailed as exc:
                 print(f"  {key}: {exc}", file=sys.stderr)
         print(f"  round {r + 1}/{rounds}: {pc() - t_round:.0f} s", file=sys.stderr)
@@ -458,6 +475,8 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
 
     for key in sorted(got, key=lambda k: list(got).index(k)):
         group, _, sysname = key.partition("/")
+        if group in EXECUTOR_GROUPS:
+            continue  # their own table (_executors.report)
         if key == "warm10k/ew":
             for v in ("map", "map_noseed", "submit"):
                 x = t(key, v)
@@ -544,8 +563,13 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="one round, fewer variants (under a minute)")
-    p.add_argument("--only", default="", help="comma-separated groups: cold10k,cold100k,warm10k,first,cpu,big")
+    p.add_argument("--only", default="",
+                   help="comma-separated groups: cold10k,cold100k,warm10k,first,cpu,big,latency,memory")
+    p.add_argument("--calls", type=int, default=None,
+                   help="abs calls of the memory group's stream (default 200 000, 50 000 with --quick; "
+                        "1 000 000 is the full figure, about 5 minutes per contender here)")
     args = p.parse_args(argv)
+    calls = args.calls or (50_000 if args.quick else 200_000)
     rounds = args.rounds or (1 if args.quick else 3)
     only = {s for s in args.only.split(",") if s} or None
     import platform
@@ -555,13 +579,18 @@ def main(argv: list[str]) -> int:
     print(f"# bench/local.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()} ({venv_python()}), {rounds} round(s), "
           f"load {os.getloadavg()[0]:.2f} at start", flush=True)
-    got, took = collect(rounds, args.quick, only)
-    figures, ratios = report(got)
+    got, took = collect(rounds, args.quick, only, calls)
     print(f"\nFigures (median of {rounds} round(s), each in a fresh process; {took:.0f} s in all, "
           f"load {os.getloadavg()[0]:.2f} at end):\n")
-    print(figures)
-    print("\nRatios (alternative's time / elsewhere's: above 1, elsewhere is faster):\n")
-    print(ratios)
+    if any(k.split("/")[0] not in EXECUTOR_GROUPS for k in got):
+        figures, ratios = report(got)
+        print(figures)
+        print("\nRatios (alternative's time / elsewhere's: above 1, elsewhere is faster):\n")
+        print(ratios)
+    if any(k.split("/")[0] in EXECUTOR_GROUPS for k in got):
+        print("\new.Executor on ew.local(cores=2) against ProcessPoolExecutor(2) and loky (ratio: the "
+              "alternative's latency, RSS or time over elsewhere's; above 1, elsewhere is ahead):\n")
+        print(_executors.report(got, "local workers"))
     return 0
 
 
