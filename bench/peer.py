@@ -1,6 +1,6 @@
 """The peer network against dask.distributed and ipyparallel, side by side, on loopback.
 
-    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes,blas]
+    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes,blas,...] [--calls N]
 
 Two ``elsewhere peer worker`` daemons (one slot each, a fresh group key, on
 127.0.0.1) are started once and stay warm; every measurement runs in a fresh
@@ -33,12 +33,13 @@ child and warmed up before their clock starts.
 3. ``big``: a task that gets a 100 MB NumPy array and returns it (100 MB each
    way), against a bare TCP socket between two Python processes on loopback
    that echoes the same 100 MB, with and without a GMAC over every byte (the
-   authentication the peer wire does). Measured at the wire (a bare controller
+   authentication the peer wire does with ``--no-encrypt``); the paired echo is
+   encrypted with AES-256-GCM each way, as the peer wire is by default. Measured at the wire (a bare controller
    on the daemon: what the network part costs; best of 3 on warm buffers) and
    through ``ew.Executor`` (best of 3, each after a pause that lets the job
    folder writes of the one before finish: the payload, the result written and
    fsynced; its first, cold run is shown too). Target: >= 0.7x the
-   authenticated bare socket, timed in the same process just before each
+   encrypted bare socket, timed in the same process just before each
    of the three (each best of 3 against the bare echo's best of 3, median
    over rounds): this machine's pace swings 2x within minutes, and the
    bare echoes timed apart (also shown) only say how much. The returned array is the argument itself, so
@@ -55,8 +56,21 @@ child and warmed up before their clock starts.
    ``ProcessPoolExecutor(2).map`` (BLAS in each of its processes on all the
    cores, as they start by default) and dask's ``client.map`` (its workers
    start BLAS on one thread).
+6. ``latency``: ``ew.Executor(on=ew.peers())``'s result latency, from a call's
+   end in the worker to its future's completion in the caller: lone calls on
+   the two workers, and 5 no-ops behind a 1 s call on a third worker of its
+   own group (one worker, one slot), against ProcessPoolExecutor's and loky's
+   (2 and 1 processes); see ``_executors.py``. Target: <= 1 ms median.
+7. ``memory``: the caller's peak RSS and wall time for a stream of ``--calls``
+   ``abs`` calls (default 200 000; 1 000 000 is the full figure; at most
+   10 000 futures alive) and of 2 000 calls returning 1 MB each, on the two
+   workers, against ProcessPoolExecutor(2) and loky.
+8. ``crypt``: 100 MB each way through the peer wire encrypted (the default) and not
+   (``--no-encrypt``), beside the cipher alone and bare echoes; see ``_encrypted.py``.
+   Target: the encrypted wire within 1.3x of AES-256-GCM's own single-core time.
 
-"ratio" is the alternative's time over elsewhere's: above 1, elsewhere is faster.
+"ratio" is the alternative's time over elsewhere's: above 1, elsewhere is faster (for
+``latency`` and ``memory``, the alternative's latency or RSS over elsewhere's).
 """
 
 from __future__ import annotations
@@ -64,6 +78,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+
+import _encrypted
+import _executors
 
 pc = time.perf_counter
 
@@ -138,7 +155,7 @@ def m_ew_rt(port: int, key: str, n: int = 200) -> dict:
 class WireClient:
     """A bare controller: the wire protocol on a blocking socket, no job folder."""
 
-    def __init__(self, port: int, key_path: str) -> None:
+    def __init__(self, port: int, key_path: str, encrypt: bool = True, host: str = "127.0.0.1") -> None:
         import socket
 
         from elsewhere.peer.announce import new_peer_id
@@ -147,11 +164,11 @@ class WireClient:
         from elsewhere.peer.stream import ReusableBuffers
         from elsewhere.peer.wire import Connection, HandshakeComplete, Limits, Role
 
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffers = ReusableBuffers()  # warm receive buffers, as the controller keeps
         self.conn = Connection(Role.INITIATOR, load_key(key_path), Identity(new_peer_id(), "b", "b"),
-                               limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers)
+                               limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers, encrypt=encrypt)
         self.events: list = []
         self.n = 0
         self.sent_fns: set[str] = set()
@@ -161,6 +178,10 @@ class WireClient:
 
     def _send_pending(self) -> None:
         for frame in self.conn.data_to_send():
+            if not frame.small:  # sealed slice by slice as it goes, as the controller's pump does
+                for part in frame.iter_parts():
+                    self.sock.sendall(part)
+                continue
             parts = frame.parts()
             while parts:
                 sent = self.sock.sendmsg(parts[:512])
@@ -260,7 +281,7 @@ def m_ew_big(port: int, key: str, mb: int) -> dict:
     checks = {ident: same, arr_sum: lambda s: abs(s - float(a.sum())) < 1e-6 * abs(s), copied: same}
     times: dict = {fn: [] for fn in checks}
     bare_ts = []
-    bare = BareEcho(a, mac=True)
+    bare = _encrypted.Echo(memoryview(a).cast("B"), "aes")  # protected as the wire is: encrypted
     with ew.Executor(on=_peers(port, key)) as ex:
         ex.submit(noop, 1).result()
         for _ in range(3):
@@ -291,7 +312,7 @@ def m_wire_big(port: int, key: str, mb: int) -> dict:
     a = np.random.default_rng(1).random(mb * (1 << 20) // 8)
     c = WireClient(port, key)
     c.run(noop, 1)
-    bare = BareEcho(a, mac=True)
+    bare = _encrypted.Echo(memoryview(a).cast("B"), "aes")  # protected as the wire is: encrypted
     out = {}
     ts, bare_ts = [], []
     for _ in range(3):
@@ -604,14 +625,14 @@ CHILDREN = {
     "wire_big": m_wire_big, "ew_bytes": m_ew_bytes, "dask_rt": m_dask_rt,
     "dask_tput": m_dask_tput, "dask_big": m_dask_big, "ipp_rt": m_ipp_rt,
     "ipp_tput": m_ipp_tput, "ipp_big": m_ipp_big, "bare": m_bare, "ew_blas": m_ew_blas,
-    "ppe_blas": m_ppe_blas, "dask_blas": m_dask_blas,
+    "ppe_blas": m_ppe_blas, "dask_blas": m_dask_blas, **_executors.CHILDREN, **_encrypted.CHILDREN,
 }
 
 
 # -- the parent: daemons, rounds, tables --------------------------------------------------------
 
 
-def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 1):
+def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 1, args: tuple = ()):
     """``n`` warm worker daemons on loopback with a fresh key, ``slots`` each: (procs,
     discovery port, key, their TCP ports); their counters in ``tmp/w<i>.json``.
     ``busy_poll_ms``: their ``--busy-poll`` (the default, 2 ms, unless asked)."""
@@ -634,7 +655,7 @@ def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 
             [venv_python(), "-m", "elsewhere.api.peer_cli", "peer", "worker", "--key", key,
              "--port", str(port), "--interface", "127.0.0.1", "--slots", str(slots),
              "--busy-poll", str(busy_poll_ms),
-             "--log-level", "warning", "--stats-file", stats],
+             "--log-level", "warning", "--stats-file", stats, *args],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True), stats))
     deadline = time.monotonic() + 30
@@ -653,16 +674,17 @@ def start_workers(tmp: str, n: int = 2, busy_poll_ms: float = 2.0, slots: int = 
 
 
 def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
-            busy_poll_ms: float = 2.0) -> tuple[dict, float]:  # fmt: skip
+            busy_poll_ms: float = 2.0, calls: int = 200_000) -> tuple[dict, float]:  # fmt: skip
     from _common import ChildFailed, have, run_child, stop_procs
 
     script = os.path.abspath(__file__)
     procs, port, key, tcp_ports = start_workers(tmp, busy_poll_ms=busy_poll_ms)
     got: dict[str, list] = {}
+    children: dict[str, str] = {}  # the child of a measurement not named after it
     n = 10_000
     mb = 100
     plan: list[tuple[str, str, dict, bool]] = []
-    want = only or {"rt", "tput", "big", "bytes", "blas"}
+    want = only or {"rt", "tput", "big", "bytes", "blas", "latency", "memory", "crypt"}
     dask, ipp = have("distributed"), have("ipyparallel")
     if "rt" in want:
         plan += [("rt", "ew_rt", {"port": port, "key": key}, True),
@@ -687,16 +709,37 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
         plan += [("blas", "ew_blas", {"port": port, "key": key, **pinv}, True),
                  ("blas", "ppe_blas", pinv, False)]
         plan += [("blas", "dask_blas", pinv, False)] if dask else []
+    if "crypt" in want:  # a worker of its own group started with --no-encrypt, beside an encrypting one
+        os.mkdir(os.path.join(tmp, "clear"))
+        more, _, clear_key, clear_ports = start_workers(os.path.join(tmp, "clear"), n=1, args=("--no-encrypt",))
+        procs += more
+        plan += [("crypt", "crypt_big", {"port": tcp_ports[0], "key": key, "clear_port": clear_ports[0],
+                                         "clear_key": clear_key, "mb": mb}, False)]  # fmt: skip
+    if want & {"latency", "memory"}:
+        one = None
+        if "latency" in want:  # a worker alone in a group of its own: calls queue behind each other
+            os.mkdir(os.path.join(tmp, "one"))
+            try:
+                more, one_port, one_key, _ = start_workers(os.path.join(tmp, "one"), n=1,
+                                                           busy_poll_ms=busy_poll_ms)
+            except BaseException:
+                stop_procs(procs)
+                raise
+            procs += more
+            one = {"port": one_port, "key": one_key}
+        for name, child, params, home in _executors.plan(calls, 2_000, {"port": port, "key": key}, one, want):
+            plan.append((name.split("/")[0], name, params, home))
+            children[name] = child
     t0 = time.monotonic()
     try:
         for r in range(rounds):
             for group, name, params, home in plan:
                 if group == "bytes" and r > 0:
                     continue
-                child = "bare" if name == "bare_mac" else name
+                child = children.get(name) or ("bare" if name == "bare_mac" else name)
                 print(f"  round {r + 1}: {name} ...", file=sys.stderr, flush=True)
                 try:
-                    res = run_child(script, child, params, home=home, timeout_s=300)
+                    res = run_child(script, child, params, home=home, timeout_s=_executors.timeout_s(params))
                 except ChildFailed as exc:
                     print(f"  {name} failed: {exc}", file=sys.stderr)
                     res = None
@@ -748,7 +791,7 @@ def report(got: dict) -> str:
     r = paired("ew_big")
     rows.append(["big", "ew.Executor: the same, durable job folder", fmt_time(ew_echo),
                  f"{r:.2f}x", ">= 0.7x", verdict(r, 0.7)])
-    rows.append(["big", "  (the bare echo + GMAC beside them: wire, Executor)",
+    rows.append(["big", "  (the bare echo + AES-GCM beside them: wire, Executor)",
                  f"{fmt_time(med('wire_big', 'bare_mac'))}, {fmt_time(med('ew_big', 'bare_mac'))}",
                  "", "", "info"])
     ew_bare = med("ew_big", "bare_mac")
@@ -785,6 +828,7 @@ def report(got: dict) -> str:
         t = med(name)
         rows.append(["blas", label, fmt_time(t), f"{t / ew_pinv:.2f}x", "", "info"])
     measured = {g for g, name, *_ in PLAN_GROUPS if any(r is not None for r in got.get(name, []))}
+    rows += _encrypted.report(got, med, fmt_time, verdict)
     rows = [r for r in rows if r[0] in measured]  # groups left out (--only) are not shown as n/a
     return table(["group", "measurement", "elsewhere / figure", "ratio", "target", "verdict"], rows)
 
@@ -793,8 +837,10 @@ PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "wire_rt"), ("rt", "dask_rt"), ("rt", "ip
                ("tput", "ew_tput"), ("tput", "dask_tput"), ("tput", "ipp_tput"),
                ("big", "wire_big"), ("big", "ew_big"), ("big", "bare"), ("big", "bare_mac"),
                ("big", "dask_big"), ("big", "ipp_big"), ("bytes", "ew_bytes"), ("blas", "ew_blas"),
-               ("blas", "ppe_blas"), ("blas", "dask_blas")]
+               ("blas", "ppe_blas"), ("blas", "dask_blas"), ("crypt", "crypt_big")]
 """Which group each measurement belongs to."""
+
+EXECUTOR_GROUPS = ("latency", "memory")  # measurements named group/system/variant, their own table
 
 
 def main(argv: list[str]) -> int:
@@ -811,11 +857,15 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="one round, fewer alternatives")
-    p.add_argument("--only", default="", help="comma-separated groups: rt,tput,big,bytes,blas")
+    p.add_argument("--only", default="", help="comma-separated groups: rt,tput,big,bytes,blas,latency,memory,crypt")
+    p.add_argument("--calls", type=int, default=None,
+                   help="abs calls of the memory group's stream (default 200 000, 50 000 with --quick; "
+                        "1 000 000 is the full figure, about 5 minutes per contender here)")
     p.add_argument("--busy-poll", type=float, default=2.0, metavar="MS",
                    help="the workers' --busy-poll (default 2, theirs; 0 to compare without)")
     args = p.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
+    calls = args.calls or (50_000 if args.quick else 200_000)
     only = {s for s in args.only.split(",") if s} or None
     import platform
 
@@ -824,10 +874,15 @@ def main(argv: list[str]) -> int:
           f"workers' busy poll {args.busy_poll:g} ms",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="ewpeerbench-") as tmp:
-        got, took = collect(rounds, args.quick, only, tmp, args.busy_poll)
+        got, took = collect(rounds, args.quick, only, tmp, args.busy_poll, calls)
     print(f"\nMedian of {rounds} round(s), each in a fresh process; {took:.0f} s in all, "
           f"load {os.getloadavg()[0]:.2f} at end:\n")
-    print(report(got))
+    if any(got.get(name) for _group, name in PLAN_GROUPS):
+        print(report(got))
+    if any(name.split("/")[0] in EXECUTOR_GROUPS for name in got):
+        print("\new.Executor on the loopback peer workers against ProcessPoolExecutor and loky (ratio: "
+              "the alternative's latency, RSS or time over elsewhere's; above 1, elsewhere is ahead):\n")
+        print(_executors.report(got, "peers"))
     return 0
 
 

@@ -1,15 +1,17 @@
-"""How fast is the peer wire codec? MAC throughput and tiny-frame cost.
+"""How fast is the peer wire codec? Cipher and MAC throughput and tiny-frame cost.
 
     .venv/bin/python bench/peer_wire.py [--mib 100] [--rounds 5]
 
 Prints, best of ``rounds``:
 
-1. raw MACs over one buffer: GMAC one-shot (AESGCM.encrypt, empty plaintext),
-   GMAC streamed over 1 MiB slices, HMAC-SHA256;
-2. the codec in memory on a TASK with one large buffer: encode (MAC) + receive
-   (copied into place the way ``recv_into`` would, MAC checked) with a group key,
-   without one (no MAC), and without one plus HMAC-SHA256 on both sides (what an
-   HMAC-based codec would cost);
+1. raw MACs and ciphers over one buffer: GMAC one-shot (AESGCM.encrypt, empty plaintext),
+   GMAC streamed over 1 MiB slices, HMAC-SHA256; AES-256-GCM and ChaCha20-Poly1305
+   encrypting (one call; AES-256-GCM also in 1 MiB slices into a reused buffer, as the
+   wire does);
+2. the codec in memory on a TASK with one large buffer: encode (encrypt or MAC) + receive
+   (copied into place the way ``recv_into`` would, decrypted or MAC checked) with a group
+   key, encrypted (the default) and not (``encrypt=False``: GMAC only), without one (no
+   MAC), and without one plus HMAC-SHA256 on both sides (what an HMAC-based codec would cost);
 3. the same over a real TCP loopback connection between two processes (the
    sender streams parts with ``sendall``; the receiver ``recv_into`` the
    connection's own, reused buffers);
@@ -36,7 +38,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 
 from elsewhere.peer.keys import GroupKey, generate_key
 from elsewhere.peer.messages import Accept, Ask, Identity, Ping, Task
@@ -64,10 +66,11 @@ class Pool:
         return memoryview(self.buf)[:size]
 
 
-def pair(key: GroupKey | None, allocate: Callable[[int], object]) -> tuple[Connection, Connection]:
+def pair(key: GroupKey | None, allocate: Callable[[int], object],
+         encrypt: bool = True) -> tuple[Connection, Connection]:  # fmt: skip
     limits = Limits(max_body_bytes=1 << 34)
-    a = Connection(Role.INITIATOR, key, Identity("a"), limits=limits)
-    b = Connection(Role.RESPONDER, key, Identity("b"), limits=limits, allocate=allocate)  # type: ignore[arg-type]
+    a = Connection(Role.INITIATOR, key, Identity("a"), limits=limits, encrypt=encrypt)
+    b = Connection(Role.RESPONDER, key, Identity("b"), limits=limits, allocate=allocate, encrypt=encrypt)  # type: ignore[arg-type]
     for _ in range(3):
         for f in a.data_to_send():
             b.feed(f.tobytes())
@@ -85,8 +88,9 @@ def admit(a: Connection, b: Connection, task_id: str) -> None:
         a.feed(f.tobytes())
 
 
-def in_memory(key: GroupKey | None, data: bytearray, rounds: int, hmac_too: bool = False) -> float:
-    a, b = pair(key, Pool(len(data)))
+def in_memory(key: GroupKey | None, data: bytearray, rounds: int, hmac_too: bool = False,
+              encrypt: bool = True) -> float:  # fmt: skip
+    a, b = pair(key, Pool(len(data)), encrypt)
     counter = iter(range(10**9))
     mac_key = os.urandom(32)
 
@@ -149,11 +153,19 @@ class _Endpoint:
                 raise RuntimeError("connection closed")
 
 
-def _sender(key: GroupKey | None, address: tuple[str, int], data: bytearray, rounds: int) -> None:
+def _cpu() -> float:
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _sender(key: GroupKey | None, address: tuple[str, int], data: bytearray, rounds: int,
+            encrypt: bool, cpu: object) -> None:  # fmt: skip
     sock = socket.create_connection(address)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = Connection(
-        Role.INITIATOR, key, Identity("sender"), limits=Limits(max_body_bytes=1 << 34)
+        Role.INITIATOR, key, Identity("sender"), limits=Limits(max_body_bytes=1 << 34), encrypt=encrypt
     )
     end = _Endpoint(conn, sock)
     _flush(conn, sock)
@@ -162,45 +174,53 @@ def _sender(key: GroupKey | None, address: tuple[str, int], data: bytearray, rou
         conn.send(Ask(f"t{i}"))
         _flush(conn, sock)
         end.wait(lambda e: isinstance(e, Received) and isinstance(e.message, Accept))
+        c0 = _cpu()
         conn.send(Task(f"t{i}"), [data])
         _flush(conn, sock)
+        cpu.put(_cpu() - c0)  # type: ignore[attr-defined]
     sock.close()
 
 
-def over_tcp(key: GroupKey | None, data: bytearray, rounds: int) -> float:
-    """A sender process streams TASK frames to this process over TCP loopback."""
+def over_tcp(key: GroupKey | None, data: bytearray, rounds: int, encrypt: bool = True) -> tuple[float, float, float]:
+    """A sender process streams TASK frames to this process over TCP loopback: GB/s of the
+    fastest, and the CPU seconds the sender and the receiver spent on it."""
     server = socket.create_server(("127.0.0.1", 0))
     ctx = multiprocessing.get_context("fork")
-    child = ctx.Process(target=_sender, args=(key, server.getsockname(), data, rounds))
+    cpu_q = ctx.Queue()
+    child = ctx.Process(target=_sender, args=(key, server.getsockname(), data, rounds, encrypt, cpu_q))
     child.start()
     sock, _ = server.accept()
     server.close()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     pool = Pool(len(data))
     conn = Connection(Role.RESPONDER, key, Identity("receiver"),
-                      limits=Limits(max_body_bytes=1 << 34), allocate=pool)  # fmt: skip
+                      limits=Limits(max_body_bytes=1 << 34), allocate=pool, encrypt=encrypt)  # fmt: skip
     end = _Endpoint(conn, sock)
-    times = []
+    times: list[float] = []
+    cpus: list[float] = []
     try:
         end.wait(lambda e: isinstance(e, HandshakeComplete))
         for _ in range(rounds):
             ask = end.wait(lambda e: isinstance(e, Received))
             assert isinstance(ask, Received) and isinstance(ask.message, Ask)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu()
             conn.send(Accept(ask.message.task_id))
             _flush(conn, sock)
             end.wait(lambda e: isinstance(e, Received) and isinstance(e.message, Task))
             times.append(time.perf_counter() - t0)
+            cpus.append(_cpu() - c0)
     finally:
         sock.close()
+        sent_cpu = [cpu_q.get(timeout=30) for _ in times]
         child.join(30)
         if child.is_alive():
             child.kill()
-    return len(data) / min(times) / 1e9
+    best = times.index(min(times))
+    return len(data) / times[best] / 1e9, sent_cpu[best], cpus[best]
 
 
-def tiny(key: GroupKey | None, n: int = 20000) -> float:
-    a, b = pair(key, bytearray)
+def tiny(key: GroupKey | None, n: int = 20000, encrypt: bool = True) -> float:
+    a, b = pair(key, bytearray, encrypt)
 
     def once() -> None:
         for i in range(n):
@@ -236,6 +256,19 @@ def main() -> None:
         size / best(args.rounds, lambda: hmac.new(mac_key, data, hashlib.sha256).digest()) / 1e9
     )
     copy_speed = size / best(args.rounds, lambda: bytearray(data)) / 1e9
+    ring = memoryview(bytearray(SLICE))
+
+    def aes_stream() -> None:
+        enc = Cipher(algorithms.AES(mac_key), modes.GCM(nonce)).encryptor()
+        view = memoryview(data)
+        for i in range(0, size, SLICE):
+            enc.update_into(view[i : i + SLICE], ring)
+        enc.finalize()
+
+    aes_sliced = size / best(args.rounds, aes_stream) / 1e9
+    aes_once = size / best(args.rounds, lambda: aead.encrypt(nonce, data, b"")) / 1e9
+    chacha = ChaCha20Poly1305(mac_key)
+    chacha_once = size / best(args.rounds, lambda: chacha.encrypt(nonce, data, b"")) / 1e9
 
     print(f"peer wire benchmark: {args.mib} MiB, best of {args.rounds}, {os.cpu_count()} cores")
     print("\n1. MAC alone over one buffer (GB/s)")
@@ -244,27 +277,39 @@ def main() -> None:
     print(f"   HMAC-SHA256                     {hmac_speed:7.2f}")
     print(f"   (bytearray copy, for scale      {copy_speed:7.2f})")
     print(f"   GMAC / HMAC-SHA256              {gmac_sliced / hmac_speed:7.1f}x")
+    print(f"   AES-256-GCM, 1 MiB slices       {aes_sliced:7.2f}")
+    print(f"   AES-256-GCM one call (new out)  {aes_once:7.2f}")
+    print(f"   ChaCha20-Poly1305 one call      {chacha_once:7.2f}")
+    print(f"   AES-256-GCM / ChaCha20-Poly1305 {aes_once / chacha_once:7.1f}x")
 
-    keyed = in_memory(key, data, args.rounds)
+    encrypted = in_memory(key, data, args.rounds)
+    keyed = in_memory(key, data, args.rounds, encrypt=False)
     plain = in_memory(None, data, args.rounds)
     with_hmac = in_memory(None, data, args.rounds, hmac_too=True)
     print("\n2. codec in memory: encode + receive a TASK with one buffer (GB/s)")
-    print(f"   keyed (GMAC)                    {keyed:7.2f}")
+    print(f"   keyed, encrypted (AES-256-GCM)  {encrypted:7.2f}")
+    print(f"   keyed, not encrypted (GMAC)     {keyed:7.2f}")
     print(f"   no key (no MAC)                 {plain:7.2f}")
     print(f"   no key + HMAC-SHA256 both sides {with_hmac:7.2f}")
     print(f"   GMAC codec / no MAC             {keyed / plain:7.2f}")
     print(f"   GMAC codec / HMAC codec         {keyed / with_hmac:7.2f}x")
 
-    tcp_keyed = over_tcp(key, data, args.rounds)
-    tcp_plain = over_tcp(None, data, args.rounds)
-    print("\n3. over TCP loopback, sender process -> receiver process (GB/s)")
-    print(f"   keyed (GMAC)                    {tcp_keyed:7.2f}")
-    print(f"   no key (no MAC)                 {tcp_plain:7.2f}")
+    tcp_encrypted, *cpu_enc = over_tcp(key, data, args.rounds)
+    tcp_keyed, *cpu_keyed = over_tcp(key, data, args.rounds, encrypt=False)
+    tcp_plain, *cpu_plain = over_tcp(None, data, args.rounds)
+    print("\n3. over TCP loopback, sender process -> receiver process (GB/s; CPU ms of the")
+    print("   fastest at the sender / the receiver)")
+    for label, gbs, (c_send, c_recv) in (("keyed, encrypted (AES-256-GCM) ", tcp_encrypted, cpu_enc),
+                                         ("keyed, not encrypted (GMAC)    ", tcp_keyed, cpu_keyed),
+                                         ("no key (no MAC)                ", tcp_plain, cpu_plain)):  # fmt: skip
+        print(f"   {label} {gbs:7.2f}   {c_send * 1e3:5.0f} / {c_recv * 1e3:3.0f} ms")
     print(f"   keyed / no key                  {tcp_keyed / tcp_plain:7.2f}")
+    print(f"   encrypted / cipher alone        {tcp_encrypted / aes_sliced:7.2f}")
 
     print("\n4. tiny frame (PING): encode + decode (us)")
-    tiny_keyed, tiny_plain = tiny(key), tiny(None)
-    print(f"   keyed                           {tiny_keyed:7.1f}")
+    tiny_encrypted, tiny_keyed, tiny_plain = tiny(key), tiny(key, encrypt=False), tiny(None)
+    print(f"   keyed, encrypted                {tiny_encrypted:7.1f}")
+    print(f"   keyed, not encrypted            {tiny_keyed:7.1f}")
     print(f"   no key                          {tiny_plain:7.1f}")
 
 

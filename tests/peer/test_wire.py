@@ -11,6 +11,7 @@ import pytest
 from peer_testing import make_pair, pump
 
 from elsewhere.peer import messages, reader, wire
+from elsewhere.peer.handshake import HandshakeRefused
 from elsewhere.peer.keys import GroupKey
 from elsewhere.peer.messages import (
     FIXED_SIZE,
@@ -234,10 +235,25 @@ def test_handshake_frames_carry_tags_only_with_a_key(key: GroupKey) -> None:
         assert len(hello) == FIXED_SIZE + struct.unpack_from(">I", hello, 16)[0]
 
 
+def _hello_claiming(conn: Connection, fingerprint: str) -> bytes:
+    """``conn``'s HELLO, made to name the key ``fingerprint`` (a fingerprint is no secret), and
+    kept as the one it sent."""
+    hello = conn.data_to_send()[0].tobytes()
+    header = msgpack.packb({**msgpack.unpackb(hello[FIXED_SIZE:]), "keys": [fingerprint]})
+    forged = hello[:16] + struct.pack(">I", len(header)) + hello[20:FIXED_SIZE] + header
+    conn._transcript = [forged]  # type: ignore[attr-defined]
+    return forged
+
+
 def test_wrong_key_never_authenticates(key: GroupKey, other_key: GroupKey) -> None:
     a = Connection(Role.INITIATOR, other_key, Identity("intruder"))
     b = Connection(Role.RESPONDER, key, Identity("work"))
-    b.feed(a.data_to_send()[0].tobytes())
+    with pytest.raises(HandshakeRefused, match="no key of group 'test' in common"):
+        b.feed(a.data_to_send()[0].tobytes())
+    # one that names the worker's key without holding it fails on the worker's proof
+    a = Connection(Role.INITIATOR, other_key, Identity("intruder"))
+    b = Connection(Role.RESPONDER, key, Identity("work"))
+    b.feed(_hello_claiming(a, key.fingerprint))
     challenge = b.data_to_send()[0].tobytes()
     with pytest.raises(ProtocolError, match="failed authentication"):
         a.feed(challenge)
@@ -250,12 +266,12 @@ def test_intruder_that_skips_the_challenge_check_is_refused(
     """An outsider who ignores the responder's proof still cannot forge AUTH."""
     a = Connection(Role.INITIATOR, other_key, Identity("intruder"))
     b = Connection(Role.RESPONDER, key, Identity("work"))
-    b.feed(a.data_to_send()[0].tobytes())
+    b.feed(_hello_claiming(a, key.fingerprint))
     challenge = b.data_to_send()[0].tobytes()
-    real = a._handshake_tag
-    a._handshake_tag = (
-        lambda label, head: (  # type: ignore[method-assign]
-            challenge[-TAG_SIZE:] if label == b"CHALLENGE" else real(label, head)
+    real = a._handshake_tag_ok
+    a._handshake_tag_ok = (
+        lambda label, head, tag: (  # type: ignore[method-assign]
+            label == b"CHALLENGE" or real(label, head, tag)
         )
     )
     a.feed(challenge)
@@ -307,10 +323,15 @@ def test_a_responder_of_several_groups_serves_each_and_no_other(key: GroupKey) -
     b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
     with pytest.raises(ProtocolError, match="serves 'dept', 'lab'"):
         b.feed(a.data_to_send()[0].tobytes())
-    # the right group name with the wrong secret: the handshake fails authentication
+    # the right group name with the wrong secret: no key in common (or, claiming dept's key,
+    # the handshake fails authentication)
     a = Connection(Role.INITIATOR, GroupKey("dept", os.urandom(32)), Identity("a"))
     b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
-    b.feed(a.data_to_send()[0].tobytes())
+    with pytest.raises(ProtocolError, match="no key of group 'dept' in common"):
+        b.feed(a.data_to_send()[0].tobytes())
+    a = Connection(Role.INITIATOR, GroupKey("dept", os.urandom(32)), Identity("a"))
+    b = Connection(Role.RESPONDER, lab, Identity("b"), more_keys=[dept])
+    b.feed(_hello_claiming(a, dept.fingerprint))
     with pytest.raises(ProtocolError, match="failed authentication"):
         a.feed(b.data_to_send()[0].tobytes())
     with pytest.raises(ValueError, match="keyed responder"):
@@ -357,14 +378,15 @@ def _array_payload() -> tuple[np.ndarray, list[object]]:
     return arr, [stream, *bufs]
 
 
-@KEY_MODES
-def test_task_round_trip_with_out_of_band_buffers(keyed: bool, key: GroupKey) -> None:
-    a, b = make_pair(_key(keyed, key))
+@pytest.mark.parametrize("mode", ["encrypted", "clear", "keyless"])
+def test_task_round_trip_with_out_of_band_buffers(mode: str, key: GroupKey) -> None:
+    a, b = make_pair(None if mode == "keyless" else key, encrypt=mode == "encrypted")
     _admit(a, b)
     arr, payload = _array_payload()
     a.send(Task("t1", {"job": "j"}), payload, Flags.COMPRESSED)
     (frame,) = a.data_to_send()
-    assert len(frame.parts()) == 1 + len(payload) + (1 if keyed else 0)
+    if mode != "encrypted":  # (an encrypted body goes as slices of its ciphertext, then the tag)
+        assert len(frame.parts()) == 1 + len(payload) + (mode == "clear")
     events = b.feed(frame.tobytes())
     assert len(events) == 1 and isinstance(events[0], Received)
     got = events[0]
@@ -374,17 +396,27 @@ def test_task_round_trip_with_out_of_band_buffers(keyed: bool, key: GroupKey) ->
     np.testing.assert_array_equal(result, arr)
 
 
-def test_streamed_parts_equal_whole_parts(key: GroupKey) -> None:
-    a, b = make_pair(key)
+@pytest.mark.parametrize("encrypt", [True, False], ids=["encrypted", "clear"])
+def test_streamed_parts_equal_whole_parts(key: GroupKey, encrypt: bool) -> None:
+    a, b = make_pair(key, encrypt=encrypt)
     _admit(a, b)
+    _admit(a, b, "t2")
     payload = [b"x" * 3_000_001, b"", b"y" * 17]
     a.send(Task("t1"), payload)
-    (frame,) = a.data_to_send()
+    a.send(Task("t2"), payload)
+    frame, other = a.data_to_send()
     streamed = [bytes(p) for p in frame.iter_parts(slice_bytes=1 << 20)]
     assert max(len(p) for p in streamed[1:]) == 1 << 20
-    assert b"".join(streamed) == frame.tobytes()
-    assert b"".join(bytes(p) for p in frame.iter_parts()) == frame.tobytes()  # tag cached
-    assert frame.nbytes == len(frame.tobytes())
+    whole = other.tobytes()
+    assert frame.nbytes == len(b"".join(streamed)) == len(whole) == other.nbytes
+    events = b.feed(b"".join(streamed)) + b.feed(whole)  # the same frames, read either way
+    assert [[bytes(x) for x in e.buffers] for e in events] == [payload, payload]  # type: ignore[union-attr]
+    if encrypt:  # sealing again would use the frame's nonce again
+        with pytest.raises(PeerError, match="streamed once"):
+            list(frame.iter_parts())
+    else:
+        assert b"".join(bytes(p) for p in frame.iter_parts()) == b"".join(streamed)  # tag cached
+    assert b"".join(bytes(p) for p in other.iter_parts()) == whole  # sealed once, kept
 
 
 def test_zero_copy_receive_into_allocated_buffers(key: GroupKey) -> None:

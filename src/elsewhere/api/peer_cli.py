@@ -5,7 +5,8 @@
     elsewhere peer worker --detach ...            the same in the background (outlives the terminal)
     elsewhere peer stop [--now]                   stop this user's background workers (they drain)
     elsewhere peer list                           every peer seen: host, user, group, state, ...
-    elsewhere peer keygen lab [--output FILE]     a new group key, mode 0600
+    elsewhere peer keygen lab [--output FILE]     a new group key, mode 0600 (--rotate: in place of
+                                                  the old one, both accepted for a while: peer_keygen.py)
 
 The main ``elsewhere`` command calls :func:`add_peer_commands` with its
 sub-parsers; every handler returns an exit status.
@@ -24,6 +25,7 @@ from typing import Any
 
 from . import exits, jsonout
 from .argtypes import Parser, count, nonnegative, port, positive, seconds
+from .peer_keygen import add_keygen_command, cmd_keygen
 
 __all__ = ["add_peer_commands", "cmd_keygen", "cmd_list", "cmd_stop", "cmd_worker", "worker_options"]
 
@@ -61,6 +63,10 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                    help="never serve this host (name, address or network); may repeat")  # fmt: skip
     w.add_argument("--bind", help="address to accept tasks on (default: the interface, or all)")
     w.add_argument("--tcp-port", type=port, default=0, help="TCP port for tasks (default: any free)")
+    w.add_argument("--no-encrypt", action="store_true",
+                   help="with a group key: tasks and results in clear text (authenticated only), for "
+                   "controllers that turned encryption off too (ew.peers(..., encrypt=False)); both "
+                   "ends must agree")  # fmt: skip
     w.add_argument("--fcfs", action="store_true",
                    help="first come, first served instead of fair share between controllers")  # fmt: skip
     w.add_argument("--half-life", type=positive, default=60.0,
@@ -94,11 +100,7 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list)
 
-    k = sub.add_parser("keygen", help="make a new group key (mode 0600)")
-    k.add_argument("group", help="group name: 1-64 of A-Z a-z 0-9 . _ -")
-    k.add_argument("--output", "-o", help="key file (default: <config dir>/peer/GROUP.key)")
-    k.add_argument("--force", action="store_true", help="replace an existing key file")
-    k.set_defaults(func=cmd_keygen)
+    add_keygen_command(sub)
     return p
 
 
@@ -185,7 +187,7 @@ def worker_options(args: argparse.Namespace) -> Any:
         access=AccessRules(tuple(args.allow_user), tuple(args.refuse_user),
                            tuple(args.allow_host), tuple(args.refuse_host)),
         fair_share=not args.fcfs, half_life_s=args.half_life, stats_file=args.stats_file,
-        poll_s=args.busy_poll / 1000.0,
+        poll_s=args.busy_poll / 1000.0, encrypt=not args.no_encrypt,
         **extra,
     )  # fmt: skip
 
@@ -398,7 +400,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             rows.append({
                 "host": a.host, "user": a.user, "group": ",".join(groups), "groups": groups,
                 "state": a.state.name.lower(), "slots": a.slots, "free": a.slots_free,
-                "memory": a.mem_bytes, "time": a.time_s, "task": a.task or "",
+                "memory": a.mem_bytes, "time": a.time_s, "task": a.task or "", "encrypt": a.encrypt,
+                "wire": "encrypted" if a.encrypt else "clear (--no-encrypt)" if a.group else "loopback",
                 "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
                 "seen_s_ago": round(now - p.last_seen, 1),
             })  # fmt: skip
@@ -426,11 +429,11 @@ def cmd_list(args: argparse.Namespace) -> int:
               "does not reach it, name it with --peer HOST:PORT. None running? Start one with "
               "`elsewhere peer worker`.")  # fmt: skip
         return 0
-    header = ["host", "user", "group", "state", "slots", "memory", "time", "task", "address"]
+    header = ["host", "user", "group", "state", "slots", "memory", "time", "wire", "task", "address"]
     table: list[list[str]] = [[r["host"], r["user"], r["group"], r["state"], f"{r['free']}/{r['slots']}",
               format_size(r["memory"]) if r["state"] != "controller" else "",
               format_duration(r["time"]) if r["state"] != "controller" else "",
-              r["task"], r["address"]] for r in rows]  # fmt: skip
+              r["wire"], r["task"], r["address"]] for r in rows]  # fmt: skip
     widths = [max(len(str(line[i])) for line in [header, *table]) for i in range(len(header))]
     for line in [header, *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
@@ -450,19 +453,6 @@ def refusal_lines(refused: dict[str, tuple[int, str, bool]]) -> list[str]:
         lines.append("heard announcements that no key here authenticates (another group, or another "
                      f"key for this one) from {', '.join(others)}")  # fmt: skip
     return lines
-
-
-def cmd_keygen(args: argparse.Namespace) -> int:
-    """``elsewhere peer keygen GROUP``: write a new key file, mode 0600."""
-    from ..peer.keys import default_key_path as key_path
-    from ..peer.keys import load_key, write_key
-
-    target = Path(args.output).expanduser() if args.output else key_path(args.group)
-    path = write_key(args.group, target, overwrite=args.force)
-    key = load_key(path, args.group)
-    print(f"wrote the key of peer group {args.group!r} to {path} (fingerprint {key.fingerprint})")
-    print("copy it, by a channel you trust, to every machine of the group (same path, mode 0600)")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

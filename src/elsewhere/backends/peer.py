@@ -76,6 +76,7 @@ class PeerCluster(Cluster):
         diary: when a task's printed output comes back: "always", "warning"
             (if it warned or failed), "error" (if it failed), "never".
         prefer_local: place tasks on workers of this machine first.
+        encrypt: tasks and results encrypted on the wire (with a key; default); False: only ``--no-encrypt`` workers.
         cores_per_task: cores each task needs (a worker with fewer refuses it).
         detach: where a submitted job's controller runs. None (default): in this
             process while it lives; when it ends (normally: not killed) each unfinished
@@ -103,6 +104,7 @@ class PeerCluster(Cluster):
         interface: str | None = None,
         diary: str = "always",
         prefer_local: bool = True,
+        encrypt: bool = True,
         cores_per_task: int = 1,
         detach: bool | None = None,
         storage: str | Path | None = None,
@@ -124,9 +126,9 @@ class PeerCluster(Cluster):
         self.interface = interface
         self.diary = diary
         self.prefer_local = prefer_local
-        if detach not in (None, True, False):
-            raise ConfigError(f"detach must be True, False or None, not {detach!r}")
-        self.detach = detach
+        if encrypt not in (True, False) or detach not in (None, True, False):
+            raise ConfigError(f"encrypt must be True or False (got {encrypt!r}), detach True, False or None (got {detach!r})")
+        self.encrypt, self.detach = encrypt is True, detach
         self._lock = threading.Lock()
         self._controllers: dict[str, Controller] = {}
         self._spawned: dict[str, tuple[subprocess.Popen[bytes], float]] = {}  # job id -> background controller
@@ -137,7 +139,7 @@ class PeerCluster(Cluster):
             "group": self.group, "key": self.key_file, "memory": self.memory, "time": self.time,
             "peers": self.peers, "port": self.port, "multicast_group": self.multicast_group,
             "interface": self.interface, "diary": self.diary, "prefer_local": self.prefer_local,
-            "detach": self.detach, **super().settings(),
+            "detach": self.detach, "encrypt": self.encrypt, **super().settings(),
         }  # fmt: skip
 
     def post_construct(self) -> None:
@@ -205,7 +207,7 @@ class PeerCluster(Cluster):
         return ControllerSettings(
             key=self.group_key, discovery=self.discovery, mem_bytes=self.mem_bytes,
             time_s=self.time_s, cores=self.cores_per_task, diary=self.diary,
-            prefer_local=self.prefer_local, peer_id=peer_id,
+            prefer_local=self.prefer_local, peer_id=peer_id, encrypt=self.encrypt,
         )  # fmt: skip
 
     def counters(self, job: JobHandle) -> dict[str, int]:

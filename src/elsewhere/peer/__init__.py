@@ -6,8 +6,8 @@ Modules, from the bottom up. The protocol, sans-IO (bytes in, events out):
 - :mod:`.layout`: the frame's byte table, the protocol's numbers, the fixed
   frame header and the caps on what a frame may carry (:class:`Limits`);
 - :mod:`.messages`: the messages with their msgpack header codec;
-- :mod:`.frames`: the keys and MACs of a connection's frames, and a frame
-  ready to send (:class:`OutgoingFrame`);
+- :mod:`.frames`: the keys, ciphers and tags of a connection's frames, and a
+  frame ready to send (:class:`OutgoingFrame`);
 - :mod:`.events`: a connection's role, state and events;
 - :mod:`.handshake`, :mod:`.reader`: a connection's handshake, and its reading
   of frames stage by stage;
@@ -55,6 +55,7 @@ from .keys import (
     generate_key,
     is_loopback_only,
     load_key,
+    rotate_key,
     write_key,
 )
 from .messages import (
@@ -129,5 +130,6 @@ __all__ = [
     "is_loopback_only",
     "load_key",
     "new_peer_id",
+    "rotate_key",
     "write_key",
 ]

@@ -15,8 +15,10 @@ integers big-endian)::
       24     16   peer id        random, fixed for the life of the peer
       40      n   msgpack body   an array: group, address, port, user, host,
                                  state, slots, free slots, memory (bytes),
-                                 time on offer (s), current task or nil
-                                 (a newer version may append fields)
+                                 time on offer (s), current task or nil (always
+                                 nil from a peer that encrypts), encrypts (a
+                                 bool; absent: false) (a newer version may
+                                 append fields)
     40+n     32   tag            HMAC-SHA256 of bytes 0..40+n, under a key
                                  derived from the group key with HKDF
 
@@ -133,6 +135,9 @@ class Announcement:
     timestamp: float = 0.0
     counter: int = 0
     leaving: bool = False
+    encrypt: bool = False
+    """Whether the peer encrypts its connections (``--no-encrypt``, ``encrypt=False``: not);
+    a controller skips a worker whose choice differs from its own, and says why."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_id, str) or len(self.peer_id) != 32:
@@ -164,8 +169,9 @@ class Announcement:
             raise ValueError(f"timestamp out of range: {self.timestamp!r}")
         if self.task is not None:
             _text(self.task, "task")
-        if not isinstance(self.leaving, bool):
-            raise ValueError(f"leaving must be a bool, got {self.leaving!r:.80}")
+        for name in ("leaving", "encrypt"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r:.80}")
 
 
 def announce_key(key: GroupKey | None) -> bytes:
@@ -181,7 +187,7 @@ def encode_announcement(announcement: Announcement, key: GroupKey | None) -> byt
     a = announcement
     body = msgpack.packb(
         [a.group, a.address, a.port, a.user, a.host, int(a.state), a.slots, a.slots_free,
-         a.mem_bytes, a.time_s, a.task],
+         a.mem_bytes, a.time_s, a.task, a.encrypt],
         use_bin_type=True,
     )  # fmt: skip
     size = _PREFIX_SIZE + len(body) + _TAG_SIZE
@@ -213,9 +219,16 @@ class AnnouncementDecoder:
         self.group = key.group if key is not None else ""
         self.window_s = window_s
         self.max_peers = max_peers
-        self._key = announce_key(key)
+        self.rekey(key)
         self._last: dict[bytes, tuple[int, float]] = {}  # peer id -> (counter, its timestamp)
         self._last_prune = 0.0
+
+    def rekey(self, key: GroupKey | None) -> None:
+        """Take ``key`` (of the same group: its file read again after a rotation); the memory
+        of counters stays."""
+        self._key = announce_key(key)
+        # after a rotation: the previous keys, accepted until their overlap ends (sent: the current one)
+        self._previous = [(announce_key(GroupKey(key.group, s)), until) for s, until in key.previous] if key else []
 
     def decode(self, datagram: bytes | bytearray | memoryview, now: float) -> Announcement:
         """Check ``datagram`` and return its announcement, or raise ProtocolError."""
@@ -238,7 +251,11 @@ class AnnouncementDecoder:
             raise ProtocolError("announcement body length does not match the datagram")
         signed_end = size - _TAG_SIZE
         expected = hmac.new(self._key, data[:signed_end], hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, data[signed_end:]):
+        if not hmac.compare_digest(expected, data[signed_end:]) and not any(
+            until > now and hmac.compare_digest(hmac.new(k, data[:signed_end], hashlib.sha256).digest(),
+                                                data[signed_end:])
+            for k, until in self._previous
+        ):  # fmt: skip
             raise ProtocolError("announcement failed authentication (another group key?)")
         stamp = stamp_ms / 1000
         if abs(stamp - now) > self.window_s:
@@ -260,7 +277,7 @@ class AnnouncementDecoder:
         try:
             ann = Announcement(
                 pid.hex(), group, address, port, user, host, state, slots, free, mem, time_s,
-                task, stamp, counter, bool(flags & FLAG_LEAVING),
+                task, stamp, counter, bool(flags & FLAG_LEAVING), fields_[11] if len(fields_) > 11 else False,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"invalid announcement: {exc}") from None

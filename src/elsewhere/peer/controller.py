@@ -89,8 +89,10 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         self.local_addresses = local_addresses()
         self.listener = Listener(s.key, s.discovery).start()
         address = s.discovery.for_key(s.key).interface or "0.0.0.0"
+        encrypt = s.encrypt and s.key is not None  # then nothing of the job in the clear
         ann = Announcement(self.peer_id, group, address, 0, self.identity.user, self.identity.host,
-                           PeerState.CONTROLLER, task=str(self.meta.get("name", ""))[:200])  # fmt: skip
+                           PeerState.CONTROLLER, task=None if encrypt else str(self.meta.get("name", ""))[:200],
+                           encrypt=encrypt)  # fmt: skip
         try:
             self.announcer = Announcer(ann, s.key, s.discovery).start()
         except OSError as exc:

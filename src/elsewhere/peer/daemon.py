@@ -48,6 +48,7 @@ Where each part of the daemon is (each a mixin of
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -67,6 +68,7 @@ from .dispatch import Dispatch
 from .inbound import Inbound
 from .intake import Intake
 from .keys import GroupKey
+from .keywatch import retired
 from .messages import Bye, RefuseReason
 from .net import listen_tcp, primary_address
 from .offer import Offer
@@ -111,6 +113,7 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
                 self.peer_id, key.group if key else "", announced, self.address[1],
                 opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
                 self._mem_offer(), min(opts.timavail, opts.maxtime),
+                encrypt=opts.encrypt and key is not None,
             )  # fmt: skip
             self.announcers.append(Announcer(ann, key, opts.discovery).start())
         if opts.listen_for_controllers:  # one listener for every group served
@@ -123,11 +126,14 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
                                                       name="elsewhere-peer-watch", daemon=True)  # fmt: skip
                 self._watch_thread.start()
         self._ready.set()
-        group = (", ".join(f"{k.group!r} (key {k.fingerprint})" for k in opts.group_keys())
-                 or "(loopback only)")  # fmt: skip
-        log.info("peer worker %s on %s:%d, group %s, %d slot(s), %s", self.peer_id[:8],
+        group = (", ".join(f"{k.group!r} (key {k.fingerprint}" + (f", and the previous one until "
+                           f"{time.ctime(k.overlap_ends())}" if k.overlap_ends() else "") + ")"
+                           for k in opts.group_keys()) or "(loopback only)")  # fmt: skip
+        wire = ("" if self.key is None else ", tasks and results encrypted" if opts.encrypt
+                else ", tasks and results in clear text (--no-encrypt)")  # fmt: skip
+        log.info("peer worker %s on %s:%d, group %s, %d slot(s), %s%s", self.peer_id[:8],
                  self.address[0], self.address[1], group,
-                 opts.slots, "fair share" if opts.fair_share else "first come, first served")  # fmt: skip
+                 opts.slots, "fair share" if opts.fair_share else "first come, first served", wire)  # fmt: skip
         return self.address
 
     def wait_ready(self, timeout: float) -> bool:
@@ -254,12 +260,34 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
             if run.controller not in self.by_controller and gone is not None and now - gone > opts.orphan_s:
                 self.stats["orphans_stopped"] += 1
                 self._kill_run(run, None, "its controller is gone")
+        self._rekey(now)
         if now - self._last_prune > 60.0:  # a worker up for weeks meets thousands of controllers
             self._last_prune = now
             self._prune(now)
         if opts.stats_file and now - self._last_stats > 1.0:
             self._write_stats()
             self._last_stats = now
+
+    def _rekey(self, now: float) -> None:
+        """A key file changed (a rotation): announce with its new key and take it for new
+        connections; close the connections that proved a key no longer accepted (dropped, or
+        past its overlap), so that a retired key opens nothing, not even a connection it opened."""
+        keys = self.keywatch.check(now)
+        if keys is None:
+            return
+        if self.keywatch.changed:
+            self.options = dataclasses.replace(self.options, key=keys[0], more_keys=tuple(keys[1:]))
+            self.key = keys[0]
+            for announcer, key in zip(self.announcers, keys):
+                announcer.key = key
+            if self.listener is not None:
+                self.listener.rekey(keys)
+        wall = time.time()
+        for peer in list(self.by_controller.values()):
+            if retired(peer.conn.proven_secret, peer.conn.group, keys, wall):
+                self._close(peer, "the key it proved was retired (a rotation)")
+                log.info("closed the connection of %s@%s: the key it proved is no longer accepted",
+                         peer.user, peer.host or peer.address)  # fmt: skip
 
     def _prune(self, now: float) -> None:
         """Forget the controllers gone for good: their fair-share use decayed to nothing,

@@ -379,6 +379,12 @@ class Listener:
             return {src: (n, why, authentic) for src, (n, why, when, authentic) in self._refused.items()
                     if now - when <= within_s}  # fmt: skip
 
+    def rekey(self, keys: Sequence[GroupKey]) -> None:
+        """New keys of the groups it listens in, in their order (key files read again after a
+        rotation): announcements under a previous key still in its overlap are accepted."""
+        for decoder, key in zip(self._decoders, keys):
+            decoder.rekey(key)
+
     def groups_of(self, peer_id: str) -> list[str]:
         """The groups ``peer_id`` was heard in lately: with ``more_keys``, a worker that
         serves several of them is listed once, in each."""

@@ -81,7 +81,8 @@ class Inbound(WorkerState):
             tune(sock)
             peer = Peer(sock, addr[0])
             peer.connect(Connection(Role.RESPONDER, self.key, self.identity, more_keys=self.options.more_keys,
-                                    allocate=self.pool.allocator(peer)))  # fmt: skip
+                                    allocate=self.pool.allocator(peer), encrypt=self.options.encrypt,
+                                    ephemeral=self.ephemeral))  # fmt: skip
             self.peers.add(peer)
             self.handshaking[peer] = None
             self.sel.register(sock, selectors.EVENT_READ, ("peer", peer))

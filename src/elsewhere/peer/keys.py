@@ -6,13 +6,20 @@ of the group; whoever does not can do neither. Without a key a peer works in
 *loopback-only mode*: it binds, announces and connects on 127.0.0.1 only
 (:data:`LOOPBACK_ONLY`, :func:`is_loopback_only`).
 
-Key file format (one text line, UTF-8, mode 0600, owned by the user)::
+Key file format (text, UTF-8, mode 0600, owned by the user): the current key, then, after
+a rotation (:func:`rotate_key`), the previous keys with the end of their overlap::
 
     elsewhere-peer-key v1 <group> <base64 of 32 bytes>
+    elsewhere-peer-key v1 <group> <base64 of 32 bytes> until <YYYY-MM-DDTHH:MM:SSZ>
 
 Blank lines and lines starting with ``#`` are ignored. ``<group>`` is 1-64
 characters out of ``A-Z a-z 0-9 . _ -``. The default location of the key of
 group ``g`` is ``platformdirs.user_config_dir("elsewhere")/peer/g.key``.
+
+A peer signs its announcements and offers its handshakes with the current key, and accepts
+a previous key too until its time is up (:meth:`GroupKey.accepted`): the *overlap*, in
+which the key file reaches every machine of the group. Once it is over, or once the previous
+key's line is removed (:func:`drop_previous_keys`), a copy of the old key opens nothing.
 
 Copy the file to every machine of the group by a channel you trust (scp, a
 USB stick); never by mail or chat.
@@ -22,13 +29,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import calendar
 import contextlib
 import hashlib
+import math
 import os
 import re
 import secrets
 import stat
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -42,12 +52,15 @@ __all__ = [
     "GroupKey",
     "check_group_name",
     "default_key_path",
+    "drop_previous_keys",
     "find_key",
     "format_key_file",
+    "format_time",
     "generate_key",
     "is_loopback_only",
     "load_key",
     "parse_key_file",
+    "rotate_key",
     "write_key",
 ]
 
@@ -66,6 +79,8 @@ LOOPBACK_HOST: Final = "127.0.0.1"
 _MAGIC = "elsewhere-peer-key"
 _FORMAT_VERSION = "v1"
 _GROUP_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_MAX_PREVIOUS = 4
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def check_group_name(group: str) -> str:
@@ -82,16 +97,39 @@ class GroupKey:
     """The secret of a peer group, and the group's name.
 
     ``repr`` never shows the secret; :attr:`fingerprint` names the key without
-    revealing it, so that two machines can compare keys.
+    revealing it, so that two machines can compare keys. ``previous``: the keys it
+    replaced, each ``(secret, until)``, still accepted until ``until`` (seconds since the
+    epoch; see :meth:`accepted`). ``source``: the file it was read from, if any.
     """
 
     group: str
     secret: bytes = field(repr=False)
+    previous: tuple[tuple[bytes, float], ...] = field(default=(), repr=False, compare=False)
+    source: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_group_name(self.group)
         if not isinstance(self.secret, bytes) or len(self.secret) != KEY_BYTES:
             raise ConfigError(f"a group key is {KEY_BYTES} bytes, got {len(self.secret)!r}")
+        if len(self.previous) > _MAX_PREVIOUS:
+            raise ConfigError(f"at most {_MAX_PREVIOUS} previous keys, got {len(self.previous)}")
+        for secret, until in self.previous:
+            if not isinstance(secret, bytes) or len(secret) != KEY_BYTES or secret == self.secret:
+                raise ConfigError(f"a previous group key is {KEY_BYTES} bytes, other than the current one")
+            if not isinstance(until, (int, float)) or math.isnan(until):
+                raise ConfigError(f"a previous key's end of overlap must be a time, got {until!r}")
+
+    def accepted(self, now: float | None = None) -> list[GroupKey]:
+        """The keys a peer accepts now: this one first, then each previous key whose overlap
+        is not over (as keys of their own)."""
+        now = time.time() if now is None else now
+        return [GroupKey(self.group, self.secret),
+                *(GroupKey(self.group, s) for s, until in self.previous if until > now)]  # fmt: skip
+
+    def overlap_ends(self, now: float | None = None) -> float | None:
+        """When the last previous key still accepted stops being accepted (None: there is none)."""
+        now = time.time() if now is None else now
+        return max((until for _s, until in self.previous if until > now), default=None)
 
     @property
     def fingerprint(self) -> str:
@@ -118,10 +156,18 @@ def default_key_path(group: str = DEFAULT_GROUP) -> Path:
     return paths.config_dir() / "peer" / f"{group}.key"
 
 
+def format_time(t: float) -> str:
+    """``t`` (seconds since the epoch) as a key file writes it: UTC, to the second."""
+    return time.strftime(_TIME_FORMAT, time.gmtime(t))
+
+
 def format_key_file(key: GroupKey) -> str:
-    """The text of a key file for ``key``."""
-    encoded = base64.b64encode(key.secret).decode("ascii")
-    return f"{_MAGIC} {_FORMAT_VERSION} {key.group} {encoded}\n"
+    """The text of a key file for ``key`` (and its previous keys, each with its end of overlap)."""
+    lines = [f"{_MAGIC} {_FORMAT_VERSION} {key.group} {base64.b64encode(key.secret).decode('ascii')}"]
+    for secret, until in key.previous:
+        encoded = base64.b64encode(secret).decode("ascii")
+        lines.append(f"{_MAGIC} {_FORMAT_VERSION} {key.group} {encoded} until {format_time(until)}")
+    return "\n".join(lines) + "\n"
 
 
 def write_key(
@@ -130,6 +176,7 @@ def write_key(
     *,
     secret: bytes | None = None,
     overwrite: bool = False,
+    previous: tuple[tuple[bytes, float], ...] = (),
 ) -> Path:
     """Write a key file for ``group`` and return its path.
 
@@ -137,9 +184,10 @@ def write_key(
     others, not even for a moment) and appears atomically under its name.
     ``secret`` defaults to a new :func:`generate_key`. An existing file is
     kept, and :class:`ConfigError` raised, unless ``overwrite`` is true.
-    Missing parent folders are created with mode 0700.
+    Missing parent folders are created with mode 0700. ``previous``: keys it replaces,
+    with the end of each one's overlap (see :func:`rotate_key`).
     """
-    key = GroupKey(group, generate_key() if secret is None else secret)
+    key = GroupKey(group, generate_key() if secret is None else secret, previous)
     target = Path(path) if path is not None else default_key_path(group)
     from ..util.paths import private_dir
 
@@ -172,9 +220,28 @@ def parse_key_file(text: str, *, source: str = "key file") -> GroupKey:
     """Parse the text of a key file; raise :class:`ConfigError` naming ``source`` if bad."""
     lines = [ln.strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith("#")]
-    if len(lines) != 1:
-        raise ConfigError(f"{source}: expected one line '{_MAGIC} {_FORMAT_VERSION} GROUP KEY'")
-    words = lines[0].split()
+    current = [ln for ln in lines if len(ln.split()) != 6]
+    if len(current) != 1 or len(lines) > 1 + _MAX_PREVIOUS:
+        raise ConfigError(f"{source}: expected one line '{_MAGIC} {_FORMAT_VERSION} GROUP KEY' (after a "
+                          f"rotation, and at most {_MAX_PREVIOUS} previous keys, each '... until TIME')")  # fmt: skip
+    group, secret = _parse_line(current[0].split(), source)
+    previous = []
+    for line in lines:
+        words = line.split()
+        if len(words) == 6:
+            old_group, old = _parse_line(words[:4], source)
+            if old_group != group or words[4] != "until":
+                raise ConfigError(f"{source}: a previous key line is '{_MAGIC} {_FORMAT_VERSION} {group} KEY "
+                                  "until YYYY-MM-DDTHH:MM:SSZ', of the same group")  # fmt: skip
+            try:
+                until = calendar.timegm(time.strptime(words[5], _TIME_FORMAT))
+            except ValueError:
+                raise ConfigError(f"{source}: {words[5]!r} is not a time YYYY-MM-DDTHH:MM:SSZ (UTC)")
+            previous.append((old, float(until)))
+    return GroupKey(group, secret, tuple(previous))
+
+
+def _parse_line(words: list[str], source: str) -> tuple[str, bytes]:
     if len(words) != 4 or words[0] != _MAGIC:
         raise ConfigError(f"{source}: not an elsewhere peer key (expected '{_MAGIC} ...')")
     if words[1] != _FORMAT_VERSION:
@@ -186,7 +253,30 @@ def parse_key_file(text: str, *, source: str = "key file") -> GroupKey:
     if len(secret) != KEY_BYTES:
         raise ConfigError(f"{source}: the key has {len(secret)} bytes, expected {KEY_BYTES}")
     check_group_name(words[2])
-    return GroupKey(words[2], secret)
+    return words[2], secret
+
+
+def rotate_key(path: str | os.PathLike[str], group: str | None = None, *, overlap_s: float = 7 * 86400.0,
+               now: float | None = None) -> GroupKey:  # fmt: skip
+    """Make a new current key in the key file at ``path`` and keep the one it replaces as a
+    previous key, accepted for ``overlap_s`` more (previous keys whose overlap is over are
+    dropped). Returns the new key. Copy the file to every machine of the group within the
+    overlap; peers that read it announce with the new key and accept both meanwhile."""
+    if not overlap_s >= 0:
+        raise ConfigError(f"the overlap must be >= 0 seconds, got {overlap_s!r}")
+    now = time.time() if now is None else now
+    old = load_key(path, group)
+    kept = tuple((s, until) for s, until in old.previous if until > now)
+    previous = ((old.secret, now + overlap_s), *kept)[:_MAX_PREVIOUS]
+    write_key(old.group, path, overwrite=True, previous=previous)
+    return load_key(path, old.group)
+
+
+def drop_previous_keys(path: str | os.PathLike[str], group: str | None = None) -> GroupKey:
+    """End the overlap now: keep only the current key in the key file at ``path``."""
+    key = load_key(path, group)
+    write_key(key.group, path, secret=key.secret, overwrite=True)
+    return load_key(path, key.group)
 
 
 def load_key(path: str | os.PathLike[str], group: str | None = None) -> GroupKey:
@@ -223,7 +313,7 @@ def load_key(path: str | os.PathLike[str], group: str | None = None) -> GroupKey
         text = data.decode("ascii")
     except UnicodeDecodeError:
         raise ConfigError(f"peer key {p} is not a text key file")
-    key = parse_key_file(text, source=str(p))
+    key = replace(parse_key_file(text, source=str(p)), source=str(p))
     if group is not None and key.group != group:
         raise ConfigError(f"peer key {p} is for group {key.group!r}, not {group!r}")
     return key

@@ -25,17 +25,25 @@ Frame layout (all integers big-endian)::
       28      2    buffer count     N, raw buffers (only TASK and RESULT have any)
       30      2    reserved         0
       32    8*N    buffer lengths   N x uint64; their sum must equal B
-    32+8N     H    msgpack header   a map: the message's fields
-      ...    16    head tag         keyed only: GMAC of every byte before it,
-                                    nonce = seq || 0 (HMAC-SHA256/128 in the handshake)
-      ...     B    raw buffers      N buffers, back to back (pickle-5 out-of-band data)
-      ...    16    body tag         keyed and N > 0 only: GMAC of every byte of
-                                    the frame before it, nonce = seq || 1
+    32+8N     H    msgpack header   a map: the message's fields (encrypted: the
+                                    same length of AES-256-GCM ciphertext)
+      ...    16    head tag         keyed only: AES-256-GCM tag, nonce = seq || 0;
+                                    encrypted: of the header, bytes 0..32+8N as
+                                    associated data; else GMAC of every byte before
+                                    it (HMAC-SHA256/128 in the handshake)
+      ...     B    raw buffers      N buffers, back to back (pickle-5 out-of-band
+                                    data; encrypted: the same length of ciphertext)
+      ...    16    body tag         keyed and N > 0 only: AES-256-GCM tag, nonce =
+                                    seq || 1; encrypted: of the buffers, the head as
+                                    associated data; else GMAC of every byte of the
+                                    frame before it
 
 Every length is checked against :class:`Limits` from the 32 fixed bytes,
 before anything else is read or allocated; the head tag is checked before the
-msgpack header is parsed, and before any buffer is allocated; the body tag is
-checked before the frame is handed on.
+msgpack header is parsed (and decrypts it), and before any buffer is allocated;
+the body tag is checked before the frame is handed on. With a key, encryption is
+on unless both ends turned it off (see :mod:`.handshake`); the fixed bytes and
+the buffer table are never encrypted, so that they can be checked first.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from ..util.errors import PeerError, ProtocolError
 from .access import same_user
 from .announce import PeerState
 from .controlstate import ControllerState
+from .handshake import HandshakeRefused
 from .messages import Accept, Bye, Error, Ping, Refuse, Result
 from .net import connect_error, connect_tcp, watch_after_flush
 from .placement import Worker
@@ -56,6 +57,8 @@ class Links(ControllerState):
                 w.listed = True
             if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
                 w.unsuitable = ""  # its offer changed, or a while passed: ask again
+            if self.settings.key is not None and a.encrypt != self.settings.encrypt:  # both ends must agree
+                w.unsuitable, w.unsuitable_for, w.unsuitable_since = _encryption_differs(a.encrypt), w.offer, now
             if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
                 self._connect(w, now)
         for w in list(self.workers.values()):
@@ -84,7 +87,8 @@ class Links(ControllerState):
             w.sock = None
             self._connect_failed(w, why)
             return
-        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity, allocate=self.buffers)
+        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity, allocate=self.buffers,
+                            encrypt=self.settings.encrypt)  # fmt: skip
         w.pump = ConnectionPump(sock, w.conn)
         w.state = "handshake"
         self.sel.modify(sock, selectors.EVENT_READ, ("worker", w))
@@ -112,6 +116,10 @@ class Links(ControllerState):
                 if pump.failed is not None:
                     raise pump.failed
             self._flush(w)
+        except HandshakeRefused as exc:  # connecting again does not help: say why, and do not
+            log.warning("worker %s refused this controller: %s", w.host, exc)
+            w.unsuitable, w.unsuitable_for, w.unsuitable_since = str(exc), w.offer, time.monotonic()
+            self._disconnected(w, str(exc))
         except (Closed, ProtocolError, OSError) as exc:
             self._disconnected(w, str(exc) or type(exc).__name__)
 
@@ -231,3 +239,12 @@ class Links(ControllerState):
         self._drop_connection(w)
         if not w.listed:
             self.workers.pop(w.peer_id, None)
+
+
+def _encryption_differs(worker_encrypts: bool) -> str:
+    """Why a worker whose choice of encryption differs from this controller's is not used."""
+    if worker_encrypts:
+        return ("it encrypts (the default with a group key) and this controller turned encryption off "
+                "(encrypt=False): such a controller is served only by workers started with --no-encrypt")
+    return ("it was started with --no-encrypt (clear text) and this controller encrypts: pass "
+            "encrypt=False to ew.peers() to use it, or restart it without --no-encrypt")

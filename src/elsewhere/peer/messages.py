@@ -148,6 +148,16 @@ class Greeting(Message):
     keyed: bool
     nonce: bytes = field(repr=False)
     caps: tuple[str, ...] = ()
+    encrypt: bool = False
+    """Whether this end encrypts its frames after the handshake (absent: it does not, as a
+    peer older than encryption); with a key both ends must say the same."""
+    keys: tuple[str, ...] = ()
+    """In a HELLO: the fingerprints of the group keys the initiator holds, newest first (after
+    a rotation, the previous keys still in their overlap); the responder proves the newest
+    one it holds too. Absent: the initiator's one key."""
+    dh: bytes = field(default=b"", repr=False)
+    """This end's X25519 key share for this connection (32 bytes; absent from an older
+    peer): the connection's keys come from the group key *and* the exchange of the two."""
 
     def __post_init__(self) -> None:
         _text(self.peer_id, "peer_id", empty=False)
@@ -164,6 +174,16 @@ class Greeting(Message):
             if not isinstance(cap, str) or not 0 < len(cap) <= 64:
                 raise ValueError(f"a capability must be a str of 1..64 characters, got {cap!r:.80}")
         object.__setattr__(self, "caps", tuple(self.caps))
+        if not isinstance(self.encrypt, bool):
+            raise ValueError(f"encrypt must be a bool, got {self.encrypt!r:.80}")
+        if not isinstance(self.keys, (list, tuple)) or len(self.keys) > 8:
+            raise ValueError(f"keys must be a list of at most 8 fingerprints, got {self.keys!r:.80}")
+        for fingerprint in self.keys:
+            if not isinstance(fingerprint, str) or not 0 < len(fingerprint) <= 64:
+                raise ValueError(f"a key fingerprint must be a str of 1..64 characters, got {fingerprint!r:.80}")
+        object.__setattr__(self, "keys", tuple(self.keys))
+        if not isinstance(self.dh, bytes) or len(self.dh) not in (0, 32):
+            raise ValueError("dh must be 32 bytes (an X25519 public key), or none")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ class Offer(WorkerState):
         else:
             state = PeerState.IDLE if free > 0 else PeerState.BUSY
         task = None
-        for run in self.running.values():
+        for run in self.running.values() if not self.options.encrypt or self.key is None else ():
+            # (a worker that encrypts says nothing of a job in the clear)
             job = run.info.get("job", {})
             items = run.info.get("items") or [[0, 0]]
             task = f"{str(job.get('name', ''))[:200]}#{items[0][0]}"

@@ -64,6 +64,10 @@ class WorkerOptions:
     maxidle: float = math.inf
     maxnum: int | None = None
     access: AccessRules = field(default_factory=AccessRules)
+    encrypt: bool = True
+    """With a key: tasks and results encrypted on the wire (the default); False (``--no-encrypt``)
+    serves only controllers that turned encryption off too (``encrypt=False``). Both ends must
+    agree; nothing changes without a key (loopback only, clear text)."""
     fair_share: bool = True
     half_life_s: float = 60.0
     hold_s: float = 5.0

@@ -56,6 +56,7 @@ class ControllerSettings:
     start_timeout_s: float = 5.0
     connect_timeout_s: float = 3.0
     peer_id: str = ""
+    encrypt: bool = True  # with a key: tasks and results encrypted (workers must agree)
 
 
 @dataclass

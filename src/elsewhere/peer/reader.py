@@ -3,10 +3,11 @@
 A frame is read in stages (:class:`_Stage`): its 32 fixed bytes, then its head
 (buffer table, msgpack header, head tag), then each raw buffer straight into
 memory the connection's allocator gives (a pooled, shared one in the daemon),
-then the body tag. Each stage is checked before the next is read or allocated
-(see the byte table in :mod:`.layout`): the fixed bytes against the
-connection's state and :class:`~.layout.Limits`, the head tag before the
-msgpack header is parsed, the body tag before the frame is handed on. A frame
+decrypted there in place as it arrives, then the body tag. Each stage is checked
+before the next is read or allocated (see the byte table in :mod:`.layout`): the
+fixed bytes against the connection's state and :class:`~.layout.Limits`, the
+head tag before the msgpack header is decrypted and parsed, the body tag before
+the frame is handed on (no byte of a buffer is used before). A frame
 that arrived whole in one read is taken straight from it (the same checks, in
 the same order, in fewer steps).
 
@@ -18,12 +19,11 @@ closes the connection.
 from __future__ import annotations
 
 import enum
-import hmac
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..util.errors import PeerError, ProtocolError
 from .events import Allocator, Buffer, ConnectionState, Event, Received
-from .frames import SMALL_BODY, DirectionKey
+from .frames import SMALL_BODY, BodyOpener, DirectionKey
 from .layout import (
     FIXED,
     FIXED_SIZE,
@@ -70,7 +70,7 @@ class Reader:
     _lengths: tuple[int, ...]
     _buffers: list[Buffer]
     _message: Message | None
-    _body_mac: Any
+    _body_mac: BodyOpener | None
     _small_body: bool
     _tag_buf: bytearray
 
@@ -79,7 +79,7 @@ class Reader:
         def _state_text(self) -> str: ...
         def _admit(self, message: Message) -> None: ...
         def _handshake_step(self, message: Message, events: list[Event]) -> None: ...
-        def _handshake_tag(self, label: bytes, head: bytes | memoryview) -> bytes: ...
+        def _handshake_tag_ok(self, label: bytes, head: bytes | memoryview, tag: bytes | memoryview) -> bool: ...
 
     def next_size(self) -> int:
         """How many bytes the connection needs to finish the part it is reading."""
@@ -102,7 +102,7 @@ class Reader:
         events: list[Event] = []
         try:
             if self._stage is _Stage.BUFFER and self._body_mac is not None:
-                self._body_mac.authenticate_additional_data(self._target[start : self._pos])
+                self._body_mac.update(self._target[start : self._pos])  # checked, decrypted in place
             while self._pos == len(self._target) and self.state is not ConnectionState.CLOSED:
                 self._complete_part(events)
         except ProtocolError:
@@ -156,24 +156,35 @@ class Reader:
             return 0
         message, lengths = self._parse_head(mtype, seq, nbuf, blen, view[:size])
         if lengths:
-            buffers: list[Buffer] = []
-            pos = size
-            for n in lengths:
-                buf = self._allocate(n)
-                if len(buf) != n:
-                    raise PeerError(f"allocator returned {len(buf)} bytes, {n} were asked for")
-                buf[:n] = view[pos : pos + n]
-                buffers.append(buf)
-                pos += n
-            if key is not None and not key.body_ok(seq, view[:pos], view[pos:end]):
-                raise ProtocolError("frame body failed authentication (altered in transit?)")
-            got = tuple(buffers)
+            body: bytes | memoryview = view[size : size + blen]
+            if key is not None:
+                if key.encrypt:
+                    opened = key.open_body(seq, view[:size], view[size:end])
+                    if opened is None:
+                        raise ProtocolError("frame body failed authentication (altered in transit?)")
+                    body = memoryview(opened)
+                elif not key.body_ok(seq, view[: size + blen], view[size + blen : end]):
+                    raise ProtocolError("frame body failed authentication (altered in transit?)")
+            got = tuple(self._split(body, lengths))
         else:
             got = ()
         self._recv_seq += 1
         self._admit(message)
         events.append(Received(message, got, flags))
         return end
+
+    def _split(self, body: bytes | memoryview, lengths: tuple[int, ...]) -> list[Buffer]:
+        """The buffers of a frame read whole: allocated, and filled from ``body``."""
+        buffers: list[Buffer] = []
+        pos = 0
+        for n in lengths:
+            buf = self._allocate(n)
+            if len(buf) != n:
+                raise PeerError(f"allocator returned {len(buf)} bytes, {n} were asked for")
+            buf[:n] = body[pos : pos + n]
+            buffers.append(buf)
+            pos += n
+        return buffers
 
     def receive_eof(self) -> list[Event]:
         """The peer closed its end. Raises :class:`ProtocolError` if that cut a frame."""
@@ -262,11 +273,10 @@ class Reader:
             self._deliver(events)
             return
         if self._recv_key is not None:
-            if fixed.body_len <= SMALL_BODY:  # checked in one call once all is here
+            if fixed.body_len <= SMALL_BODY:  # checked (and decrypted) in one call once all is here
                 self._small_body = True
             else:
-                self._body_mac = self._recv_key.body_mac(fixed.seq)
-                self._body_mac.authenticate_additional_data(head)
+                self._body_mac = self._recv_key.body_opener(fixed.seq, head)
         self._begin_buffer(0)
 
     def _parse_head(
@@ -274,24 +284,24 @@ class Reader:
     ) -> tuple[Message, tuple[int, ...]]:
         """Check the head tag, then parse the buffer table and the msgpack header."""
         tag_size = self._head_tag_size(mtype)
-        body = head[: len(head) - tag_size]
+        table_end = FIXED_SIZE + 8 * nbuf
+        header: bytes | memoryview | None = head[table_end : len(head) - tag_size]
         if tag_size:
-            tag = head[len(head) - tag_size :]
             if self.state is ConnectionState.READY:
                 assert self._recv_key is not None  # READY and keyed
-                ok = self._recv_key.head_ok(seq, body, tag)
+                header = self._recv_key.open_head(seq, head, table_end)  # decrypted, if encrypted
             else:
-                expected = self._handshake_tag(mtype.name.encode(), body)
-                ok = hmac.compare_digest(expected, tag)
-            if not ok:
-                raise ProtocolError(
-                    f"{mtype.name} frame failed authentication (wrong group key, or altered in transit)"
-                )
-        table_end = FIXED_SIZE + 8 * nbuf
+                body = head[: len(head) - tag_size]
+                if not self._handshake_tag_ok(mtype.name.encode(), body, head[len(head) - tag_size :]):
+                    header = None
+        if header is None:
+            raise ProtocolError(
+                f"{mtype.name} frame failed authentication (wrong group key, or altered in transit)"
+            )
         lengths: tuple[int, ...] = lengths_struct(nbuf).unpack_from(head, FIXED_SIZE) if nbuf else ()
         if sum(lengths) != body_len:
             raise ProtocolError("buffer lengths do not add up to the body length")
-        message = parse_header(body[table_end:], mtype)
+        message = parse_header(header, mtype)
         if isinstance(message, Task):
             if message.task_id not in self._accepted_for_peer:
                 raise ProtocolError(f"TASK {message.task_id!r} arrived without an accepted ASK")
@@ -317,13 +327,22 @@ class Reader:
 
     def _finish_body(self, events: list[Event]) -> None:
         if self._small_body:
-            assert self._fixed is not None and self._recv_key is not None  # a keyed frame
-            data = b"".join([self._head, *self._buffers])
-            ok = self._recv_key.body_ok(self._fixed.seq, data, self._tag_buf)
+            key, fixed = self._recv_key, self._fixed
+            assert fixed is not None and key is not None  # a keyed frame
+            if key.encrypt:
+                opened = key.open_body(fixed.seq, self._head, b"".join([*self._buffers, self._tag_buf]))
+                ok = opened is not None
+                if opened is not None:  # the plaintext into the buffers handed on
+                    pos = 0
+                    for buf in self._buffers:
+                        n = len(buf)
+                        buf[:n] = opened[pos : pos + n]
+                        pos += n
+            else:
+                ok = key.body_ok(fixed.seq, b"".join([self._head, *self._buffers]), self._tag_buf)
         else:
-            mac = self._body_mac
-            mac.finalize()
-            ok = hmac.compare_digest(mac.tag, self._tag_buf)
+            assert self._body_mac is not None  # a large keyed frame
+            ok = self._body_mac.finish(self._tag_buf)
         if not ok:
             raise ProtocolError("frame body failed authentication (altered in transit?)")
         self._deliver(events)

@@ -8,10 +8,12 @@ selector loops::
 
 Receiving: while the connection waits for a large part (a raw buffer of a
 TASK or RESULT), bytes go straight into that buffer with ``recv_into``; small
-parts are read 64 KiB at a time and fed in. Sending: frames are streamed with
-:meth:`OutgoingFrame.iter_parts` (the body MAC is computed slice by slice just
-before each slice is sent) and handed to ``sendmsg`` many parts at a time,
-so a NumPy array leaves from its own memory.
+parts are read 64 KiB at a time and fed in (an encrypted buffer is decrypted in
+place as it arrives). Sending: frames are streamed with
+:meth:`OutgoingFrame.iter_parts` (the body is encrypted, or its MAC computed,
+slice by slice just before each slice is sent) and handed to ``sendmsg`` many
+parts at a time: a NumPy array leaves from its own memory, or, encrypted, from
+a few reused 1 MiB buffers its ciphertext is written into.
 
 :class:`SharedBuffers` is an allocator for received raw buffers: large ones
 live in anonymous shared memory (``memfd``), so the daemon can hand them to
@@ -122,6 +124,7 @@ class ConnectionPump:
                 else:
                     parts[0] = first[sent:]
                     sent = 0
+            del batch  # its views of sealed slices: the ring may reuse what was sent
 
     def read(self) -> list[Event]:
         """Read what the socket has now (up to a budget) and return the events.

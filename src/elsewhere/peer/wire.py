@@ -13,7 +13,7 @@ Where each part of the protocol is:
 - the frame's byte table, the protocol's numbers, the fixed header and the caps
   (:class:`Limits`): :mod:`.layout`;
 - the messages and their msgpack header codec: :mod:`.messages`;
-- the keys, MACs and outgoing frames: :mod:`.frames`;
+- the keys, ciphers, tags and outgoing frames: :mod:`.frames`;
 - the handshake (HELLO, CHALLENGE, AUTH; keys per connection and direction):
   :mod:`.handshake`;
 - reading a frame stage by stage, each checked before the next is read or
@@ -50,8 +50,8 @@ from .events import (
     Received,
     Role,
 )
-from .frames import DirectionKey, OutgoingFrame, as_bytes_view
-from .handshake import Handshake
+from .frames import SMALL_BODY, DirectionKey, OutgoingFrame, SliceRing, as_bytes_view
+from .handshake import EphemeralKeys, Handshake
 from .keys import GroupKey
 from .layout import (
     FIXED_SIZE,
@@ -114,10 +114,13 @@ _PACKER_KEEP = 64 << 10
 
 
 class Connection(Reader, Handshake):
-    """One end of a peer connection: handshake, framing, MACs and admission rules.
+    """One end of a peer connection: handshake, framing, encryption and MACs, admission rules.
 
     ``key`` is the group key, or ``None`` for loopback-only mode (no tags;
-    the caller must only use such a connection over 127.0.0.1). A responder
+    the caller must only use such a connection over 127.0.0.1). With a key,
+    ``encrypt`` (default) encrypts every frame after the handshake (both ends
+    must agree); ``ephemeral`` gives the X25519 key shares of the handshake (default: a
+    new one for this connection; a worker reuses one for a few seconds). A responder
     that serves several groups gives the others' keys as ``more_keys``: the
     group the initiator names in its HELLO picks the key the handshake then
     proves (and :attr:`group` says which it was). ``allocate``
@@ -131,7 +134,7 @@ class Connection(Reader, Handshake):
         conn = Connection(Role.INITIATOR, key, Identity(peer_id))
         while True:
             for frame in conn.data_to_send():
-                for part in frame.iter_parts():  # MAC each 1 MiB slice as it is sent
+                for part in frame.iter_parts():  # seal each 1 MiB slice as it is sent
                     sock.sendall(part)           # (or sendmsg(frame.parts()), looping
                                                  #  on partial sends and IOV_MAX)
             if conn.next_size() >= 65536:        # inside a large buffer: no copy
@@ -152,17 +155,25 @@ class Connection(Reader, Handshake):
         limits: Limits | None = None,
         allocate: Allocator = bytearray,
         more_keys: Sequence[GroupKey] = (),
+        encrypt: bool = True,
+        ephemeral: EphemeralKeys | None = None,
     ) -> None:
         self.role = role
         self.identity = identity
         self.limits = limits if limits is not None else Limits()
         self.keyed = key is not None
+        self.encrypt = encrypt and key is not None
+        """Whether frames are encrypted (and authenticated) after the handshake; both ends
+        must agree (a keyed connection of ends that disagree is refused in the handshake)."""
         if more_keys and (key is None or role is not Role.RESPONDER):
             raise ValueError("more_keys are for a keyed responder")
         self._keys = {k.group: k for k in (*more_keys, *([key] if key is not None else []))}
         self.peer: Greeting | None = None
         self.state = ConnectionState.HANDSHAKE
         self._caps = CAPABILITIES  # what this end says it understands, in HELLO or CHALLENGE
+        self._candidates: list[bytes] = []
+        self._ephemeral = ephemeral if ephemeral is not None else EphemeralKeys()
+        self._dh: tuple[Any, bytes] | None = None
         self._use_key(key)
         self._allocate = allocate
         self._packer = msgpack.Packer(use_bin_type=True, buf_size=_PACKER_BYTES)
@@ -171,6 +182,7 @@ class Connection(Reader, Handshake):
         self._recv_seq = 0
         self._send_key: DirectionKey | None = None
         self._recv_key: DirectionKey | None = None
+        self._ring: SliceRing | None = None  # made for the first large encrypted frame sent
         self._nonce = os.urandom(NONCE_BYTES)
         self._transcript: list[bytes] = []
         self._sent_bye = False
@@ -196,8 +208,9 @@ class Connection(Reader, Handshake):
         self._ready_specs: dict[int, tuple[MessageType, int, int, int]] = {}
         if role is Role.INITIATOR:
             self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
-            hello = Hello(identity.peer_id, self.group, identity.user, identity.host,
-                          self.keyed, self._nonce, self._caps)  # fmt: skip
+            self._dh = self._ephemeral.get() if self.keyed else None
+            hello = Hello(identity.peer_id, self.group, identity.user, identity.host, self.keyed, self._nonce,
+                          self._caps, self.encrypt, self._key_fingerprints(), self._dh[1] if self._dh else b"")  # fmt: skip
             self._transcript.append(self._queue_handshake(hello, b""))
         else:
             self._expect = frozenset({MessageType.HELLO})
@@ -209,6 +222,7 @@ class Connection(Reader, Handshake):
         self._close()
         self._outbox = []
         self._allocate = bytearray
+        self._ring = None
 
     # ------------------------------------------------------------ sending
 
@@ -312,9 +326,14 @@ class Connection(Reader, Handshake):
         seq = self._send_seq
         head = self._build_head(mtype, header, lengths, flags)
         key = self._send_key
+        ring = None
         if key is not None:
-            head += key.head_tag(seq, head)
-        frame = OutgoingFrame(mtype, seq, head, views, key, sum(lengths))
+            head = key.seal_head(seq, head, FIXED_SIZE + 8 * len(lengths))
+            if key.encrypt and views and len(head) + sum(lengths) > SMALL_BODY:
+                if self._ring is None:
+                    self._ring = SliceRing()
+                ring = self._ring
+        frame = OutgoingFrame(mtype, seq, head, views, key, sum(lengths), ring)
         self._send_seq = seq + 1
         self._outbox.append(frame)
         return frame

@@ -5,8 +5,8 @@
 its own: see :mod:`.daemon`), all made by its constructor from the
 :class:`~.options.WorkerOptions`:
 
-- who it is and what it offers: ``options``, ``key``, ``peer_id``,
-  ``identity``, ``mem_total``;
+- who it is and what it offers: ``options``, ``key`` (``keywatch``: its files,
+  read again when a rotation changes them), ``peer_id``, ``identity``, ``mem_total``;
 - its connections: ``peers`` (all), ``handshaking`` (those still in their
   handshake, oldest first), ``by_controller`` (the live connection of each
   controller), ``gone_since`` (when one left);
@@ -34,6 +34,8 @@ from .announce import new_peer_id
 from .children import ChildProcess
 from .discovery import Announcer, Listener
 from .fairshare import FairShare
+from .handshake import EphemeralKeys
+from .keywatch import KeyWatch
 from .messages import Ask, Identity, RefuseReason, Task
 from .net import Waker
 from .options import WorkerOptions, machine_memory
@@ -86,6 +88,8 @@ class WorkerState:
     def __init__(self, options: WorkerOptions) -> None:
         self.options = options
         self.key = options.key
+        self.keywatch = KeyWatch(options.group_keys())  # the key files, read again when they change
+        self.ephemeral = EphemeralKeys(reuse_s=10.0)  # the handshakes' X25519 shares, kept 10 s
         self.peer_id = new_peer_id()
         self.identity = Identity(self.peer_id, options.user[:256], options.host[:256])
         self.fair = FairShare(options.half_life_s, enabled=options.fair_share)
