@@ -99,3 +99,11 @@ def run_cli(tally: Tally, *args: str, timeout: float = 60, env: dict[str, str] |
         return subprocess.CompletedProcess(cmd, -9, "", "")
     tally.check_output("elsewhere " + " ".join(args), p.stdout + p.stderr)
     return p
+
+
+def has_open(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a file whose path ends with ``name`` open."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith(name) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False

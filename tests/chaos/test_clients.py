@@ -8,7 +8,6 @@ Clients are real processes, released together by a file they all watch for.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from chaos.conftest import Tally, run_cli
+from peer.peer_procs import free_port
 
 SCRIPT = textwrap.dedent(r"""
     import os, sys
@@ -64,22 +65,6 @@ SCRIPT = textwrap.dedent(r"""
 """)
 
 
-def _free_port() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = int(u.getsockname()[1])
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            try:
-                t.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port")
-
-
 def modes(root: Path) -> dict[str, int]:
     """{path: st_mode} of ``root`` and everything under it."""
     out = {}
@@ -118,7 +103,7 @@ def test_everything_under_home_and_config_is_private_whatever_the_umask(umask: s
     script.write_text(SCRIPT)
     env = {**os.environ, "ELSEWHERE_CONFIG": str(config), "ELSEWHERE_HOME": str(ew_home)}
     try:
-        p = subprocess.run([sys.executable, str(script), umask, str(_free_port())], capture_output=True,
+        p = subprocess.run([sys.executable, str(script), umask, str(free_port())], capture_output=True,
                            text=True, timeout=180, env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
         tally.hang(f"the umask {umask} run took over 180 s")

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import elsewhere as ew
-from chaos.conftest import Tally, scaled
+from chaos.conftest import Tally, has_open, scaled
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -94,14 +94,6 @@ def nap(s):
     return s
 
 
-def _has_open(pid: int, name: str) -> bool:
-    try:
-        return any(
-            os.readlink(f"/proc/{pid}/fd/{fd}").endswith(name)
-            for fd in os.listdir(f"/proc/{pid}/fd")
-        )
-    except OSError:
-        return False
 
 
 def _alive(pid: int) -> bool:
@@ -145,7 +137,7 @@ class Race:
         deadline = time.monotonic() + timeout
         for pid, out, what in self.clients:
             ready = out.with_suffix(".ready")
-            while not (ready.exists() or not _alive(pid) or _has_open(pid, "notify.fifo")):
+            while not (ready.exists() or not _alive(pid) or has_open(pid, "notify.fifo")):
                 if time.monotonic() > deadline:
                     tally.hang(f"{what} never reached the barrier")
                     break

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import elsewhere as ew
-from chaos.conftest import Tally, run_cli
+from chaos.conftest import Tally, has_open, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -349,14 +348,6 @@ def test_every_json_output_is_strict(ew_home, tally, shell):
 # ---------------------------------------------------------------- wait: exit codes, timeout, Ctrl-C
 
 
-def _has_open(pid: int, name: str) -> bool:
-    try:
-        return any(
-            os.readlink(f"/proc/{pid}/fd/{fd}").endswith(name)
-            for fd in os.listdir(f"/proc/{pid}/fd")
-        )
-    except OSError:
-        return False
 
 
 def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally):
@@ -368,7 +359,7 @@ def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
-        while not _has_open(waiter.pid, "notify.fifo") and waiter.poll() is None:
+        while not has_open(waiter.pid, "notify.fifo") and waiter.poll() is None:
             if time.monotonic() > deadline:
                 tally.hang("the waiter never opened the job's notify fifo")
                 break

@@ -42,7 +42,7 @@ from ..folder.errorrecord import ErrorRecord
 from ..folder.records import Kind
 from ..util.errors import TaskError
 from .futures import StreamFuture, raised
-from .job import Job, job_data, value_of
+from .job import Job, value_of
 from .streamwriter import write_payload_behind
 
 log = logging.getLogger("elsewhere.api.executor")
@@ -68,7 +68,7 @@ class Stream:
         self.writer = PayloadWriter(
             job.store.path / "payload.log", compress=not job.cluster.shares_filesystem()
         )
-        self.writer.write_common(None, job_data(job))
+        # (the job's function and data are written by write_and_submit, once)
         self.lock = threading.Lock()
         self.futures: dict[int, StreamFuture] = {}  # sent, unfinished
         self.held: collections.deque[tuple[StreamFuture, Any]] = collections.deque()  # not sent yet

@@ -10,8 +10,8 @@ error (:func:`dump_values`, shared with the peer task process).
 
 from __future__ import annotations
 
+import _thread
 import os
-import threading
 import time
 
 from ..folder import records
@@ -52,10 +52,10 @@ class ResultWriter:
         self.unsynced = False  # written since the last fsync
         # The late writer (see begin_task): pending outcomes are written by its thread while
         # the worker's task runs, by the worker's thread otherwise; ``in_task`` says which.
-        self.lock = threading.Lock()
-        self.in_task = False
+        self.lock = _thread.allocate_lock()  # (threading itself only once a thread is needed:
+        self.in_task = False  # a worker starts faster without it)
         self.due = 0.0
-        self.armed: threading.Event | None = None  # made with the thread, when first needed
+        self.armed: Any = None  # a threading.Event, made with the thread when first needed
         self.closed = False
 
     def close(self) -> None:
@@ -75,6 +75,8 @@ class ResultWriter:
             self.due = time.monotonic() + LATE_S
             armed = self.armed
             if armed is None:
+                import threading
+
                 armed = self.armed = threading.Event()
                 threading.Thread(target=self._late_writer, name="elsewhere-late-writer", daemon=True).start()
             armed.set()
