@@ -31,8 +31,11 @@ fi
 [ "$(id -u)" = 0 ] || { echo "netns.sh: must run as root" >&2; exit 1; }
 command -v ip >/dev/null || { echo "netns.sh: ip (iproute2) is missing" >&2; exit 1; }
 
-host_ok() { # I: namespace ew-hI exists and has 10.77.0.I on eth0
-  ip -n "ew-h$1" -4 -o addr show dev eth0 2>/dev/null | grep -q " 10\.77\.0\.$1/24 "
+host_ok() { # I: namespace ew-hI has 10.77.0.I on eth0, the link up, the multicast route
+  # (a run stopped in the middle of a test that cuts a host's link leaves it down)
+  ip -n "ew-h$1" -4 -o addr show dev eth0 2>/dev/null | grep -q " 10\.77\.0\.$1/24 " &&
+    ip -n "ew-h$1" link show dev eth0 2>/dev/null | grep -q "state UP" &&
+    ip -n "ew-h$1" route show 224.0.0.0/4 2>/dev/null | grep -q "dev eth0"
 }
 present=$(ip netns list | awk '$1 ~ /^ew-(h[0-9]+|br)$/ {print $1}' | sort | tr '\n' ' ')
 wanted=$( { echo $BR; for i in $(seq 1 "$N"); do echo "ew-h$i"; done; } | sort | tr '\n' ' ')
@@ -45,7 +48,7 @@ if [ "$present" = "$wanted" ]; then
   fi
 fi
 if [ -n "$present" ]; then
-  echo "rebuilding: found '$present', want '$wanted'"
+  echo "rebuilding: found '$present' (or a host's link down), want '$wanted'"
   "$HERE/netns-down.sh"
 fi
 

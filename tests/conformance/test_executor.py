@@ -190,6 +190,18 @@ def test_memory_is_bounded_by_what_the_caller_holds(cluster: ew.Cluster) -> None
     )
 
 
+def test_the_records_of_finished_calls_are_not_kept(cluster: ew.Cluster) -> None:
+    """A stream of a million calls must not hold a million journal records: once a future is
+    done, its call's record is dropped (only that it ended, and the counts, are kept)."""
+    with ew.Executor(on=cluster) as ex:
+        assert list(ex.map(abs, range(-300, 0), timeout=WAIT_S)) == list(range(300, 0, -1))
+        final = ex.job.handle.reader.final  # (on peers the journal is read a little later)
+        wait_until(lambda: len(final) >= 300 and len(final._single) < 30, WAIT_S,
+                   lambda: f"{len(final._single)} records of {len(final)} done calls held")  # fmt: skip
+        assert len(final._retired) > 270
+        assert ex.job.check().counts.get("finished", 0) >= 300
+
+
 EXIT = """
 import sys
 import elsewhere as ew

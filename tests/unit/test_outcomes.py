@@ -61,3 +61,53 @@ def test_forgetting_a_task_of_a_range_keeps_the_others():
     assert sorted(o) == [t for t in range(10) if t != 3]
     with pytest.raises(KeyError):
         del o[3]
+
+
+def test_a_task_set_behaves_as_a_set_of_its_tasks():
+    import random
+
+    from elsewhere.folder.taskmap import TaskSet
+
+    rng = random.Random(7)
+    for _ in range(50):
+        ts, ref = TaskSet(), set()
+        for _ in range(400):
+            t = rng.randrange(80)
+            if rng.random() < 0.6:
+                ts.add(t)
+                ref.add(t)
+            else:
+                ts.discard(t)
+                ref.discard(t)
+            a = rng.randrange(80)
+            b = a + rng.randrange(1, 12)
+            assert ts.overlaps(a, b) == any(a <= x < b for x in ref)
+        assert len(ts) == len(ref) and set(ts) == ref and all((t in ts) == (t in ref) for t in range(-1, 90))
+        runs = ts.runs()  # as few runs as can be: none touch
+        assert all(runs[i][1] < runs[i + 1][0] for i in range(len(runs) - 1)), runs
+    many = TaskSet()
+    for t in range(100_000):
+        many.add(t)
+    assert len(many) == 100_000 and many.runs() == [(0, 100_000)]
+
+
+def test_retired_outcomes_count_but_hold_no_record():
+    from elsewhere.folder.journal import JournalReader
+    from elsewhere.folder.taskmap import RETIRED
+
+    o = Outcomes()
+    for t in range(10):
+        o[t] = ("w", rec(t))
+    o.retire(range(0, 8))
+    assert len(o) == 10 and all(t in o for t in range(10))
+    assert sorted(o) == [8, 9]  # iterating leaves retired tasks out (they have no body)
+    assert o.get(3) is RETIRED and o._retired.runs() == [(0, 8)] and len(o._single) == 2
+    assert not o.add_range(5, 10, ("w", rec(5, 10)))  # over retired tasks: refused
+    # a late duplicate of a retired task (a retry's record) does not count again
+    reader = JournalReader.__new__(JournalReader)
+    reader.final, reader.track = o, None
+    reader.kind_counts = dict.fromkeys((int(k) for k in Kind), 0)
+    reader.damaged_tasks = set()
+    assert reader._add(3, ("w2", rec(3, attempt=5)), o.get(3)) == 0
+    del o[3]  # forgetting one (a rerun) still works
+    assert 3 not in o and len(o) == 9

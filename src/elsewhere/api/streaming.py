@@ -53,7 +53,7 @@ _POLL_S = 1.0  # the cluster is polled (lost workers, replacements) this often
 class Stream:
     """An Executor's job, its threads and its unfinished futures (see the module)."""
 
-    def __init__(self, job: Job, *, keep: bool, detach: bool, max_calls: int | None,
+    def __init__(self, job: Job[Any], *, keep: bool, detach: bool, max_calls: int | None,
                  wrap: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None) -> None:  # fmt: skip
         from ..folder.payload import PayloadWriter
         from .job import write_and_submit
@@ -95,6 +95,7 @@ class Stream:
             self.count_thread = threading.Thread(target=self._count_tasks, daemon=True,
                                                  name="elsewhere-executor-queue")  # fmt: skip
             self.count_thread.start()
+        job.handle.reader.track = []  # the calls read, retired once their futures are done
         self.thread = threading.Thread(target=self._collect, name="elsewhere-executor", daemon=True)
         self.thread.start()
 
@@ -368,8 +369,10 @@ class Stream:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(fd, 4096):
                         pass
-        self.job.handle.reader.refresh()
+        reader = self.job.handle.reader
+        reader.refresh()
         self._resolve()
+        self._retire(reader)
         with self.lock:
             if not self.stop.is_set():
                 return False
@@ -429,6 +432,18 @@ class Stream:
                     )
         finally:
             job._outcomes.cache.clear()  # a body is read once, by the futures of its group
+
+    def _retire(self, reader: Any) -> None:
+        """Drop the records of the calls whose futures are done (kept: that they ended, and
+        their counts): the caller's memory does not grow with every call."""
+        fresh = reader.track
+        if not fresh:
+            return
+        with self.lock:
+            futures = self.futures
+            done = [t for t in fresh if t not in futures]
+            reader.track = [t for t in fresh if t in futures] if len(done) < len(fresh) else []
+        reader.final.retire(done)
 
     def _finish(self) -> None:
         """The last future is resolved and the stream closed: purge the job unless kept."""

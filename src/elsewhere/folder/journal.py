@@ -86,6 +86,8 @@ class JournalReader:
         self.kind_counts[r.kind] += 1
         if r.flags & FLAG_DAMAGED:
             self.damaged_tasks.add(t)
+        if self.track is not None:
+            self.track.append(t)
         return 1
 
     def __init__(self, store: JobStore) -> None:
@@ -100,6 +102,9 @@ class JournalReader:
         self.damaged_tasks: set[int] = set()
         self.listed: set[str] = set()  # the workers whose journal was there at the last look
         self.changes = 0  # outcomes taken in so far (a new one, or one that overtook another)
+        # None, or a list the single-record tasks whose outcome is new are appended to (an
+        # Executor retires them from ``final`` once their futures are done)
+        self.track: list[int] | None = None
 
     def refresh(self) -> int:
         """Read what is new; return how many new outcomes were found."""
@@ -136,6 +141,7 @@ class JournalReader:
                     self.body_end[wid] = end
             final = self.final
             counts = self.kind_counts
+            track = self.track
             for r in recs:
                 if r.count > 1:
                     new += self._add_range(wid, r)
@@ -145,6 +151,8 @@ class JournalReader:
                     final[r.task] = (wid, r)
                     counts[r.kind] += 1
                     new += 1
+                    if track is not None:
+                        track.append(r.task)
                 else:
                     new += self._add(r.task, (wid, r), old)
         self.changes += new

@@ -1,4 +1,5 @@
-"""The outcome of each task of a job, as the journal reader keeps it: :class:`Outcomes`.
+"""The outcome of each task of a job, as the journal reader keeps it: :class:`Outcomes`;
+and a set of task numbers kept as runs, :class:`TaskSet`.
 
 This module is imported by the worker (through ``journal.py``): keep its imports light.
 """
@@ -15,6 +16,94 @@ if TYPE_CHECKING:
     from .records import Record
 
 
+class TaskSet:
+    """A set of task numbers kept as sorted runs ``[first, end)``: a million tasks that end in
+    about their order are a handful of runs, not a million set entries (60 MB).
+
+    ``add``, ``discard`` and ``in`` cost a bisection; adding the task after the last run's end
+    (the common case) extends that run in place.
+    """
+
+    __slots__ = ("_ends", "_n", "_starts")
+
+    def __init__(self, tasks: Any = ()) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self._n = 0
+        for t in sorted(set(tasks)):
+            self.add(t)
+
+    def __contains__(self, t: object) -> bool:
+        if not isinstance(t, int):
+            return False
+        i = bisect.bisect_right(self._starts, t) - 1
+        return i >= 0 and t < self._ends[i]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator[int]:
+        for a, b in list(zip(self._starts, self._ends)):
+            yield from range(a, b)
+
+    def runs(self) -> list[tuple[int, int]]:
+        """The runs, ``[(first, end), ...]`` in order."""
+        return list(zip(self._starts, self._ends))
+
+    def add(self, t: int) -> None:
+        starts, ends = self._starts, self._ends
+        if ends and t == ends[-1]:  # just after the last run: the usual order
+            ends[-1] = t + 1
+            self._n += 1
+            return
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t < ends[i]:
+            return  # in already
+        joins_left = i >= 0 and ends[i] == t
+        joins_right = i + 1 < len(starts) and starts[i + 1] == t + 1
+        if joins_left and joins_right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif joins_left:
+            ends[i] = t + 1
+        elif joins_right:
+            starts[i + 1] = t
+        else:
+            starts.insert(i + 1, t)
+            ends.insert(i + 1, t + 1)
+        self._n += 1
+
+    def overlaps(self, first: int, end: int) -> bool:
+        """Whether any task of ``range(first, end)`` is in."""
+        i = bisect.bisect_right(self._starts, end - 1) - 1
+        return i >= 0 and self._ends[i] > first
+
+    def update(self, tasks: Any) -> None:
+        for t in tasks:
+            self.add(t)
+
+    def discard(self, t: int) -> None:
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t >= ends[i]:
+            return
+        a, b = starts[i], ends[i]
+        if a == t and b == t + 1:
+            del starts[i], ends[i]
+        elif a == t:
+            starts[i] = t + 1
+        elif b == t + 1:
+            ends[i] = t
+        else:  # in the middle: two runs
+            ends[i] = t
+            starts.insert(i + 1, t + 1)
+            ends.insert(i + 1, b)
+        self._n -= 1
+
+
 class Outcomes:
     """task -> (worker id, record), read like a dict; a range record's tasks are one entry.
 
@@ -25,13 +114,26 @@ class Outcomes:
     which wins over the ranges.
     """
 
-    __slots__ = ("_n", "_ranges", "_single", "_starts")
+    __slots__ = ("_n", "_ranges", "_retired", "_single", "_starts")
 
     def __init__(self) -> None:
         self._single: dict[int, tuple[str, Record]] = {}
         self._starts: list[int] = []
         self._ranges: list[tuple[int, int, tuple[str, Record]]] = []  # (first, end, entry)
+        self._retired = TaskSet()
         self._n = 0
+
+    def retire(self, tasks: Any) -> None:
+        """Drop the records of ``tasks`` (delivered, never read again: an Executor's calls),
+        keeping only that they ended: a stream of a million calls holds a few runs, not a
+        million records. A retired task is ``in`` the outcomes, counted by ``len``, and
+        :meth:`get` gives :data:`RETIRED` (an attempt no later outcome overtakes); iterating
+        leaves it out. Only single records retire (a range is one entry already)."""
+        single = self._single
+        retired = self._retired
+        for t in tasks:
+            if single.pop(t, None) is not None:
+                retired.add(t)
 
     def _range_index(self, t: int) -> int:
         i = bisect.bisect_right(self._starts, t) - 1
@@ -47,6 +149,8 @@ class Outcomes:
                 r = self._ranges[i]
                 if t < r[1]:
                     return r[2]
+        if self._retired and t in self._retired:
+            return RETIRED
         return default
 
     def __getitem__(self, t: int) -> tuple[str, Record]:
@@ -94,9 +198,15 @@ class Outcomes:
     def __setitem__(self, t: int, entry: tuple[str, Record]) -> None:
         if t not in self:
             self._n += 1
+        elif t in self._retired:
+            self._retired.discard(t)
         self._single[t] = entry
 
     def __delitem__(self, t: int) -> None:
+        if t in self._retired:
+            self._retired.discard(t)
+            self._n -= 1
+            return
         i = self._range_index(t)
         if i >= 0:  # rare (a retry forgets an outcome): that range becomes single entries
             first, end, entry = self._ranges.pop(i)
@@ -113,6 +223,8 @@ class Outcomes:
         if i >= 0 and self._ranges[i][1] > first:
             return False
         if i + 1 < len(self._ranges) and self._ranges[i + 1][0] < end:
+            return False
+        if self._retired and self._retired.overlaps(first, end):
             return False
         single = self._single
         if single and (any(first <= t < end for t in single) if len(single) < count
@@ -134,3 +246,14 @@ class Outcomes:
         if single and any(t <= u < end for u in single):
             return t
         return end
+
+
+def _retired_entry() -> tuple[str, Any]:
+    from .records import Kind, Record
+
+    return ("", Record(int(Kind.OK), 0, 1 << 62, -1))
+
+
+RETIRED = _retired_entry()
+"""What :meth:`Outcomes.get` gives for a retired task: no worker, an OK record of an attempt
+that no later outcome overtakes, no body."""

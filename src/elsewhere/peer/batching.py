@@ -35,10 +35,18 @@ _SHORT_S = 0.005
 _PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
 
 
+RECORD_BACKLOG_BYTES = 64 << 20
+"""Results held for the recorder (received, not yet on disk) beyond which no task is placed:
+where results come faster than the job folder's disk takes them, the controller's memory
+stays bounded (it waits for the disk instead of growing by every result)."""
+
+
 class Batching(ControllerState):
     """How :class:`~.controller.Controller` places its tasks (see the module doc)."""
 
     def _place(self, now: float) -> None:
+        if self.recorder is not None and self.recorder.backlog_bytes > RECORD_BACKLOG_BYTES:
+            return  # results come faster than the disk takes them: no new tasks until it has
         for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
             if self.pending:
                 # admitted: the tasks go now; not yet answered: they ride on that ASK

@@ -36,6 +36,7 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ..folder.taskmap import TaskSet
 from ..util.progress import NoteTeller
 from .announce import new_peer_id
 from .discovery import Announcer, Listener
@@ -118,7 +119,7 @@ class ControllerState:
         self.batches: dict[str, Batch] = {}
         self.pending: collections.deque[int] = collections.deque()
         self.inflight: dict[int, set[str]] = {}
-        self.final: set[int] = set()
+        self.final = TaskSet()  # runs of task numbers: a million final tasks are a few runs
         self.cancelled: set[int] = set()
         self.attempts: dict[int, int] = {}
         self.lost_count: dict[int, int] = {}
@@ -169,7 +170,8 @@ class ControllerState:
             attempts = q.attempts()
             if q.cancelled:
                 self._cancelled_job = True
-        self.final = set(reader.final) - set(again)
+        rerun = set(again)
+        self.final = TaskSet(t for t in reader.final if t not in rerun)
         self.attempts = attempts
         self._queue_new(0)
         for i in again:

@@ -87,6 +87,7 @@ class Recorder:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Condition()
         self._outstanding = 0
+        self.backlog_bytes = 0  # of the buffers handed in, not yet written and synced
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="elsewhere-peer-recorder", daemon=True)
         self._thread.start()
@@ -100,9 +101,11 @@ class Recorder:
     def record_many(self, items: list[tuple[GroupWriter, list[tuple[Any, list[Any], list[Row]]], Any,
                                             tuple[Any, ...]]]) -> None:  # fmt: skip
         """:meth:`record` for several results at once (one wake-up of the thread)."""
+        size = sum(_nbytes(b) for item in items for b in item[3])
         with self._idle:
             self._outstanding += len(items)
-        self._queue.put(items)
+            self.backlog_bytes += size
+        self._queue.put((items, size))
 
     @property
     def outstanding(self) -> int:
@@ -128,7 +131,8 @@ class Recorder:
                     got.append(self._queue.get_nowait())
             if got[-1] is None:
                 stopping = True
-            items = [it for many in got if many is not None for it in many]
+            items = [it for many in got if many is not None for it in many[0]]
+            size = sum(many[1] for many in got if many is not None)
             if not items:
                 continue
             acks: list[Any] = []
@@ -154,4 +158,12 @@ class Recorder:
             finally:
                 with self._idle:
                     self._outstanding -= len(items)
+                    self.backlog_bytes -= size
                     self._idle.notify_all()
+
+
+def _nbytes(b: Any) -> int:
+    try:
+        return memoryview(b).nbytes
+    except TypeError:
+        return 0
