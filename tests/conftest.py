@@ -89,3 +89,21 @@ def pytest_sessionfinish(session, exitstatus):
             stream.close(kill=True)
         except Exception:
             pass
+
+
+# Run in parallel (pytest-xdist, ``-n N --dist loadgroup``, as scripts/test does): the tests of
+# one file stay together on one process (its module fixtures are made once), and the files that
+# use the network-namespace hosts share one group, since some of them cut a host's link.
+_SHARED_GROUPS = {
+    "netns": ("tests/peer/test_netns.py", "tests/peer/test_netns_job.py", "tests/ssh/test_multihost.py",
+              "tests/mpi/test_mpi.py"),
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    by_file = {f: group for group, files in _SHARED_GROUPS.items() for f in files}
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(by_file.get(path, path)))

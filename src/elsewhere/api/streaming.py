@@ -372,7 +372,8 @@ class Stream:
         reader = self.job.handle.reader
         reader.refresh()
         self._resolve()
-        self._retire(reader)
+        with self.lock:  # the records of calls whose futures are done: the memory stays flat
+            reader.retire_tracked(self.futures)
         with self.lock:
             if not self.stop.is_set():
                 return False
@@ -432,18 +433,6 @@ class Stream:
                     )
         finally:
             job._outcomes.cache.clear()  # a body is read once, by the futures of its group
-
-    def _retire(self, reader: Any) -> None:
-        """Drop the records of the calls whose futures are done (kept: that they ended, and
-        their counts): the caller's memory does not grow with every call."""
-        fresh = reader.track
-        if not fresh:
-            return
-        with self.lock:
-            futures = self.futures
-            done = [t for t in fresh if t not in futures]
-            reader.track = [t for t in fresh if t in futures] if len(done) < len(fresh) else []
-        reader.final.retire(done)
 
     def _finish(self) -> None:
         """The last future is resolved and the stream closed: purge the job unless kept."""

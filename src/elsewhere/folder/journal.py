@@ -158,6 +158,15 @@ class JournalReader:
         self.changes += new
         return new
 
+    def retire_tracked(self, keep: Any) -> None:
+        """Retire (:meth:`Outcomes.retire`) the tracked tasks not in ``keep`` (those whose
+        value is still to be taken); the others stay tracked for a later call."""
+        fresh = self.track
+        if fresh:
+            done = [t for t in fresh if t not in keep]
+            self.track = [t for t in fresh if t in keep] if len(done) < len(fresh) else []
+            self.final.retire(done)
+
     def offset(self, wid: str) -> int:
         """Where reading worker ``wid``'s journal goes on: the end of its last whole frame."""
         return self._offsets.get(wid, 0)
