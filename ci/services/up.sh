@@ -4,7 +4,7 @@
 # Idempotent: what runs already is left alone. One line per service at the end:
 #   started | already running | FAILED: reason     (a failure does not stop the others)
 #
-#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns netns-sshd
+#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns netns-sshd chromium
 #   ci/services/up.sh slurm torque     # only these
 #   ci/services/up.sh --check [...]    # then run one trivial job on each (see check_* below)
 #
@@ -21,6 +21,8 @@ LOGS=/var/log/elsewhere-ci
 ALL=(slurm sge torque mpi netns)
 [ -f "$HERE/sshd.sh" ] && ALL=(sshd "${ALL[@]}")
 [ -f "$HERE/netns-sshd.sh" ] && ALL=("${ALL[@]}" netns-sshd)  # after netns: sshd inside each test host
+ALL+=(chromium)  # the web view's browser tests (tests/web)
+ALL+=(podman)  # python= through a container runtime (tests/env)
 
 CHECK=0
 services=()
@@ -28,7 +30,7 @@ for a in "$@"; do
   case "$a" in
     --check) CHECK=1 ;;
     -h | --help) sed -n '3,15p' "$0"; exit 0 ;;
-    sshd | slurm | sge | torque | mpi | netns | netns-sshd) services+=("$a") ;;
+    sshd | slurm | sge | torque | mpi | netns | netns-sshd | chromium | podman) services+=("$a") ;;
     *) echo "up.sh: unknown service '$a' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac
 done
@@ -167,6 +169,16 @@ except ConnectionRefusedError:
   echo "$out"
   [[ $out == *"as it should be"* ]]
 }
+check_chromium() { # Playwright (the test extras) drives Debian's chromium, as tests/web do
+  timeout 60 "$VENV/bin/python" -c 'from playwright.sync_api import sync_playwright
+with sync_playwright() as p:
+    b = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--headless", "--no-sandbox", "--disable-gpu"])
+    page = b.new_page()
+    page.set_content("<title>ok</title>")
+    print("playwright drives chromium", b.version, "- page title:", page.title())
+    b.close()'
+}
+check_podman() { "$HERE/podman.sh"; }  # it starts one container itself
 declare -A checked
 if [ $CHECK = 1 ]; then
   for s in "${services[@]}"; do

@@ -113,8 +113,7 @@ def odd_floats(i):
 
 # ---------------------------------------------------------------- bad input, no job needed
 
-USAGE_CASES = [
-    (),
+USAGE_CASES = [  # (`elsewhere` alone prints the help: tests/cli/test_help.py)
     ("bogus",),
     ("--bogus-option",),
     ("status",),
@@ -174,7 +173,7 @@ def test_bad_arguments_are_one_line_and_exit_code_2(ew_home, tally, shell, tmp_p
     assert not (tmp_path / "config" / "templates").exists()  # nothing was installed
     # and from the shell, a sample: the known tracebacks of before among them
     sample = [
-        (),
+        ("bogus",),
         ("logs", "x", "-1"),
         ("peer", "worker", "--tcp-port", "99999"),
         ("template", "show", "../x"),
@@ -453,7 +452,7 @@ def test_debug_prints_the_traceback_from_the_shell(ew_home):
     assert "Traceback (most recent call last)" in p.stderr
     assert (
         p.stderr.strip().splitlines()[-1]
-        == "elsewhere: no job named 'nope' (see ew.jobs() or `elsewhere jobs`)"
+        == "elsewhere: no job named 'nope': `elsewhere jobs` lists the jobs there are"
     )
     helped = subprocess.run([sys.executable, "-m", "elsewhere", "--help"], capture_output=True, text=True,
                             timeout=60)  # fmt: skip

@@ -21,9 +21,10 @@ from typing import Any
 from ..core import control
 from ..util.errors import JobError, JobGone, JobNotFound, TaskError
 from . import exits, jsonout
+from .terminal import console
 
-__all__ = ["cmd_cancel", "cmd_demo", "cmd_doctor", "cmd_jobs", "cmd_logs", "cmd_purge", "cmd_results",
-           "cmd_status", "cmd_template", "cmd_wait", "cmd_workers", "open_job"]  # fmt: skip
+__all__ = ["cmd_cancel", "cmd_demo", "cmd_doctor", "cmd_errors", "cmd_jobs", "cmd_logs", "cmd_purge",
+           "cmd_results", "cmd_status", "cmd_template", "cmd_wait", "cmd_workers", "open_job"]  # fmt: skip
 
 
 def open_job(name: str) -> Any:
@@ -33,8 +34,16 @@ def open_job(name: str) -> Any:
 
     try:
         return recover(name)
-    except JobNotFound:
+    except JobGone:
         raise
+    except JobNotFound as exc:
+        from ..folder.registry import Registry
+
+        if Registry().find(name):  # registered, its folder gone: that message says so
+            raise
+        raise JobNotFound(
+            f"no job named {name!r}: `elsewhere jobs` lists the jobs there are"
+        ) from exc
     except FileNotFoundError as exc:  # purged between the registry's answer and the reading
         raise JobGone(f"job {name!r} is gone: it was purged meanwhile; `elsewhere jobs` lists the jobs "
                       "there are") from exc  # fmt: skip
@@ -64,7 +73,6 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     if not rows:
         print("no jobs (submit one with ew.submit, or try `elsewhere demo`)")
         return exits.OK
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -77,7 +85,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"] or 0))
         cells = (r["name"], r["state"], r["n_tasks"], counts, kind, created)
         table.add_row(*(escape(str(c)) for c in cells))  # a name such as "fit[/x]" is not markup
-    Console().print(table)
+    console().print(table)
     return exits.OK
 
 
@@ -86,14 +94,23 @@ def cmd_status(args: argparse.Namespace) -> int:
     with control.present(job.handle):
         st = job.check()
     if args.json:
-        print(jsonout.dumps({"name": job.name, "id": job.id, "state": st.state.value, "counts": st.counts,
-                             "note": st.note, "reasons": {str(t): r for t, r in sorted(st.reasons.items())}},
-                            indent=None))  # fmt: skip
+        print(_status_json(job, st))
     else:
         print(st)
         for line in _reason_lines(st.reasons):
             print(line)
+        if st.counts.get("failed"):
+            print(
+                f"  `elsewhere errors {_arg(args.name)}` shows what the failed tasks raised, and where"
+            )
     return exits.OK
+
+
+def _arg(text: str) -> str:
+    """``text`` as one word of a shell command (a job's name in a hint)."""
+    import shlex
+
+    return shlex.quote(text)
 
 
 def _reason_lines(reasons: dict[int, str], most: int = 10) -> list[str]:
@@ -134,14 +151,35 @@ def cmd_wait(args: argparse.Namespace) -> int:
                 raise
             raise control.gone(job.handle) from exc  # "deleted while it was waited for"
         st = job.check()
-    print(st)
+    if args.json:
+        print(_status_json(job, st))
+    else:
+        print(st)
     return exits.OK if st.state.value == "finished" else exits.FAILED
+
+
+def _status_json(job: Any, st: Any) -> str:
+    return jsonout.dumps({"name": job.name, "id": job.id, "state": st.state.value, "counts": st.counts,
+                          "note": st.note, "reasons": {str(t): r for t, r in sorted(st.reasons.items())}},
+                         indent=None)  # fmt: skip
 
 
 def cmd_results(args: argparse.Namespace) -> int:
     job = open_job(args.name)
     with control.present(job.handle):
-        values = job.results(partial=args.partial)
+        try:
+            values = job.results(partial=args.partial)
+        except JobError as exc:
+            if isinstance(exc, JobNotFound) or args.partial:
+                raise
+            counts = job.check().counts
+            waiting = sum(counts.get(s, 0) for s in ("pending", "queued", "running"))
+            if not waiting:
+                raise
+            name = _arg(args.name)
+            raise JobError(f"job {job.name!r} has {waiting} of {job.n_tasks} tasks without a result yet: "
+                           f"`elsewhere wait {name}` waits for them, `elsewhere results {name} --partial` "
+                           "shows what there is") from exc  # fmt: skip
     if args.json:
         out = []
         for i, v in enumerate(values):
@@ -152,16 +190,20 @@ def cmd_results(args: argparse.Namespace) -> int:
                 out.append({"task": i, "value": v})
         print(jsonout.dumps(out, indent=None if args.compact else 2))
         return exits.OK
-    from rich.console import Console
     from rich.markup import escape
     from rich.pretty import Pretty
 
-    console = Console()
+    out = console()
     for i, v in enumerate(values):
         if isinstance(v, TaskError):
-            console.print(f"[bold]{i}[/]: [red]{escape(v.type_name)}: {escape(v.message)}[/]")
+            out.print(f"[bold]{i}[/]: [red]{escape(v.type_name)}: {escape(v.message)}[/]")
         else:
-            console.print(f"[bold]{i}[/]:", Pretty(v, max_length=20, max_string=400))
+            out.print(f"[bold]{i}[/]:", Pretty(v, max_length=20, max_string=400))
+    if any(isinstance(v, TaskError) for v in values):
+        out.print(
+            f"(`elsewhere errors {escape(_arg(args.name))}` shows where they failed)",
+            highlight=False,
+        )
     return exits.OK
 
 
@@ -172,6 +214,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
         tasks = (
             [control.task_index(job.handle, args.task, n)] if args.task is not None else range(n)
         )
+        if args.json:
+            print(jsonout.dumps([{"task": i, "log": job.log(i)} for i in tasks], indent=None))
+            return exits.OK
         for i in tasks:
             text = job.log(i)
             if args.task is None:
@@ -181,6 +226,42 @@ def cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
             if text and not text.endswith("\n"):
                 sys.stdout.write("\n")
+    return exits.OK
+
+
+def cmd_errors(args: argparse.Namespace) -> int:
+    """What the failed tasks raised, each with the traceback from where it ran."""
+    from ..util.states import TaskState
+
+    job = open_job(args.name)
+    with control.present(job.handle):
+        job.check()  # the backend's latest word first (a lost worker becomes a failed task)
+        tasks = job.tasks
+        if args.task is not None:
+            tasks = [tasks[control.task_index(job.handle, args.task, job.n_tasks)]]
+        failed = [(t, t.result) for t in tasks if t.state is TaskState.FAILED]
+        errors = [(t, e) for t, e in failed if isinstance(e, TaskError)]
+    if args.json:
+        print(jsonout.dumps([{"task": t.index, "type": e.type_name, "message": e.message, "reason": e.reason,
+                              "host": e.host, "seed": e.seed, "traceback": e.traceback} for t, e in errors],
+                            indent=None))  # fmt: skip
+        return exits.OK
+    if not errors:
+        if args.task is not None:
+            t = tasks[0]
+            print(f"task {t.index} of job {job.name!r} has no error: it is {t.state.value}")
+        else:
+            print(f"job {job.name!r} has no failed task ({job.check()})")
+        return exits.OK
+    for k, (t, e) in enumerate(errors):
+        if k:
+            print()
+        where = f" on {e.host}" if e.host else ""
+        seed = f", seed {e.seed}" if e.seed is not None else ""
+        what = e.type_name if e.reason == "error" else e.reason
+        print(f"==> task {t.index} of job {job.name!r}: {what}{where}{seed} <==")
+        text = e.traceback.rstrip("\n") if e.traceback else f"{e.type_name}: {e.message}"
+        print(text)
     return exits.OK
 
 
@@ -246,9 +327,10 @@ def _purge_unreadable(name: str, why: JobError) -> int:
 
 
 def cmd_workers(args: argparse.Namespace) -> int:
-    from ..backends.local import LocalCluster
+    from ..backends.localworkers import stop_idle_workers
+    from ..util import paths
 
-    n = LocalCluster().shutdown()
+    n = stop_idle_workers(paths.home())  # every pool: workers of `python` and `python3` alike
     print(f"asked {n} idle local worker(s) to exit")
     return exits.OK
 
@@ -261,10 +343,22 @@ def cmd_template(args: argparse.Namespace) -> int:
     from ..util.errors import ConfigError
 
     if args.action == "list":
-        for n in jobscripts.user_names():
-            print(f"{n}\t(yours, {jobscripts.user_dir() / (n + '.j2')})")
-        for n in jobscripts.builtin_names():
-            print(f"{n}\t(built in)")
+        # one line per name: an installed template is used instead of the built-in one it shadows
+        yours, builtin = jobscripts.user_names(), jobscripts.builtin_names()
+        rows = [{"name": n, "source": "yours", "path": str(jobscripts.user_dir() / f"{n}.j2"),
+                 "replaces_builtin": n in builtin} for n in yours]  # fmt: skip
+        rows += [{"name": n, "source": "built in", "path": None, "replaces_builtin": False}
+                 for n in builtin if n not in yours]  # fmt: skip
+        rows.sort(key=lambda r: str(r["name"]))
+        if args.json:
+            print(jsonout.dumps(rows))
+            return exits.OK
+        for r in rows:
+            if r["source"] == "yours":
+                instead = ", used instead of the built-in one" if r["replaces_builtin"] else ""
+                print(f"{r['name']}\t(yours, {r['path']}{instead})")
+            else:
+                print(f"{r['name']}\t(built in)")
         return exits.OK
     if not args.name:
         raise ConfigError(f"`elsewhere template {args.action}` needs a template name: "
@@ -296,7 +390,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     checks = diagnose(args.target, python=args.python, remote_storage=args.remote_storage,
                       ssh_config=args.ssh_config, ssh_options=args.ssh_option or ())  # fmt: skip
-    print(format_report(checks, title=args.target))
+    if args.json:
+        print(
+            jsonout.dumps(
+                [{"name": c.name, "ok": c.ok, "detail": c.detail, "fix": c.fix} for c in checks]
+            )
+        )
+    else:
+        print(format_report(checks, title=args.target))
     return exits.OK if all(c.ok for c in checks) else exits.FAILED
 
 

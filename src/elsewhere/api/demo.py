@@ -26,21 +26,30 @@ def estimate_pi(samples: int) -> dict[str, Any]:
     return {"task": t.index, "inside": inside, "samples": samples, "seed": t.seed}
 
 
-def run(tasks: int | None = None, samples: int = 1_500_000, progress: bool | None = None) -> dict[str, Any]:
+def run(
+    tasks: int | None = None, samples: int = 1_500_000, progress: bool | None = None
+) -> dict[str, Any]:
     """Run the demo; returns the figures it printed."""
-    from rich.console import Console
     from rich.table import Table
 
     from ..backends.local import machine_cores
+    from .terminal import console as make_console
 
-    console = Console(stderr=False)
+    console = make_console()  # on a pipe, the commands of the last line are not wrapped
     cores = machine_cores()
     tasks = tasks or max(4, 4 * cores)
-    console.print(f"[bold]elsewhere demo[/]: pi from {tasks} tasks of {samples:,} random points "
-                  f"on {cores} local cores")
+    console.print(
+        f"[bold]elsewhere demo[/]: pi from {tasks} tasks of {samples:,} random points "
+        f"on {cores} local cores"
+    )
     t0 = time.perf_counter()
-    job = ew.submit(estimate_pi, [samples] * tasks, name=f"demo-{int(time.time())}", seed=2026,
-                    on=ew.local(cores=cores))
+    job = ew.submit(
+        estimate_pi,
+        [samples] * tasks,
+        name=f"demo-{int(time.time())}",
+        seed=2026,
+        on=ew.local(cores=cores),
+    )
     console.print(f"submitted job [cyan]{job.name}[/] ({job.path})")
     job.wait(progress=progress)
     results = job.get()
@@ -64,8 +73,9 @@ def run(tasks: int | None = None, samples: int = 1_500_000, progress: bool | Non
     table.add_row("wall time, serial (estimated)", f"{serial_s:.2f} s")
     table.add_row("speed-up", f"{serial_s / parallel_s:.2f}x on {cores} cores")
     console.print(table)
-    console.print(f"the job stays on disk: [bold]elsewhere status {job.name}[/], "
-                  f"[bold]elsewhere results {job.name}[/], [bold]elsewhere purge {job.name}[/]")
+    console.print("the job stays on disk; next:", highlight=False)
+    for verb in ("status", "results", "purge"):  # one command a line: copied whole, never wrapped
+        console.print(f"  [bold]elsewhere {verb} {job.name}[/]", highlight=False)
     return {"pi": pi, "parallel_s": parallel_s, "serial_s": serial_s, "job": job.name}
 
 

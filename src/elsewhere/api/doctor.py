@@ -37,8 +37,9 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
+from ..util.command import PythonCommand, PythonSpec
 from ..util.errors import (
     AuthenticationError,
     ConfigError,
@@ -48,9 +49,6 @@ from ..util.errors import (
     TransportError,
 )
 from ..util.version import __version__
-
-if TYPE_CHECKING:
-    from ..hosts.transport import Transport
 
 __all__ = ["MIN_MEMORY_MB", "MIN_PYTHON", "Check", "diagnose", "format_report"]
 
@@ -182,7 +180,7 @@ def _diagnose_profile(name: str, settings: dict[str, Any], connect_timeout_s: fl
             checks += [replace(c, name=f"{node} {c.name}") for c in found] if several else found
         return checks
     if kind == "local":
-        return [first, *_diagnose_local(python=None, storage=cluster.storage,
+        return [first, *_diagnose_local(python=cluster.command, storage=cluster.storage,
                                         cores_per_task=cluster.cores_per_task)]
     return [first]  # a user's own backend: nothing generic to check beyond building it
 
@@ -247,30 +245,20 @@ def _check_ssh(transport: Any, ssh_config: str | None, ssh_options: Sequence[str
                               f"(key login, known host key)")
 
 
-class _WithSetup:
-    """A transport whose commands run after shell lines (``module load python``)."""
-
-    def __init__(self, inner: Any, setup: Sequence[str]) -> None:
-        self.inner = inner
-        self.setup = "; ".join(setup)
-
-    @property
-    def host(self) -> str:
-        return str(self.inner.host)
-
-    def run(self, argv: Sequence[str], **kw: Any) -> Any:
-        return self.inner.run(["bash", "-lc", self.setup + '; exec "$@"', "bash", *argv], **kw)
-
-
-def _check_python(transport: Any, python: str, setup: Sequence[str],
+def _check_python(transport: Any, python: PythonSpec, setup: Sequence[str],
                   where: str) -> tuple[dict[str, Any] | None, list[Check]]:
-    """The ``python`` and ``elsewhere`` checks; the interpreter's facts when it ran."""
+    """The ``python`` and ``elsewhere`` checks, run through ``python=`` as the workers are
+    (after the shell lines ``setup``); the interpreter's facts when it ran."""
     from ..hosts.interpreter import remote_python_info
 
-    shown = "; ".join([*setup, python])
     try:
-        target = cast("Transport", _WithSetup(transport, setup)) if setup else transport
-        info = remote_python_info(target, python, timeout=120)
+        command = PythonCommand.parse(python).with_setup(setup)
+    except ConfigError as exc:
+        return None, [Check("python", False, str(exc).splitlines()[0],
+                            "give python= an interpreter, or a command line that ends in one")]
+    shown = command.text
+    try:
+        info = remote_python_info(transport, command, timeout=120)
     except (HostUnreachable, AuthenticationError, HostKeyError) as exc:
         return None, [Check("ssh", False, f"{type(exc).__name__} {where}: {str(exc).splitlines()[0]}",
                             "the connection dropped while checking: run doctor again")]
@@ -284,7 +272,7 @@ def _check_python(transport: Any, python: str, setup: Sequence[str],
     checks = []
     theirs = str(info.get("python_version") or "?")
     here = platform.python_version()
-    exe = info.get("executable") or python
+    exe = info.get("executable") or shown
     try:
         version = tuple(int(x) for x in theirs.split(".")[:2])
     except ValueError:
@@ -302,7 +290,7 @@ def _check_python(transport: Any, python: str, setup: Sequence[str],
     else:
         checks.append(Check("python", True, f"Python {theirs} at {exe} {where}"))
     ew = info.get("elsewhere_version")
-    install = f"`{python} -m pip install 'elsewhere=={__version__}'`"
+    install = f"`{shown} -m pip install 'elsewhere=={__version__}'`"
     if not ew:
         checks.append(Check("elsewhere", False, f"not installed for {exe} {where}",
                             f"run {install} {where}, or give python= an interpreter that has it"))
@@ -361,12 +349,12 @@ def _check_storage(transport: Any, folder: str, where: str, setting: str) -> Che
 # -- this machine and batch clusters --------------------------------------------------------
 
 
-def _diagnose_local(*, python: str | None, storage: Any, cores_per_task: int) -> list[Check]:
+def _diagnose_local(*, python: PythonSpec | None, storage: Any, cores_per_task: int) -> list[Check]:
     from ..hosts.local import LocalTransport
     from ..util import paths
 
     transport = LocalTransport()
-    info, checks = _check_python(transport, python or sys.executable, [], "here")
+    info, checks = _check_python(transport, python or [sys.executable], [], "here")
     if info is not None:
         checks += _check_resources(info, "this machine", cores_per_task, None)
     checks.append(_check_storage(transport, str(storage or paths.default_storage()), "this machine",
@@ -387,8 +375,7 @@ def _diagnose_batch(cluster: Any) -> list[Check]:
             checks.append(reach)
             if not reach.ok:
                 return [*checks, _check_template(cluster)]
-        setup, interp = cluster._python_parts()
-        checks += _check_python(transport, interp, [*cluster.env_setup, *setup],
+        checks += _check_python(transport, cluster.python_command(), cluster.env_setup,
                                 f"on {where}")[1]
         if cluster.remote_storage:
             checks.append(_check_storage(transport, cluster.remote_storage, where,
@@ -435,14 +422,14 @@ def _check_template(cluster: Any) -> Check:
     if cluster.template and "\n" in cluster.template:
         label = "the profile's own template text"
     try:
-        setup, interp = cluster._python_parts()
+        command = cluster.python_command()
         ctx = ScriptContext(
-            job_name="doctor", run_line=f"{shlex.quote(interp)} -m elsewhere.worker --job /tmp/doctor",
+            job_name="doctor", run_line=command.shell("-m", "elsewhere.worker", "--job", "/tmp/doctor"),
             log_dir="/tmp/doctor/logs", array_size=2, array_first=cluster.syntax.array_index_base,
             max_running=cluster.max_running, cores_per_task=cluster.cores_per_task,
             mem_per_core_mb=cluster.mem_per_core_mb, walltime_s=cluster.walltime_s,
             queue=cluster.queue, account=cluster.account, qos=cluster.qos, gpus=cluster.gpus,
-            env_setup=[*cluster.env_setup, *setup], env={"PYTHONUNBUFFERED": "1"},
+            env_setup=[*cluster.env_setup, *command.setup], env={"PYTHONUNBUFFERED": "1"},
             additional=cluster.additional_properties)
         text = cluster.syntax.render_script(ctx, cluster._template_text())
     except Exception as exc:  # jinja2, ConfigError, a user's template: all are findings

@@ -25,10 +25,26 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from ..util.errors import ConfigError
-from .streaming import Stream, StreamFuture
+from .futures import StreamFuture
+from .streaming import Stream
+
+if TYPE_CHECKING:
+    from multiprocessing.context import BaseContext
+
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
+
+    from ..backends.base import Cluster
+    from .job import Job
+    from .options import JobOptions
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 __all__ = ["Executor"]
 
@@ -78,10 +94,11 @@ class Executor(cf.Executor):
         mp_context: accepted for ProcessPoolExecutor's sake when it is ``spawn`` or
             ``forkserver`` (elsewhere's workers are fresh interpreters, as with spawn);
             ``fork`` is refused.
-        initializer, initargs: ``initializer(*initargs)`` runs once in each worker process
-            before its first call (a model loaded once per process); they travel with the
+        initializer: ``initializer(*initargs)`` runs once in each worker process
+            before its first call (a model loaded once per process); it travels with the
             job's data, once per worker. An initializer that raises fails that call and is
             tried again before the next.
+        initargs: the arguments of ``initializer``.
         max_tasks_per_child: refused: a worker runs calls until the executor ends.
         on: the cluster (default ``ew.local()``) or a profile name.
         name: the name of the job behind the executor.
@@ -91,11 +108,12 @@ class Executor(cf.Executor):
         **options: those of :func:`elsewhere.create_job` (seed, retries, env, job_data, ...).
     """
 
-    def __init__(self, max_workers: Any = None, mp_context: Any = None,
+    def __init__(self, max_workers: int | Cluster | str | None = None, mp_context: BaseContext | None = None,
                  initializer: Callable[..., Any] | None = None, initargs: Iterable[Any] = (), *,
-                 max_tasks_per_child: int | None = None, on: Any = None, name: str | None = None,
-                 keep: bool = False, detach: bool = False, **options: Any) -> None:  # fmt: skip
+                 max_tasks_per_child: int | None = None, on: Cluster | str | None = None, name: str | None = None,
+                 keep: bool = False, detach: bool = False, **options: Unpack[JobOptions]) -> None:  # fmt: skip
         from . import functions as api
+        from .clusters import resolve
 
         if max_workers is not None and not isinstance(max_workers, int):
             if on is not None:
@@ -121,7 +139,7 @@ class Executor(cf.Executor):
             raise RuntimeError("cannot make an Executor while the interpreter shuts down")
         if on is None and max_workers is not None:
             on = api.local(cores=max_workers) if max_workers <= _cores() else None
-        cluster = api._resolve(on)
+        cluster = resolve(on)
         if "stream" not in cluster.capabilities:
             raise ConfigError(
                 f"the {cluster.kind or type(cluster).__name__} cluster cannot run an Executor: it runs jobs whose "
@@ -152,27 +170,27 @@ class Executor(cf.Executor):
         self._finalizer = weakref.finalize(self, Stream.close, self._stream)
 
     @property
-    def job(self) -> Any:
+    def job(self) -> Job[Any]:
         """The Job behind this executor."""
         return self._stream.job
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> cf.Future[T]:
         """Schedule ``fn(*args, **kwargs)``; returns a Future."""
         if _exiting or sys.is_finalizing():
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
         if not callable(fn):
             raise ConfigError(f"submit needs a callable, not {fn!r}")
-        return self._stream.submit(fn, args, kwargs)
+        return cast("cf.Future[T]", self._stream.submit(fn, args, kwargs))
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int = 1) -> Iterator[Any]:  # fmt: skip
+    def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
+            chunksize: int = 1) -> Iterator[T]:  # fmt: skip
         """``map(fn, *iterables)`` with every call submitted at once; results in order
         (``chunksize`` is accepted: calls are grouped by the workers' claims already)."""
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         return super().map(fn, *iterables, timeout=timeout)
 
-    def kill(self, future: cf.Future) -> bool:
+    def kill(self, future: cf.Future[Any]) -> bool:
         """Stop ``future``'s call wherever it is, running or not (``cancel`` does not stop a
         running call, as the standard says); its future then raises a TaskError of reason
         "cancelled". False if it had ended."""

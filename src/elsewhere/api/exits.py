@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from ..util.docsite import page
 from ..util.errors import ConfigError, ElsewhereError, JobNotFound, TimeoutError
 
 __all__ = [
@@ -50,7 +51,7 @@ TIMEOUT = 124
 INTERRUPTED = 130
 
 #: the exit codes, for the end of ``elsewhere --help``
-EPILOG = """\
+EPILOG = f"""\
 exit codes:
   0    done (wait: the job finished)
   1    a job or task failed (wait: it ended failed or cancelled; doctor: a check failed),
@@ -58,7 +59,7 @@ exit codes:
   2    usage: a bad argument or option; or no such job (never made, or purged)
   124  wait --timeout ran out (the job goes on running)
   130  interrupted (Ctrl-C)
-ELSEWHERE_DEBUG=1 (or --debug) prints the traceback of an error. See docs/cli.md."""
+ELSEWHERE_DEBUG=1 (or --debug) prints the traceback of an error. See {page("cli")}"""
 
 _DEBUG_HINT = "run with ELSEWHERE_DEBUG=1 (or --debug) for the traceback"
 

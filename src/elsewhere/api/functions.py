@@ -1,4 +1,5 @@
-"""The public functions: map, submit, create_job, recover, jobs, local, cluster."""
+"""The public functions: map, submit, create_job, recover, jobs (the cluster constructors,
+local, ssh, peers, slurm, batch and cluster, are in ``clusters.py``)."""
 
 from __future__ import annotations
 
@@ -7,93 +8,31 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from ..backends.base import Cluster, ensure_post_constructed
+from ..backends.base import Cluster
 from ..core.submit import making
 from ..folder.lifecycle import busy, create_store, new_job_meta
 from ..folder.registry import Registry
 from ..folder.store import JobStore
 from ..util import paths
-from ..util.errors import ConfigError, JobNotFound
+from ..util.errors import ConfigError, JobNotFound, TaskError
 from ..util.units import parse_duration
+from .clusters import batch, cluster, local, peers, slurm, ssh
+from .clusters import resolve as _resolve
 from .job import Job, raise_first_failure, write_and_submit
 
+if TYPE_CHECKING:  # the options as type checkers see them (not imported at run time)
+    import sys
 
-def local(cores: int | None = None, **options: Any) -> Cluster:
-    """Worker processes on this machine (the default cluster).
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
 
-    ``cores``: how many cores a job may use (default: the free ones);
-    ``cores_per_task``: cores each task gets; ``idle_timeout_s``: how long
-    workers stay warm after a job.
-    """
-    from ..backends.local import LocalCluster
+    from .options import JobOptions
 
-    return ensure_post_constructed(LocalCluster(cores, **options))
-
-
-def ssh(nodes: Any, **settings: Any) -> Cluster:
-    """Workers on hosts reached over ssh (dMod2's sshNodes).
-
-    ``ew.ssh(["server1", "user@server2"])`` uses every node's free cores;
-    ``ew.ssh({"server1": 24, "server2": 20})`` at most that many. Settings:
-    cores_per_task, python (one, or a dict per node), remote_storage, setup,
-    ssh_options, ssh_config, host_timeout_s.
-    """
-    from ..backends.ssh import SSHCluster
-
-    return ensure_post_constructed(SSHCluster(nodes, **settings))
-
-
-def peers(group: str | None = None, **settings: Any) -> Cluster:
-    """The peer network (FieldTrip's peercellfun): workstations running ``elsewhere peer worker``.
-
-    ``group`` and ``key`` name the group (without a key: this machine only,
-    over loopback); ``memory`` and ``time`` say what each task needs; ``peers``
-    lists addresses where multicast discovery is not allowed.
-    """
-    from ..backends.peer import PeerCluster
-
-    return ensure_post_constructed(PeerCluster(group, **settings))
-
-
-def slurm(**settings: Any) -> Cluster:
-    """A SLURM cluster: ``ew.slurm(partition="debug", cores_per_task=4, walltime="01:00:00")``.
-
-    Settings are those of :class:`elsewhere.backends.batch.BatchCluster`
-    (queue/partition, account, qos, walltime, mem, gpus, tasks_per_element,
-    max_running, template, env_setup, python, host, remote_storage, sbatch=[...]).
-    """
-    from ..backends.schedulers import SlurmCluster
-
-    return ensure_post_constructed(SlurmCluster(**settings))
-
-
-def batch(scheduler: str, **settings: Any) -> Cluster:
-    """Any batch scheduler by name: "slurm", "sge", "pbs", "torque", "lsf", "htcondor", "flux",
-    or a user's own registered under the entry-point group ``elsewhere.schedulers``."""
-    from ..backends import cluster_class
-
-    return ensure_post_constructed(cluster_class(scheduler)(**settings))
-
-
-def cluster(name: str, **overrides: Any) -> Cluster:
-    """The cluster a profile describes (``[profiles.NAME]`` in config.toml)."""
-    from .profiles import load_profile
-
-    return ensure_post_constructed(load_profile(name, **overrides))
-
-
-def _resolve(on: Cluster | str | None) -> Cluster:
-    if on is None:
-        return local()
-    if isinstance(on, Cluster):
-        return ensure_post_constructed(on)
-    if isinstance(on, str):
-        if on == "local":
-            return local()
-        return cluster(on)
-    raise ConfigError(f"on= takes a cluster (e.g. ew.local()) or a profile name, not {on!r}")
+T = TypeVar("T")
 
 
 def _is_dataframe(x: Any) -> bool:
@@ -144,7 +83,7 @@ def create_job(
     tag: str = "",
     seed: int | None = None,
     retries: int = 0,
-    files: Iterable[str | os.PathLike[str]] | None = None,
+    files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None = None,
     job_data: Any = None,
     env: dict[str, str] | None = None,
     storage: str | os.PathLike[str] | None = None,
@@ -153,7 +92,7 @@ def create_job(
     _n_tasks: int = 0,
     _submitting: bool = False,
     _waited: bool = False,
-) -> Job:
+) -> Job[Any]:
     """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
 
     Args:
@@ -248,13 +187,13 @@ def _copy_files(store: JobStore, files: Iterable[str | os.PathLike[str]]) -> Non
 
 
 def submit(
-    fn: Callable[..., Any],
+    fn: Callable[..., T],
     *iterables: Iterable[Any],
     on: Cluster | str | None = None,
     name: str | None = None,
     _waited: bool = False,
-    **options: Any,
-) -> Job:
+    **options: Unpack[JobOptions],
+) -> Job[T]:
     """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
 
     Inputs of different lengths are refused when all have a length (a task lost to a
@@ -351,17 +290,56 @@ def _option_names() -> frozenset[str]:
     return frozenset(n for n in names if n not in ("on", "name") and not n.startswith("_"))
 
 
+@overload
+def map(
+    fn: Callable[..., T],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    errors: Literal["raise"] = "raise",
+    timeout: float | str | None = None,
+    progress: bool | None = None,
+    keep: bool = False,
+    combine: Literal[False] = False,
+    name: str | None = None,
+    **options: Unpack[JobOptions],
+) -> list[T]: ...
+@overload
+def map(
+    fn: Callable[..., T],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    errors: Literal["return"],
+    timeout: float | str | None = None,
+    progress: bool | None = None,
+    keep: bool = False,
+    combine: Literal[False] = False,
+    name: str | None = None,
+    **options: Unpack[JobOptions],
+) -> list[T | TaskError]: ...
+@overload
 def map(
     fn: Callable[..., Any],
     *iterables: Iterable[Any],
     on: Cluster | str | None = None,
-    errors: str = "raise",
+    errors: Literal["raise", "return"] = "raise",
     timeout: float | str | None = None,
     progress: bool | None = None,
     keep: bool = False,
     combine: bool = False,
-    **options: Any,
-) -> list[Any]:
+    name: str | None = None,
+    **options: Unpack[JobOptions],
+) -> Any: ...  # combine=True: lists concatenated, DataFrames row-bound
+def map(
+    fn: Callable[..., Any],
+    *iterables: Iterable[Any],
+    on: Cluster | str | None = None,
+    errors: Literal["raise", "return"] = "raise",
+    timeout: float | str | None = None,
+    progress: bool | None = None,
+    keep: bool = False,
+    combine: bool = False,
+    **options: Any,  # name= and the options of create_job (the overloads above list them)
+) -> Any:
     """Like the built-in ``map``, but tasks run on a cluster; returns a list.
 
     ``submit`` + ``wait`` + results + ``purge`` in one call (dMod2's
@@ -403,14 +381,14 @@ def map(
     return combine_values(values) if combine else values
 
 
-def _open(path: Path) -> Job:
+def _open(path: Path) -> Job[Any]:
     from ..core.submit import open_job
 
     cluster, handle = open_job(path)
     return Job(handle.store, cluster, dict(handle.spec))
 
 
-def recover(name_or_id: str) -> Job:
+def recover(name_or_id: str) -> Job[Any]:
     """The job of that name (the newest one) or id, from the registry."""
     rows = Registry().find(name_or_id)
     for row in rows:
@@ -423,8 +401,11 @@ def recover(name_or_id: str) -> Job:
 
 
 def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
-    """The registry: one dict per job (name, id, state, counts, cluster, created, path)."""
-    out = []
+    """The registry: one dict per job (name, id, state, counts, cluster, created, path);
+    a list that shows as a table in Jupyter."""
+    from .notebook import JobTable
+
+    out = JobTable()
     reg = Registry()
     for row in reg.all():
         entry = {

@@ -12,7 +12,7 @@ from ..util.errors import RemoteTraceback, TaskError
 __all__ = ["StreamFuture", "raised"]
 
 
-class StreamFuture(cf.Future):
+class StreamFuture(cf.Future[Any]):
     """A standard Future of a call on a stream; ``cancel`` and ``running`` follow the
     standard (a call a worker has taken cannot be cancelled; see ``Executor.kill``)."""
 

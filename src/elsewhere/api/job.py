@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from ..backends.base import Cluster
 from ..core import control, waiting
@@ -27,15 +27,24 @@ from ..folder.store import JobStore
 from ..util.errors import ConfigError, JobError, TaskError
 from ..util.states import JobState, TaskState
 from ..util.units import parse_duration
+from . import notebook
+from .completion import Completed, in_thread
+
+if TYPE_CHECKING:
+    import threading
 
 _REMOTE_LOOK_S = 1.0  # a state read of a job whose workers write elsewhere polls at most this often
 
+T = TypeVar("T")  # what the job's function returns (Any for create_job and recover)
 
-class Job:
+
+class Job(Generic[T]):
     """A job: tasks that run on a cluster, kept in a job folder.
 
     Made by :func:`elsewhere.submit`, :func:`elsewhere.create_job` or
-    :func:`elsewhere.recover`; not constructed directly.
+    :func:`elsewhere.recover`; not constructed directly. For type checkers a job is
+    ``Job[T]``, ``T`` being what its function returns (``ew.submit(f, ...)`` with
+    ``f`` returning ``int`` is a ``Job[int]``).
     """
 
     def __init__(self, store: JobStore, cluster: Cluster, meta: dict[str, Any] | None = None, *,
@@ -49,7 +58,7 @@ class Job:
         self._snap: Snapshot | None = None
         self._snap_at = 0.0
         self._polled_at = 0.0
-        self._staged: list[tuple[Any, tuple, dict]] = []
+        self._staged: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         self._common_fn: Any = None
         self._job_data: Any = job_data
         self._queue_n: int | None = queue_n  # the task count the queue was written with, if known
@@ -68,10 +77,12 @@ class Job:
 
     @property
     def user(self) -> str:
+        """The user who made the job."""
         return self._meta.get("user", "")
 
     @property
     def tag(self) -> str:
+        """The free text given as ``tag=``."""
         return self._meta.get("tag", "")
 
     @property
@@ -81,10 +92,12 @@ class Job:
 
     @property
     def created(self) -> float:
+        """Unix time the job was made."""
         return self._meta.get("created", 0.0)
 
     @property
     def submitted(self) -> float | None:
+        """Unix time the job was submitted; None before ``submit()``."""
         return self._meta.get("submitted")
 
     @property
@@ -117,12 +130,13 @@ class Job:
 
     @property
     def n_tasks(self) -> int:
+        """How many tasks the job has (those added before ``submit()`` included)."""
         if self._meta.get("stream"):
             return self.store.queue().n
         return int(self._meta.get("n_tasks", 0)) + len(self._staged)
 
     @property
-    def tasks(self) -> list[Task]:
+    def tasks(self) -> list[Task[T]]:
         """The job's tasks, in order."""
         return [Task(self, i) for i in range(self.n_tasks)]
 
@@ -137,8 +151,14 @@ class Job:
     def __len__(self) -> int:
         return self.n_tasks
 
+    def _repr_html_(self) -> str:
+        """The job as HTML, for Jupyter: its state, a bar and its task counts."""
+        snap = self._snapshot(fresh=True)
+        return notebook.job_html(self.name, self.id, self.cluster.kind, snap.job_state(), snap.counts(),
+                                 snap.n, note=snap.note, created=self.created)  # fmt: skip
+
     # -- building ---------------------------------------------------------------
-    def add_task(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task:
+    def add_task(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Task[T]:
         """Add a task ``fn(*args, **kwargs)``; only before ``submit()``."""
         if self._meta.get("submitted"):
             raise JobError(f"job {self.name!r} is already submitted; tasks can only be added before")
@@ -147,7 +167,7 @@ class Job:
         self._staged.append((fn, args, kwargs))
         return Task(self, self.n_tasks - 1)
 
-    def submit(self) -> Job:
+    def submit(self) -> Job[T]:
         """Write the staged tasks and hand the job to its cluster; returns at once."""
         if self._meta.get("submitted"):
             raise JobError(f"job {self.name!r} was already submitted")
@@ -195,14 +215,15 @@ class Job:
         state: str | JobState = "finished",
         progress: bool | None = None,
         poll_interval_s: float = 0.5,
-    ) -> Job:
+    ) -> Job[T]:
         """Block until the job reaches ``state`` (default: done), or ``timeout`` seconds.
 
         ``state`` follows MATLAB's ``waitForState``: "queued", "running" or
         "finished" (any end: finished, failed, cancelled). A progress bar
         shows on a terminal after a couple of seconds (``progress=False``
-        turns it off). Raises :class:`elsewhere.TimeoutError` when the time
-        runs out; the job goes on running. ``timeout`` is seconds or a duration
+        turns it off; ``progress=True`` shows it in a Jupyter notebook too).
+        Raises :class:`elsewhere.TimeoutError` when the time runs out; the job
+        goes on running. ``timeout`` is seconds or a duration
         as ``"10min"`` (docs/units.md).
         """
         timeout_s = parse_duration(timeout, what="timeout")
@@ -221,6 +242,57 @@ class Job:
             self._dirty()
         return self
 
+    def as_completed(self, timeout: float | str | None = None, *, errors: str = "return",
+                     poll_interval_s: float = 0.5) -> Completed[T]:  # fmt: skip
+        """Each task's ``(index, result)`` as it finishes, in the order they finish.
+
+        ``for i, result in job.as_completed():`` gives every task once, as soon as its outcome
+        is in the job folder (the wait sleeps on the job's notifications, as :meth:`wait`
+        does), and ends when the job has ended. A result is what :meth:`results` gives for
+        that task: a failed task's is its :class:`~elsewhere.TaskError` (a lost task's says
+        why); once the job has ended, its cancelled tasks come last, each with a TaskError of
+        reason "cancelled". ``errors="raise"`` raises a failed task's error instead, as its
+        original type where possible (as :meth:`get` and ``ew.map`` do); the iteration may go
+        on after it. ``timeout`` (seconds or a duration, counted from this call, as
+        ``concurrent.futures.as_completed``) raises :class:`elsewhere.TimeoutError` saying
+        how many tasks are left; the job goes on running.
+
+        ``async for i, result in job.as_completed():`` (or ``async for ... in job``) is the
+        same for asyncio code: it waits in a thread, so the event loop runs on, and
+        cancelling the awaiting task ends that thread's wait.
+        """
+        if not self._meta.get("submitted"):
+            raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
+        timeout_s = parse_duration(timeout, what="timeout")
+        return Completed(self._handle, self.cluster, self._outcomes, timeout=timeout_s, errors=errors,
+                         poll_interval_s=poll_interval_s)  # fmt: skip
+
+    def __aiter__(self) -> Completed[T]:
+        """``async for i, result in job``: :meth:`as_completed`, for asyncio code."""
+        return self.as_completed()
+
+    def __await__(self) -> Generator[Any, None, list[T | TaskError]]:
+        """``await job``: the job's :meth:`results` once it has ended, for asyncio code.
+
+        The wait runs in a thread, so the event loop runs on; cancel the awaiting task (or
+        use ``asyncio.timeout``) to stop waiting: the thread stops too, and the job goes on.
+        """
+        return in_thread(self._wait_stoppable).__await__()
+
+    def _wait_stoppable(self, stop: threading.Event) -> list[T | TaskError]:
+        """:meth:`wait` then :meth:`results`, the wait ending early once ``stop`` is set."""
+        if not self._meta.get("submitted"):
+            raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
+        n_known = 0 if self._meta.get("stream") else self.n_tasks
+        try:
+            waiting.wait_for(self.cluster, self._handle, JobState.FINISHED, timeout=None, progress=False,
+                             poll_interval_s=0.5, n_known=n_known, until=stop.is_set)  # fmt: skip
+        finally:
+            self._dirty()
+        if stop.is_set():
+            return []  # its awaiter was cancelled: no one reads this
+        return self.results()
+
     # -- results ------------------------------------------------------------------
     def _value(self, index: int) -> Any:
         """Task ``index``'s value or TaskError (for ``Task.result`` and the Executor)."""
@@ -229,6 +301,10 @@ class Job:
             value.rank = index
         return value
 
+    @overload
+    def results(self, *, partial: Literal[False] = False) -> list[T | TaskError]: ...
+    @overload
+    def results(self, *, partial: bool) -> list[T | TaskError | None]: ...
     def results(self, *, partial: bool = False) -> list[Any]:
         """One entry per task, in task order; a failed task's entry is a TaskError.
 
@@ -286,7 +362,7 @@ class Job:
         control.cancel(self.cluster, self._handle)
         self._dirty()
 
-    def retry(self, tasks: Iterable[int] | None = None, **resources: Any) -> Job:
+    def retry(self, tasks: Iterable[int] | None = None, **resources: Any) -> Job[T]:
         """Run the failed and cancelled tasks again (the others keep their results).
 
         ``tasks``: only these (each must have failed or been cancelled: anything else raises
@@ -314,7 +390,7 @@ class Status:
     job's state; ``status.reasons`` holds backend notes (e.g. why tasks pend).
     """
 
-    def __init__(self, job: Job, counts: dict[TaskState, int], state: JobState, note: str = "",
+    def __init__(self, job: Job[Any], counts: dict[TaskState, int], state: JobState, note: str = "",
                  reasons: dict[int, str] | None = None) -> None:
         self.job = job.name
         self.counts = {s.value: n for s, n in counts.items()}
@@ -343,11 +419,17 @@ class Status:
 
     __str__ = __repr__
 
+    def _repr_html_(self) -> str:
+        """The counts as HTML, for Jupyter."""
+        counts = {TaskState(k): v for k, v in self.counts.items()}
+        return notebook.job_html(self.job, "", "", self.state, counts, sum(counts.values()),
+                                 note=self.note)  # fmt: skip
 
-class Task:
+
+class Task(Generic[T]):
     """One task of a job: its state, where it ran, its result and log."""
 
-    def __init__(self, job: Job, index: int) -> None:
+    def __init__(self, job: Job[T], index: int) -> None:
         self.job = job
         self.index = index
 
@@ -396,9 +478,10 @@ class Task:
         return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
 
     @property
-    def result(self) -> Any:
+    def result(self) -> T | TaskError:
         """The task's value, or its TaskError; raises JobError while unfinished."""
-        return self.job._value(self.index)
+        value: T | TaskError = self.job._value(self.index)
+        return value
 
     def log(self) -> str:
         """The task's captured stdout and stderr."""
@@ -423,30 +506,30 @@ def combine(values: list[Any]) -> Any:
     return list(values)
 
 
-def raise_first_failure(job: Job, values: list[Any]) -> None:
+def raise_first_failure(job: Job[Any], values: list[Any]) -> None:
     """Raise the first failed task's error among ``values`` (just read by ``job.results()``),
     as its original type where possible (``ew.map``'s ``errors="raise"``)."""
     job._raise_first_failure(values)
 
 
-def make_communicating(job: Job, ranks: int) -> None:
+def make_communicating(job: Job[Any], ranks: int) -> None:
     """Make the unsubmitted ``job`` one of ``ranks`` MPI ranks started together."""
     job._meta = job.store.update_meta(communicating=True, ranks=ranks)
     job._handle.with_meta(job._meta)
 
 
-def job_data(job: Job) -> Any:
+def job_data(job: Job[Any]) -> Any:
     """What the job sends once per worker (``job_data=``)."""
     return job._job_data
 
 
-def value_of(job: Job, index: int) -> Any:
+def value_of(job: Job[Any], index: int) -> Any:
     """Task ``index``'s value or TaskError, read afresh (the Executor's reading of a result)."""
     job._dirty()
     return job._value(index)
 
 
-def write_and_submit(job: Job, fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
+def write_and_submit(job: Job[Any], fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
                      *, communicating: bool = False) -> None:
     """Submit ``job`` with ``tasks`` (in ``form``, see ``tasks_from_inputs``) and the tasks
     staged by ``add_task``: the core writes, registers and hands it to its cluster."""

@@ -99,10 +99,10 @@ class ElsewhereBackend(AutoBatchingMixin, ParallelBackendBase):
         if unknown:
             raise ConfigError(f"the elsewhere joblib backend got unknown option(s) {', '.join(unknown)}; it "
                               f"takes {', '.join(_OURS)}")  # fmt: skip
-        from .functions import _resolve
+        from .clusters import resolve
 
         out = dict(options)
-        out["on"] = _resolve(options.get("on"))
+        out["on"] = resolve(options.get("on"))
         wait = out.get("wait_for_workers_s", 10.0)
         if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
             raise ConfigError(f"wait_for_workers_s must be a number of seconds, not {wait!r}")

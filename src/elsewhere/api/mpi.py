@@ -12,22 +12,35 @@ waiting in a collective until the walltime.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..util.errors import ConfigError
 
+if TYPE_CHECKING:
+    if sys.version_info >= (3, 11):
+        from typing import Unpack
+    else:
+        from typing_extensions import Unpack
+
+    from ..backends.base import Cluster
+    from .job import Job
+    from .options import JobOptions
+
+T = TypeVar("T")
+
 
 def submit_communicating(
-    fn: Callable[..., Any],
+    fn: Callable[..., T],
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     *,
     ranks: int,
-    on: Any = None,
+    on: Cluster | str | None = None,
     name: str | None = None,
-    **options: Any,
-) -> Any:
+    **options: Unpack[JobOptions],
+) -> Job[T]:
     """Start ``fn(*args, **kwargs)`` on ``ranks`` ranks that talk over MPI; returns the Job.
 
     ``job.results()`` has one entry per rank, in rank order. Options are

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..util.docsite import page
 from . import exits, jsonout
 from .argtypes import Parser, count, nonnegative, port, positive, seconds
 from .peer_keygen import add_keygen_command, cmd_keygen
@@ -76,7 +77,8 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
                    "daemon) and after each batch (the process that ran it): "
                    "tiny tasks go faster, at the cost of a busy core meanwhile (0: off; default 2)")  # fmt: skip
     w.add_argument("--stats-file", help="write counters (JSON) here every second and at exit")
-    w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    w.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="how much the worker logs (default: info)")  # fmt: skip
     w.add_argument("--detach", action="store_true",
                    help="run in the background, in a session of its own (it outlives the terminal "
                    "and the login); its log goes to <home>/peer/workers/; stop it with "
@@ -97,7 +99,7 @@ def add_peer_commands(subparsers: Any) -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="list every peer seen: host, user, group, state, slots, memory")
     _group_args(ls, all_groups=True)
     ls.add_argument("--wait", type=nonnegative, default=2.5, help="seconds to listen (default 2.5)")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help=f"as strict JSON (see {page('cli')})")
     ls.set_defaults(func=cmd_list)
 
     add_keygen_command(sub)

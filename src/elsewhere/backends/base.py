@@ -6,6 +6,8 @@ additional property) and :data:`CAPABILITIES`.
 from __future__ import annotations
 
 import abc
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +108,8 @@ class Cluster(abc.ABC):
         if not isinstance(cores_per_task, int) or isinstance(cores_per_task, bool) or cores_per_task < 1:
             raise ConfigError(f"cores_per_task must be a positive integer, not {cores_per_task!r}")
         self.cores_per_task = cores_per_task
+        if storage is not None and not isinstance(storage, (str, os.PathLike)):
+            raise ConfigError(f"storage must be a folder (a str or a path), not {storage!r}")
         self.storage = Path(storage).expanduser().absolute() if storage else None
         self.additional_properties: dict[str, Any] = self._check_properties(additional_properties or {})
 
@@ -267,6 +271,51 @@ def ensure_post_constructed(cluster: Cluster) -> Cluster:
     return cluster
 
 
+def option_words(name: str, value: Any) -> list[str]:
+    """``value`` of option ``name`` as a list of words; a ConfigError unless it is a list or a
+    tuple of strings (a lone string is refused: its letters are no words)."""
+    if isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value):
+        return list(value)
+    raise ConfigError(f"{name} must be a list of words (strings), not {value!r}")
+
+
+def option_typed(name: str, value: Any, types: type | tuple[type, ...], what: str) -> Any:
+    """``value`` of option ``name`` if it is None or of ``types`` (True is no int here); else
+    a ConfigError that says it must be ``what``."""
+    kinds = types if isinstance(types, tuple) else (types,)
+    if value is None or (isinstance(value, kinds) and (bool in kinds or not isinstance(value, bool))):
+        return value
+    raise ConfigError(f"{name} must be {what}, not {value!r}")
+
+
+def option_path(name: str, value: Any) -> str | None:
+    """``value`` of option ``name``, a file's path (str or os.PathLike) or None, as an absolute
+    path with ``~`` expanded; else a ConfigError."""
+    value = option_typed(name, value, (str, os.PathLike), "a file's path")
+    return str(Path(value).expanduser().absolute()) if value is not None else None
+
+
+def option_file(name: str, value: Any) -> str | None:
+    """``value`` of option ``name``, a file's path (str or os.PathLike) or None, as a str (as
+    given: relative or with ``~``); else a ConfigError."""
+    value = option_typed(name, value, (str, os.PathLike), "a file's path")
+    return os.fspath(value) if value is not None else None
+
+
+def option_text(name: str, value: Any) -> str | None:
+    """``value`` of option ``name``, which must be a string or None; else a ConfigError."""
+    return option_typed(name, value, str, "a string")
+
+
+def option_seconds(name: str, value: Any) -> float:
+    """``value`` of option ``name`` as seconds (a finite number of 0 or more); else a
+    ConfigError."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and value >= 0:
+        return float(value)
+    raise ConfigError(f"{name} must be a number of seconds (0 or more), not {value!r}")
+
+
 def refuse_unknown(cluster: Cluster, unknown: Mapping[str, Any]) -> None:
     """A ConfigError naming the settings ``cluster`` was given but does not take, and listing
     those it does (read from its ``__init__``), instead of Python's TypeError; nothing if none."""
@@ -274,8 +323,22 @@ def refuse_unknown(cluster: Cluster, unknown: Mapping[str, Any]) -> None:
         return
     import inspect
 
-    params = inspect.signature(type(cluster).__init__).parameters.values()
-    takes = [p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes: list[str] = []
+    # a subclass's __init__(**settings) passes them on to its bases': theirs count too
+    for cls in type(cluster).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = inspect.signature(init).parameters.values()
+        takes += [p.name for p in params if p.name != "self" and p.name not in takes
+                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+        if not any(p.kind is p.VAR_KEYWORD for p in params) or cls is Cluster:
+            break
+    import difflib
+
     given = ", ".join(f"{k}={v!r}" for k, v in unknown.items())
-    raise ConfigError(f"unknown option {given} for the {cluster.kind or type(cluster).__name__} cluster: "
-                      f"it takes {', '.join(takes)}")  # fmt: skip
+    near = [m for k in unknown for m in difflib.get_close_matches(str(k), takes, n=1)]
+    hint = f" (did you mean {', '.join(near)}?)" if near else ""
+    owner = cluster.kind or type(cluster).__name__
+    raise ConfigError(f"unknown option {given} for the {owner} cluster{hint}: it takes "
+                      f"{', '.join(takes)}")  # fmt: skip

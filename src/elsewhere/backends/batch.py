@@ -31,19 +31,28 @@ from __future__ import annotations
 
 import math
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..folder.store import write_json
+from ..util.command import PythonCommand
 from ..util.errors import CommandNotFound, ConfigError, SchedulerError
-from .base import Cluster, ensure_post_constructed
+from .base import (
+    Cluster,
+    ensure_post_constructed,
+    option_seconds,
+    option_text,
+    option_words,
+    refuse_unknown,
+)
 from .batchstatus import BatchStatus, chunk_tasks
 from .remote import RemoteCluster, clean_environment
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..folder.handle import JobHandle
     from ..schedulers.syntax import NativeStatus, SchedulerSyntax
 
@@ -63,10 +72,13 @@ class BatchCluster(BatchStatus, RemoteCluster):
     """A batch scheduler reached through its commands.
 
     Args:
-        queue / partition: the queue (partition on SLURM).
-        account, qos: what to charge, and the quality of service.
+        queue: the queue (partition on SLURM).
+        partition: the same as queue, in SLURM's word.
+        account: what to charge (account, project).
+        qos: the quality of service (SLURM; LSF's service class).
         walltime: per array element: "90min", "1h30m", "01:00:00", "1-12:00:00", seconds.
-        mem: memory per task ("4G", "512M"; a bare number is MiB: docs/units.md); or mem_per_core.
+        mem: memory per task ("4G", "512M"; a bare number is MiB: docs/units.md).
+        mem_per_core: memory per core, instead of mem.
         gpus: GPUs per task.
         cores_per_task: cores each task gets (as on every cluster).
         tasks_per_element: tasks run one after another in each array element;
@@ -76,9 +88,11 @@ class BatchCluster(BatchStatus, RemoteCluster):
         template: a template's name (config dir or built in) or its text.
         env_setup: shell lines before the run line ("module load python").
         extra_args: words added to the submit command; they win over the template.
-        python: the worker's interpreter: a path, or a command such as
-            "module load python; python3". Default: this interpreter, or
-            "python3" on a remote host.
+        python: the worker's interpreter, or a command line that ends in one:
+            "apptainer exec --nv img.sif python3", "module load python/3.11 && python3",
+            a list of words. Its words are quoted one by one in the job script, setup
+            before ; or && becomes lines before the run line (docs/schedulers.md).
+            Default: this interpreter, or "python3" on a remote host.
         host: run scheduler commands on this login node over ssh (ssh_options,
             ssh_config: as for ssh nodes).
         remote_storage: the job folder's place on the cluster when it shares
@@ -87,6 +101,11 @@ class BatchCluster(BatchStatus, RemoteCluster):
         syntax_options: settings for the scheduler's syntax (e.g. SLURM accounting).
         launcher: the MPI launcher of communicating jobs inside the allocation
             (default per scheduler: "srun --mpi=pmix" on SLURM, else "mpiexec").
+        storage: where job folders go on this machine (default ``<home>/jobs``).
+        additional_properties: free settings that job-script templates read
+            (``additional.get("pe", "smp")``); any name is accepted.
+        check: run the post-construct checks (commands on PATH, the template renders)
+            now; False when a cluster is rebuilt only to read a job.
     """
 
     kind: ClassVar[str] = ""
@@ -115,7 +134,7 @@ class BatchCluster(BatchStatus, RemoteCluster):
         template: str | None = None,
         env_setup: list[str] | tuple[str, ...] = (),
         extra_args: list[str] | tuple[str, ...] = (),
-        python: str | None = None,
+        python: str | Sequence[str] | None = None,
         host: str | None = None,
         remote_storage: str | None = None,
         ssh_options: list[str] | tuple[str, ...] = (),
@@ -134,6 +153,11 @@ class BatchCluster(BatchStatus, RemoteCluster):
         from ..schedulers import get_syntax
         from ..schedulers.resources import parse_walltime
 
+        for option, text in (("queue", queue), ("partition", partition), ("account", account), ("qos", qos),
+                             ("launcher", launcher)):  # fmt: skip
+            option_text(option, text)
+        if syntax_options is not None and not isinstance(syntax_options, dict):
+            raise ConfigError(f"syntax_options must be a dict, not {syntax_options!r}")
         if queue and partition and queue != partition:
             raise ConfigError(f"queue={queue!r} and partition={partition!r} disagree; give one")
         self.queue = queue or partition
@@ -161,19 +185,21 @@ class BatchCluster(BatchStatus, RemoteCluster):
         if max_running is not None and (not isinstance(max_running, int) or max_running < 1):
             raise ConfigError(f"max_running must be a positive integer, not {max_running!r}")
         self.max_running = max_running
-        self.template = template
-        self.env_setup = list(env_setup)
+        self.template = option_text("template", template)
+        self.env_setup = option_words("env_setup", env_setup)
         # the scheduler's own name for free extra arguments: sbatch=[...], qsub=[...]
-        extra = list(extra_args)
+        extra = option_words("extra_args", extra_args)
         for key, value in scheduler_args.items():
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 extra += list(value)
             else:
-                raise ConfigError(f"unknown option {key}={value!r} for the {self.kind} cluster")
+                refuse_unknown(self, {key: value})  # names what it takes
         self.extra_args = extra
         self._scheduler_args = dict(scheduler_args)
         self.python = python
-        self.status_interval_s = float(status_interval_s)
+        self._command = (PythonCommand.parse(python) if python is not None else
+                         PythonCommand(("python3",) if host else (sys.executable,)))
+        self.status_interval_s = option_seconds("status_interval_s", status_interval_s)
         self.syntax_options = dict(syntax_options or {})
         self.launcher = launcher
         self.syntax: SchedulerSyntax = get_syntax(self.syntax_name or self.kind, **self.syntax_options)
@@ -247,21 +273,18 @@ class BatchCluster(BatchStatus, RemoteCluster):
         return find_template(self.template, self.kind)
 
     # -- building the script ----------------------------------------------------
-    def _python_parts(self) -> tuple[list[str], str]:
-        """(setup lines, interpreter) from ``python=``."""
-        py = self.python or ("python3" if self.host else sys.executable)
-        if ";" in py:
-            *setup, last = [p.strip() for p in py.split(";") if p.strip()]
-            return setup, last
-        return [], py
+    def python_command(self) -> PythonCommand:
+        """How the job script starts Python: ``python=``, parsed (its setup lines go after
+        ``env_setup``, its words quoted one by one on the run line)."""
+        return self._command
 
     def script_context(self, job: JobHandle, n_elements: int, submission: str, *, resources: dict[str, Any] | None = None) -> Any:
         from ..schedulers import ScriptContext, parse_walltime
 
         resources = dict(resources or {})
-        setup, interp = self._python_parts()
+        command = self.python_command()
         wdir = self.worker_dir(job)
-        run_line = " ".join(shlex.quote(w) for w in (interp, "-m", "elsewhere.worker", "--job", wdir))
+        run_line = command.shell("-m", "elsewhere.worker", "--job", wdir)
         base = self.syntax.array_index_base
         mem_per_core_mb = self.mem_per_core_mb
         if "mem" in resources:
@@ -296,7 +319,7 @@ class BatchCluster(BatchStatus, RemoteCluster):
             account=self.account,
             qos=self.qos,
             gpus=self.gpus,
-            env_setup=[*self.env_setup, *setup],
+            env_setup=[*self.env_setup, *command.setup],
             env=env,
             additional=self.additional_properties,
         )

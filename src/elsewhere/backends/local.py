@@ -41,6 +41,7 @@ from ..folder.housekeeping import is_disk_full, no_space
 from ..folder.journal import reap
 from ..run.claims import write_off
 from ..util import paths
+from ..util.command import PythonCommand
 from ..util.errors import ConfigError, JobError
 from .base import Cluster, Property, ensure_post_constructed, refuse_unknown
 from .localworkers import (
@@ -49,10 +50,13 @@ from .localworkers import (
     note_dispatched,
     note_spawned,
     reap_children,
+    take_idle,
     wake,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..folder.handle import JobHandle
     from ..folder.queue import Queue
 
@@ -93,7 +97,11 @@ class LocalCluster(Cluster):
         cores_per_task: cores each task gets; a job runs
             ``cores // cores_per_task`` tasks at once.
         idle_timeout_s: how long a worker stays warm after its last job.
-        python: the interpreter for workers; default this one.
+        python: the interpreter for workers (default this one), or a command line that
+            ends in one: "apptainer exec img.sif python3", "conda run -n env python",
+            "module load python && python3", a list of words (docs/local.md).
+        storage: where job folders go (default ``<home>/jobs``).
+        additional_properties: the settings of :attr:`properties` (the MPI launcher).
     """
 
     kind = "local"
@@ -109,7 +117,7 @@ class LocalCluster(Cluster):
         *,
         cores_per_task: int = 1,
         idle_timeout_s: float = 120.0,
-        python: str | None = None,
+        python: str | Sequence[str] | None = None,
         storage: str | Path | None = None,
         additional_properties: dict[str, Any] | None = None,
         **unknown: Any,
@@ -117,13 +125,17 @@ class LocalCluster(Cluster):
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)
         refuse_unknown(self, unknown)  # as the other clusters: a ConfigError naming the option, not a TypeError
-        if cores is not None and (not isinstance(cores, int) or cores < 1):
+        if cores is not None and (not isinstance(cores, int) or isinstance(cores, bool) or cores < 1):  # fmt: skip
             raise ConfigError(f"cores must be a positive integer or None, not {cores!r}")
         if isinstance(idle_timeout_s, bool) or not isinstance(idle_timeout_s, (int, float)) or not idle_timeout_s >= 0:
             raise ConfigError(f"idle_timeout_s must be a number of seconds >= 0, not {idle_timeout_s!r}")
         self.cores = cores
         self.idle_timeout_s = float(idle_timeout_s)
-        self.python = python or sys.executable
+        self.python = python if python is not None else sys.executable
+        if isinstance(self.python, str) and os.path.isfile(self.python):
+            self.command = PythonCommand.parse([self.python])  # a path as it is, spaces and all
+        else:
+            self.command = PythonCommand.parse(self.python)
         ensure_post_constructed(self)
 
     def settings(self) -> dict[str, Any]:
@@ -147,8 +159,13 @@ class LocalCluster(Cluster):
                 f"cores_per_task={self.cores_per_task} is more than this machine's {have} cores",
                 stacklevel=3,
             )
-        if not os.path.exists(self.python):
-            raise ConfigError(f"the python for local workers does not exist: {self.python}")
+        import shutil
+
+        program = self.command.program  # after setup (module load ...) it may only exist there
+        found = shutil.which(program) if os.sep not in program else os.path.exists(program)
+        if not found and not self.command.setup:
+            what = "python" if self.command.plain else f"first word of python={self.command.text!r}"
+            raise ConfigError(f"the {what} for local workers does not exist: {program}")
 
     def usable_cores(self) -> int:
         """The cores a job may use now."""
@@ -166,43 +183,21 @@ class LocalCluster(Cluster):
         from ..util.version import __version__
 
         home = paths.home()
-        d = _pools.get((str(home), self.python))
+        d = _pools.get((str(home), self.command.text))
         if d is not None and os.path.isdir(d / "fifo"):
             return d
-        ident = f"{self.python}\0{__version__}\0{package_root()}".encode()
+        ident = f"{self.command.text}\0{__version__}\0{package_root()}".encode()
         key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
         d = home / "local" / key
         if not (d / "fifo").is_dir():
             for sub in ("idle", "fifo"):
                 paths.private_dir(d / sub)  # and home, local, the pool: 0700 whatever the umask
-        _pools[(str(home), self.python)] = d
+        _pools[(str(home), self.command.text)] = d
         return d
 
     def _take_idle(self, pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
         """Take idle workers (at most ``limit``): [(wid, fifo fd)]; each is ours alone."""
-        taken: list[tuple[str, int]] = []
-        try:
-            names = os.listdir(pool / "idle")
-        except FileNotFoundError:
-            return []
-        for wid in names:
-            if limit is not None and len(taken) >= limit:
-                break
-            try:
-                os.unlink(pool / "idle" / wid)
-            except FileNotFoundError:
-                continue  # another client, or the worker itself, was first
-            try:
-                fd = os.open(pool / "fifo" / wid, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:
-                # No reader: the worker died. Clean up after it.
-                try:
-                    os.unlink(pool / "fifo" / wid)
-                except OSError:
-                    pass
-                continue
-            taken.append((wid, fd))
-        return taken
+        return take_idle(pool, limit)
 
     def dispatch(self, job: JobHandle, count: int, *, max_workers: int | None = None) -> list[str]:
         """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.
@@ -265,7 +260,7 @@ class LocalCluster(Cluster):
         reap_children()
         # posix_spawn where it can (a fork of a big client costs it milliseconds); the worker
         # leaves the client's folder itself
-        pid = spawn_python_pid(argv, python=self.python, log=pool / "pool.log")
+        pid = spawn_python_pid(argv, python=self.command, log=pool / "pool.log")
         note_spawned(pid)
         return pid
 
@@ -343,7 +338,7 @@ class LocalCluster(Cluster):
             q.submit(assigned=ranks, max_workers=ranks)
         argv = mpi.launcher_argv(launcher, ranks, list(self.additional_properties.get("mpi_args", [])),
                                  oversubscribe=True)
-        argv += [self.python, "-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi"]
+        argv += self.command.argv("-m", "elsewhere.worker", "--job", str(job.store.path), "--mpi")
         from ..hosts.spawn import python_env
 
         env = python_env()  # the launcher is no Python, but the ranks it starts are
@@ -419,7 +414,7 @@ class LocalCluster(Cluster):
                 tail = "; ".join(f.read().decode(errors="replace").strip().splitlines()[-5:])
         except OSError:
             pass
-        why = f"{_START_LOSSES} workers in a row ended before they joined the job (started with {self.python})"
+        why = f"{_START_LOSSES} workers in a row ended before they joined the job (started with {self.command.text})"
         return why + (f"; the end of their output: {tail}" if tail else "")
 
     def cancel_job(self, job: JobHandle) -> None:

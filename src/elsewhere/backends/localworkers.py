@@ -1,6 +1,7 @@
 """The local backend's worker processes, as its client sees them: those it starts (and reaps,
 so they do not stay zombies), those on their way to a job (noted in the job's queue), and
-whether one was lost before it joined; waking and killing them. See ``local.py``.
+whether one was lost before it joined; taking idle ones, waking, stopping and killing them.
+See ``local.py``.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..folder.housekeeping import process_alive
@@ -23,6 +25,8 @@ __all__ = [
     "note_dispatched",
     "note_spawned",
     "reap_children",
+    "stop_idle_workers",
+    "take_idle",
     "wake",
 ]
 
@@ -69,6 +73,57 @@ def reap_children() -> None:
             done = pid  # not ours to wait for any more (reaped elsewhere)
         if done:
             _spawned.remove(pid)
+
+
+def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
+    """Take idle workers of the pool folder ``pool`` (at most ``limit``): [(wid, fifo fd)];
+    each is ours alone (the unlink of its ``idle/<wid>`` marker succeeded here only)."""
+    taken: list[tuple[str, int]] = []
+    try:
+        names = os.listdir(pool / "idle")
+    except FileNotFoundError:
+        return []
+    for wid in names:
+        if limit is not None and len(taken) >= limit:
+            break
+        try:
+            os.unlink(pool / "idle" / wid)
+        except FileNotFoundError:
+            continue  # another client, or the worker itself, was first
+        try:
+            fd = os.open(pool / "fifo" / wid, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            # No reader: the worker died. Clean up after it.
+            try:
+                os.unlink(pool / "fifo" / wid)
+            except OSError:
+                pass
+            continue
+        taken.append((wid, fd))
+    return taken
+
+
+def stop_idle_workers(home: Path) -> int:
+    """Ask the idle workers of every pool under ``home`` to exit; how many were asked.
+
+    Every pool: one per interpreter *as it was named* (``.venv/bin/python`` and
+    ``.venv/bin/python3`` are two pools of one interpreter), per ``python=`` and per version
+    of elsewhere; ``elsewhere workers stop`` means them all. Busy workers are left alone."""
+    reap_children()
+    try:
+        pools = [home / "local" / name for name in os.listdir(home / "local")]
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    stopped = 0
+    for pool in pools:
+        for _wid, fd in take_idle(pool):
+            try:
+                os.write(fd, b"exit\n")
+                stopped += 1
+            except OSError:
+                pass
+            os.close(fd)
+    return stopped
 
 
 def wake(fifo: str | None) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util import paths
 from ..util.errors import ConfigError
-from .base import Cluster, ensure_post_constructed, refuse_unknown
+from .base import Cluster, ensure_post_constructed, option_path, option_typed, refuse_unknown
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
@@ -71,8 +71,10 @@ class PeerCluster(Cluster):
             stopped, and one that takes twice as long runs elsewhere too.
         peers: where multicast is not allowed: the other peers, as "host" or
             "host:port" (their discovery ports).
-        port, multicast_group, interface: discovery settings (see
-            ``elsewhere.peer.discovery.DiscoveryConfig``).
+        port: the discovery port (default 17700).
+        multicast_group: the discovery group (default 239.255.77.77); None: no
+            multicast, only the ``peers`` listed.
+        interface: the local IPv4 address of the network to use.
         diary: when a task's printed output comes back: "always", "warning"
             (if it warned or failed), "error" (if it failed), "never".
         prefer_local: place tasks on workers of this machine first.
@@ -86,6 +88,8 @@ class PeerCluster(Cluster):
             False: in this process only; the job waits when it ends. ``ew.map`` and
             ``ew.Executor``, whose callers wait, keep their controllers in their own
             process whatever this says.
+        storage: where job folders go (default ``<home>/jobs``).
+        additional_properties: none are read by the peer backend (a name given is refused).
     """
 
     kind = "peer"
@@ -115,17 +119,18 @@ class PeerCluster(Cluster):
         super().__init__(cores_per_task=cores_per_task, storage=storage,
                          additional_properties=additional_properties)  # fmt: skip
         self.group = group
-        self.key_file = str(Path(key).expanduser().absolute()) if key is not None else None
+        self.key_file = option_path("key", key)
         self.memory = memory
         self.time = time
         from ..peer.discovery import parse_peer
 
+        peers = option_typed("peers", peers, (list, tuple), "a list of 'host:port'") or ()
         self.peers = [list(parse_peer(p, 0)) if not isinstance(p, str) else p for p in peers]
         self.port = port
         self.multicast_group = multicast_group
-        self.interface = interface
+        self.interface = option_typed("interface", interface, str, "an IPv4 address here")
         self.diary = diary
-        self.prefer_local = prefer_local
+        self.prefer_local = option_typed("prefer_local", prefer_local, bool, "True or False")
         if encrypt not in (True, False) or detach not in (None, True, False):
             raise ConfigError(f"encrypt must be True or False (got {encrypt!r}), detach True, False or None (got {detach!r})")
         self.encrypt, self.detach = encrypt is True, detach

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util.errors import CommandNotFound, ConfigError, SchedulerError
 from ..util.paths import private_dir
-from .base import Cluster
+from .base import Cluster, option_file
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
@@ -48,7 +48,9 @@ class RemoteCluster(Cluster):
             machine's files (needs ``host``); they are mirrored both ways.
         ssh_options: extra options of ``ssh``.
         ssh_config: an ssh config file instead of ``~/.ssh/config``.
-        Others: as for every cluster (cores_per_task, storage, additional_properties).
+
+    The other settings are those of every cluster (cores_per_task, storage,
+    additional_properties).
     """
 
     def __init__(
@@ -67,12 +69,12 @@ class RemoteCluster(Cluster):
             raise ConfigError("remote_storage= needs host= (the login node that sees it)")
         if remote_storage is not None and (not isinstance(remote_storage, str) or not remote_storage):
             raise ConfigError(f"remote_storage must be a folder on the host, not {remote_storage!r}")
-        if isinstance(ssh_options, str) or not all(isinstance(o, str) for o in ssh_options):
+        if not isinstance(ssh_options, (list, tuple)) or not all(isinstance(o, str) for o in ssh_options):  # fmt: skip
             raise ConfigError(f"ssh_options must be a list of words, not {ssh_options!r}")
         self.host = host
         self.remote_storage = remote_storage
         self.ssh_options = list(ssh_options)
-        self.ssh_config = ssh_config
+        self.ssh_config = option_file("ssh_config", ssh_config)
         self._transport: Transport | None = None
 
     def settings(self) -> dict[str, Any]:

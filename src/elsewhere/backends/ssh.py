@@ -33,12 +33,15 @@ import shlex
 import threading
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..util.command import PythonCommand
 from ..util.errors import ConfigError, RemoteSetupError, TransportError
 from ..util.paths import private_dir, write_private
+from . import base
 from .base import Cluster, Property, refuse_unknown
 from .sshranks import SSHRanks
 
@@ -58,8 +61,10 @@ class SSHCluster(SSHRanks, Cluster):
         nodes: ssh destinations as typed in a shell ("host", "user@host", an
             alias of ~/.ssh/config), or a dict destination -> cores to use.
         cores_per_task: cores each task gets.
-        python: the interpreter on the nodes: one for all, or a dict per node
-            (default "python3").
+        python: the interpreter on the nodes, or a command line that ends in one
+            ("apptainer exec img.sif python3", "module load python && python3", a list of
+            words): one for all, or a dict per node (default "python3"). The agent and the
+            workers run through it; see docs/ssh.md.
         remote_storage: where job copies go on the nodes (relative paths are
             under the remote home): one folder for all, or a dict per node. With
             several nodes each copy is ``<remote_storage>/<job id>-<node>``, so
@@ -68,6 +73,9 @@ class SSHCluster(SSHRanks, Cluster):
             before its tasks start (e.g. "make -C model", "pip install -e .").
         ssh_options: extra ``-o`` options for ssh; ssh_config: a config file.
         host_timeout_s: how long a node may be unreachable before its tasks move.
+        storage: where job folders go on this machine (default ``<home>/jobs``).
+        additional_properties: the settings of :attr:`properties` (the MPI launcher, its
+            arguments, how it names the nodes).
     """
 
     kind = "ssh"
@@ -84,7 +92,7 @@ class SSHCluster(SSHRanks, Cluster):
         nodes: list[str] | tuple[str, ...] | dict[str, int] | str,
         *,
         cores_per_task: int = 1,
-        python: str | dict[str, str] | None = None,
+        python: str | Sequence[str] | Mapping[str, str | Sequence[str]] | None = None,
         remote_storage: str | dict[str, str] = DEFAULT_REMOTE_STORAGE,
         setup: str | None = None,
         ssh_options: list[str] | tuple[str, ...] = (),
@@ -114,20 +122,26 @@ class SSHCluster(SSHRanks, Cluster):
         for host in self.nodes:
             if not isinstance(host, str) or not host or host.startswith("-") or any(c.isspace() for c in host):
                 raise ConfigError(f"{host!r} is not an ssh destination")
-        if isinstance(python, dict):
+        if isinstance(python, Mapping):
             unknown = set(python) - set(self.nodes)
             if unknown:
                 raise ConfigError(f"python= names nodes that are not in the cluster: {sorted(unknown)}")
+            self._commands = {h: PythonCommand.parse(p, option=f"python[{h!r}]") for h, p in python.items()}
+            self._command = PythonCommand(("python3",))
+        else:
+            self._commands = {}
+            self._command = PythonCommand.parse(python if python is not None else "python3")
+        base.option_typed("remote_storage", remote_storage, (str, dict), "a folder or {node: path}")
         if isinstance(remote_storage, dict):
             unknown = set(remote_storage) - set(self.nodes)
             if unknown:
                 raise ConfigError(f"remote_storage= names nodes that are not in the cluster: {sorted(unknown)}")
         self.python = python
         self.remote_storage = remote_storage
-        self.setup = setup
-        self.ssh_options = list(ssh_options)
-        self.ssh_config = ssh_config
-        self.host_timeout_s = float(host_timeout_s)
+        self.setup = base.option_text("setup", setup)
+        self.ssh_options = base.option_words("ssh_options", ssh_options)
+        self.ssh_config = base.option_file("ssh_config", ssh_config)
+        self.host_timeout_s = base.option_seconds("host_timeout_s", host_timeout_s)
         self._transports: dict[str, SSHTransport] = {}
         self._sessions: dict[str, AgentSession] = {}
         # job id -> (the inputs are written, per node: its probe and the bytes streamed)
@@ -155,10 +169,13 @@ class SSHCluster(SSHRanks, Cluster):
             self._transports[host] = t
         return t
 
+    def command_for(self, host: str) -> PythonCommand:
+        """How ``host`` starts Python (its ``python=``)."""
+        return self._commands.get(host, self._command)
+
     def python_for(self, host: str) -> str:
-        if isinstance(self.python, dict):
-            return self.python.get(host, "python3")
-        return self.python or "python3"
+        """``host``'s ``python=`` as text (for messages and the job's cluster data)."""
+        return self.command_for(host).text
 
     def storage_for(self, host: str) -> str:
         """The folder on ``host`` that holds job copies."""
@@ -172,7 +189,7 @@ class SSHCluster(SSHRanks, Cluster):
         if sess is None:
             from ..hosts.session import AgentSession
 
-            sess = AgentSession(self.transport(host), self.python_for(host))
+            sess = AgentSession(self.transport(host), self.command_for(host))
             self._sessions[host] = sess
         return sess
 
@@ -180,7 +197,7 @@ class SSHCluster(SSHRanks, Cluster):
         answer = self.session(host).request(op, timeout_s=timeout, **fields)
         if "error" in answer:
             raise RemoteSetupError(f"{host}: {answer['error']}", host=host,
-                                   command=[self.python_for(host), "-m", "elsewhere.hosts.agent", op])
+                                   command=self.command_for(host).argv("-m", "elsewhere.hosts.agent", op))
         return answer
 
     def probe(self, host: str) -> dict[str, Any]:

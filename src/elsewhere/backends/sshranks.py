@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..folder.handle import JobHandle
     from ..hosts.ssh import SSHTransport
     from ..hosts.sync import JobCopy
+    from ..util.command import PythonCommand
     from .base import Cluster
 
     _Base = Cluster
@@ -30,6 +31,7 @@ class SSHRanks(_Base):
         def probe(self, host: str) -> dict[str, Any]: ...
         def transport(self, host: str) -> SSHTransport: ...
         def python_for(self, host: str) -> str: ...
+        def command_for(self, host: str) -> PythonCommand: ...
         def copy_on(self, job: JobHandle, host: str, where: str) -> JobCopy: ...
 
     def submit_communicating(self, job: JobHandle) -> None:
@@ -62,7 +64,7 @@ class SSHRanks(_Base):
         if ranks > sum(slots.values()) or launcher[0].endswith(("mpiexec", "mpirun")):
             argv.append("--oversubscribe")
         argv += [*self.additional_properties.get("mpi_args", []),
-                 self.python_for(first), "-m", "elsewhere.worker", "--job", rdir, "--mpi"]
+                 *self.command_for(first).argv("-m", "elsewhere.worker", "--job", rdir, "--mpi")]
         pid = self.transport(first).spawn(argv, log_path=f"{rdir}/logs/launcher.log", cwd=rdir + "/files")
         plan = {h: {"workers": 1, "dir": rdir, "tasks": [0, 0], "python": self.python_for(h),
                     "cores": slots[h], "last_seen": time.time()} for h in hosts}

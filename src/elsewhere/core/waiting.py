@@ -6,7 +6,8 @@ at first, at most every 5 s where workers share the file system (results arrive 
 themselves) and every second where results come by polling. Waiting for the end of a job of
 known size, a wake-up that leaves tasks without an outcome cannot end the wait: only the
 journals are read then, the whole state (queue, running tasks, the progress bar) at most
-every ``LOOK_S``.
+every ``LOOK_S``. A caller may also end the wait at any wake-up (``until``): ``job.as_completed``
+ends it when new outcomes are in, an asyncio waiter when its task is cancelled.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..folder.handle import JobHandle
@@ -28,11 +30,14 @@ LOOK_S = 0.1  # the whole state is read at least this often
 
 
 def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: float | None,
-             progress: bool | None, poll_interval_s: float, n_known: int = 0) -> None:  # fmt: skip
+             progress: bool | None, poll_interval_s: float, n_known: int = 0,
+             until: Callable[[], bool] | None = None) -> None:  # fmt: skip
     """Block until the job of ``handle`` reaches ``target`` (any end, for FINISHED); raise
     :class:`~elsewhere.TimeoutError` after ``timeout`` seconds (the job goes on running) and
     JobError if the job is purged meanwhile. ``n_known``: the job's task count when the wait
-    is for its end (0: unknown, an open stream)."""
+    is for its end (0: unknown, an open stream). ``until``: also return as soon as it is true,
+    asked at every wake-up just after the journals were read (``handle.reader`` is fresh):
+    at least every ``LOOK_S`` when ``n_known`` is given, else at every poll interval."""
     from ..util.progress import Progress
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -40,7 +45,8 @@ def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: 
     bar = Progress(handle.name, enabled=progress)
     looked = time.monotonic() if n_known else 0.0  # just submitted: the journals first
     try:
-        _loop(cluster, handle, target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s)
+        _loop(cluster, handle, target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s,
+              until)  # fmt: skip
     except FileNotFoundError:
         if handle.path.is_dir():
             raise
@@ -53,7 +59,7 @@ def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: 
 
 def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float | None,
           deadline: float | None, fd: int, bar: Any, n_known: int, looked: float,
-          poll_interval_s: float) -> None:  # fmt: skip
+          poll_interval_s: float, until: Callable[[], bool] | None = None) -> None:  # fmt: skip
     last_poll = time.monotonic()
     interval = poll_interval_s
     reader = handle.reader
@@ -74,6 +80,8 @@ def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float 
                     control.poll(cluster, handle)  # (a peer controller here tells its workers)
                 return
             looked = now = time.monotonic()
+        if until is not None and until():
+            return
         if deadline is not None and now >= deadline:
             snap = control.snapshot(cluster, handle)  # the last word, and the message's
             st = snap.job_state()

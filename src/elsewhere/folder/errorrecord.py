@@ -21,6 +21,10 @@ which never unpickles, pickles one without importing the task's)::
     "seed"                 the seed it ran with
     "exception"            the exception, pickled (protocol 5), if it pickles and loads back;
                            else None
+    "bases"                the qualified names of the exception type's bases, nearest first
+                           ("Exception", "BaseException" for a ValueError): what
+                           ``retries=ew.Retry(on=...)`` matches, where the class itself
+                           cannot be imported
 
 Imported by a worker only when a task fails: nothing here is needed before.
 """
@@ -44,14 +48,15 @@ MARK = "__elsewhere_error__"
 
 
 class ErrorRecord(namedtuple(
-    "ErrorRecord", "type_name message traceback host pid index seed exception",
-    defaults=("", "", 0, -1, 0, None),
+    "ErrorRecord", "type_name message traceback host pid index seed exception bases",
+    defaults=("", "", 0, -1, 0, None, ()),
 )):
     """One failed run of one task: the typed form of the stored dict (see the module).
 
     Fields: ``type_name`` (the exception type's qualified name, or a fate such as
     ``"WorkerLost"``), ``message``, ``traceback`` (text), ``host``, ``pid``, ``index``,
-    ``seed``, ``exception`` (the pickled exception, or None).
+    ``seed``, ``exception`` (the pickled exception, or None), ``bases`` (the names of the
+    type's bases, nearest first; empty for a fate).
     """
 
     __slots__ = ()
@@ -63,14 +68,18 @@ class ErrorRecord(namedtuple(
     index: int
     seed: int
     exception: bytes | None
+    bases: tuple[str, ...]
 
     @classmethod
     def of_exception(cls, exc: BaseException, host: str, index: int, seed: int) -> ErrorRecord:
         """The record of task ``index`` (seeded ``seed``) on ``host`` that raised ``exc``."""
         import traceback
 
+        from ..util.retry import exception_name
+
         t = type(exc)
-        name = t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+        name = exception_name(t)
+        bases = tuple(exception_name(b) for b in t.__mro__[1:] if b is not object)
         try:
             message = str(exc)
         except Exception:
@@ -81,18 +90,20 @@ class ErrorRecord(namedtuple(
         elif isinstance(exc, KeyboardInterrupt) and not message:
             message = "interrupted"
         tb = "".join(traceback.format_exception(t, exc, exc.__traceback__))
-        return cls(name, message, tb, host, os.getpid(), index, seed, _pickled(exc))
+        return cls(name, message, tb, host, os.getpid(), index, seed, _pickled(exc), bases)
 
     @classmethod
     def from_value(cls, value: Mapping[str, Any]) -> ErrorRecord:
         """The record a stored dict holds (a record of an earlier version lacks some keys: they
         read as empty)."""
         exception = value.get("exception")
+        bases = value.get("bases")
         return cls(
             str(value.get("type", "Exception")), str(value.get("message", "")),
             str(value.get("traceback", "") or ""), str(value.get("host", "") or ""),
             _int(value.get("pid"), 0), _int(value.get("index"), -1), _int(value.get("seed"), 0),
             exception if isinstance(exception, (bytes, bytearray)) else None,
+            tuple(str(b) for b in bases) if isinstance(bases, (list, tuple)) else (),
         )  # fmt: skip
 
     def to_value(self) -> dict[str, Any]:
@@ -107,6 +118,7 @@ class ErrorRecord(namedtuple(
             "index": self.index,
             "seed": self.seed,
             "exception": self.exception,
+            "bases": list(self.bases),
         }
 
     def explained(self, why: str) -> ErrorRecord:

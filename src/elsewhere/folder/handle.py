@@ -40,6 +40,10 @@ class JobHandle:
                                 retry (a rerun of a lost task included)
     ``attempt(i)``              the attempt of task ``i`` now due (0: its first run)
     ``resources``               resources asked for this call (``job.retry(mem="8G")``)
+    ``after``                   the jobs this one must wait for (``after=``), as handles:
+                                those not finished yet, on the first ``submit_independent``
+                                of a backend that waits for them itself
+                                (``Cluster.native_after``); else empty
     ``snapshot()``              the tasks' states now, read from the folder
     ``outcomes``                the tasks that have an outcome (a result, an error, lost,
                                 cancelled): ``{task: (worker id, record)}``
@@ -69,6 +73,8 @@ class JobHandle:
         self._checked: set[tuple[str, int]] = set()  # result bodies found whole: (worker, offset)
         self._checked_at = -1  # the reader's count of changes when every body was checked
         self._left_clean: dict[str, tuple[int, bool]] = {}  # workers that left, their files found whole
+        self.after: list[JobHandle] = []  # the jobs to wait for, for a backend that does so itself
+        self.upstream: dict[str, Any] = {}  # the core's look at the jobs it waits for (after=)
 
     def for_tasks(self, tasks: list[int], resources: Mapping[str, Any] | None = None) -> JobHandle:
         """The same job, about ``tasks`` only (what the core passes to start them again)."""

@@ -24,7 +24,7 @@ import os
 import time
 
 from . import records
-from .records import FLAG_DAMAGED, FLAG_SINGLE, Kind, Record
+from .records import FLAG_DAMAGED, FLAG_RERUN, FLAG_SINGLE, Kind, Record
 from .store import CONTROL, writev_all
 from .taskmap import Outcomes as Outcomes  # (its home before taskmap.py)
 
@@ -58,6 +58,10 @@ class JournalReader:
     after its last whole frame are not read yet (a frame being written, or cut);
     ``body_end`` where each worker's last result body ends (its results file is at least
     that long, unless damaged); ``damaged_tasks`` the tasks whose outcome is a damaged mark.
+
+    An error record flagged ``FLAG_RERUN`` (the task runs again, ``retries=ew.Retry(...)``) is
+    never an outcome: ``reruns`` keeps the latest such record of each task (worker id,
+    record), whose attempt + 1 is the task's attempt now due or run.
     """
 
     def _add_range(self, wid: str, r: Record) -> int:
@@ -75,6 +79,11 @@ class JournalReader:
     def _add(self, t: int, entry: tuple[str, Record], old: tuple[str, Record] | None) -> int:
         """Make ``entry`` task ``t``'s outcome if it counts over ``old``; 1 if it did."""
         r = entry[1]
+        if r.flags & FLAG_RERUN:  # an error run again: kept apart, never the outcome
+            seen = self.reruns.get(t)
+            if seen is None or seen[1].attempt < r.attempt:
+                self.reruns[t] = entry
+            return 0
         if old is not None:
             o = old[1]
             if r.attempt < o.attempt or (r.attempt == o.attempt and _rank(r) <= _rank(o)):
@@ -100,6 +109,7 @@ class JournalReader:
         self.tails: dict[str, int] = {}
         self.body_end: dict[str, int] = {}
         self.damaged_tasks: set[int] = set()
+        self.reruns: dict[int, tuple[str, Record]] = {}  # the latest error run again, per task
         self.listed: set[str] = set()  # the workers whose journal was there at the last look
         self.changes = 0  # outcomes taken in so far (a new one, or one that overtook another)
         # None, or a list the single-record tasks whose outcome is new are appended to (an
@@ -147,7 +157,7 @@ class JournalReader:
                     new += self._add_range(wid, r)
                     continue
                 old = final.get(r.task)
-                if old is None and not r.flags & FLAG_DAMAGED:
+                if old is None and not r.flags & (FLAG_DAMAGED | FLAG_RERUN):
                     final[r.task] = (wid, r)
                     counts[r.kind] += 1
                     new += 1
@@ -356,7 +366,8 @@ def finished_by(store: JobStore, wid: str, q: Queue) -> set[int]:
     except FileNotFoundError:
         return set()
     recs, _ = records.parse_frames(data)  # damaged frames skipped: their tasks run again
-    return {t for r in recs for t in range(r.task, r.task + r.count) if r.attempt >= q.attempt(t)}
+    return {t for r in recs for t in range(r.task, r.task + r.count)
+            if r.attempt >= q.attempt(t) and not r.flags & FLAG_RERUN}  # fmt: skip
 
 
 def reap(store: JobStore, q: Queue, dead: set[str] | None = None) -> list[str]:

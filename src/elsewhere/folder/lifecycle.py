@@ -65,8 +65,12 @@ def new_job_meta(
     env: dict[str, str] | None,
     stream: bool = False,
     communicating: bool = False,
+    retry: dict[str, Any] | None = None,
+    after: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The metadata of a new job, as written to job.json (``cluster``: the cluster's description).
+    """The metadata of a new job, as written to job.json (``cluster``: the cluster's description;
+    ``retries``: reruns of lost tasks; ``retry``: the policy for errors run again,
+    ``Retry.spec()``; ``after``: the jobs it waits for, ``{"id", "name", "path"}`` each).
     Raises ConfigError for a ``tag`` that is not text or an ``env`` that is not a mapping of
     variable names to text (a number is written as its text)."""
     tag = "" if tag is None else tag
@@ -74,7 +78,7 @@ def new_job_meta(
         raise ConfigError(f"tag must be text, not {tag!r}")
     env = _environment(env)
     cwd = os.getcwd()
-    return {
+    meta = {
         "format": 2,
         "id": job_id,
         "name": name,
@@ -94,6 +98,11 @@ def new_job_meta(
         "env": env,
         "client": {"host": os.uname().nodename, "pid": os.getpid(), "python": sys.executable},
     }
+    if retry:
+        meta["retry"] = retry
+    if after:
+        meta["after"] = after
+    return meta
 
 
 def _environment(env: Any) -> dict[str, str]:

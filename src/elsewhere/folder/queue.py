@@ -180,6 +180,19 @@ class Queue:
         return bool(self.d.get("cancelled"))
 
     @property
+    def cancel_reason(self) -> str | None:
+        """Why the whole job was cancelled, where the library cancelled it (a job it waits
+        for failed, or was cancelled: ``after=``); None for a plain cancel."""
+        why = self.d.get("cancel_reason")
+        return str(why) if why and self.cancelled else None
+
+    @property
+    def held(self) -> list[str]:
+        """The ids of the jobs this one waits for before its tasks are handed to its cluster
+        (``after=``, held by the library); empty once released (or never held)."""
+        return [str(j) for j in self.d.get("after", ())]
+
+    @property
     def retries(self) -> int:
         """How many times a task whose worker was lost runs again."""
         return int(self.d.get("retries", 0))
@@ -201,8 +214,20 @@ class Queue:
 
     @property
     def to_rerun(self) -> list[int]:
-        """Tasks waiting to be claimed again (retried or given back by a lost worker), in order."""
-        return list(self.d.get("retry", ()))
+        """Tasks waiting to be claimed again (retried or given back by a lost worker), in order,
+        then those held until their rerun is due (:meth:`rerun_later`)."""
+        return list(self.d.get("retry", ())) + sorted(self.later, key=self.later.__getitem__)
+
+    @property
+    def later(self) -> dict[int, float]:
+        """Tasks whose error is run again after a wait (``retries=ew.Retry(...)``): ``{task:
+        the unix time it may be claimed again}``."""
+        return {int(t): float(due) for t, due in self.d.get("later", {}).items()}
+
+    def next_due(self) -> float | None:
+        """When the first task held for a later rerun may be claimed; None if none is held."""
+        later = self.d.get("later")
+        return min(float(d) for d in later.values()) if later else None
 
     @property
     def reruns(self) -> dict[int, int]:
@@ -246,7 +271,7 @@ class Queue:
 
     def unclaimed(self) -> int:
         """Tasks that still want a worker: never claimed, or to run again."""
-        return max(0, self.n - self.next) + len(self.d.get("retry", ()))
+        return max(0, self.n - self.next) + len(self.d.get("retry", ())) + len(self.d.get("later", ()))
 
     # -- transitions ---------------------------------------------------------------------
     def _check_task(self, task: int, what: str) -> None:
@@ -290,11 +315,27 @@ class Queue:
         """No more tasks will be added to this (stream) job."""
         self.d["closed"] = True
 
-    def cancel_job(self) -> list[dict[str, Any]]:
-        """Cancel the whole job: nothing new starts, nothing is run again. Returns the members
-        that were working (their processes are the backend's to stop)."""
+    def hold(self, job_ids: Iterable[str]) -> None:
+        """The job waits for the jobs ``job_ids`` (``after=``) before it is handed to its
+        cluster: only before it is submitted."""
+        if self.submitted:
+            raise _refuse("a submitted job is in its cluster's hands: it cannot be held any more")
+        self.d["after"] = [str(j) for j in job_ids]
+
+    def release(self) -> None:
+        """The jobs it waited for finished: it may be handed to its cluster."""
+        self.d.pop("after", None)
+
+    def cancel_job(self, reason: str | None = None) -> list[dict[str, Any]]:
+        """Cancel the whole job: nothing new starts, nothing is run again (``reason``: why,
+        where the library cancels it). Returns the members that were working (their
+        processes are the backend's to stop)."""
+        if reason and not self.cancelled:
+            self.d["cancel_reason"] = reason
+        self.d.pop("after", None)
         self.d["cancelled"] = True
         self.d["retry"] = []
+        self.d.pop("later", None)
         return [m for m in self.members.values() if m.get("state") in ("active", "waiting")]
 
     def cancel_task(self, task: int) -> None:
@@ -306,6 +347,7 @@ class Queue:
         retry = self.d.get("retry") or []
         if task in retry:
             retry.remove(task)
+        self.d.get("later", {}).pop(str(task), None)
 
     def retry(self, attempts: dict[int, int]) -> None:
         """Run tasks again: ``{task: its new attempt number}``. The job is no longer cancelled;
@@ -313,6 +355,7 @@ class Queue:
         for t in attempts:
             self._check_task(t, "retry")
         self.d["cancelled"] = False
+        self.d.pop("cancel_reason", None)
         cancelled = set(self.d.get("cancelled_tasks", ())) - set(attempts)
         self.d["cancelled_tasks"] = sorted(cancelled)
         rerun = self.d.setdefault("rerun", {})
@@ -330,11 +373,48 @@ class Queue:
         have = self.d.setdefault("retry", [])
         seen = set(have)
         have += [t for t in sorted(attempts) if t not in seen]
+        later = self.d.get("later")
+        if later:
+            for t in attempts:
+                later.pop(str(t), None)
+
+    def rerun_later(self, task: int, attempt: int, due: float, *, by: str | None = None) -> None:
+        """Run ``task`` again as attempt ``attempt``, claimed no sooner than ``due`` (a unix
+        time): its run before raised an error that ``retries=ew.Retry(...)`` runs again. ``by``:
+        the worker whose claim held it (it no longer does: a reaper must not give it back)."""
+        self._check_task(task, "rerun")
+        self.d.setdefault("attempts", {})[str(task)] = int(attempt)
+        self.d.setdefault("later", {})[str(task)] = float(due)
+        retry = self.d.get("retry")
+        if retry and task in retry:
+            retry.remove(task)
+        m = self.members.get(by) if by is not None else None
+        if m is not None and m.get("claim"):
+            from .records import iter_ranges
+
+            m["claim"] = [-1, *(t for t in iter_ranges(m["claim"]) if t != task)]
+
+    def _due(self, now: float) -> None:
+        """Tasks held for a rerun whose time has come go to the tasks to claim first."""
+        later = self.d.get("later")
+        if not later:
+            return
+        due = sorted((float(d), int(t)) for t, d in later.items() if float(d) <= now)
+        if due:
+            retry = self.d.setdefault("retry", [])
+            for _, t in due:
+                del later[str(t)]
+                if t not in retry:
+                    retry.append(t)
+            if not later:
+                del self.d["later"]
 
     def requeue(self, tasks: Iterable[int], *, lost_attempt: bool = False) -> None:
         """Put ``tasks`` back to be claimed first (a lost worker's unfinished claim). With
-        ``lost_attempt``, each counts one more attempt (the task was running when it was lost)."""
-        tasks = list(tasks)
+        ``lost_attempt``, each counts one more attempt (the task was running when it was lost).
+        A task that waits to be claimed again already is not put back twice."""
+        waiting = set(self.d.get("retry", ())) | {int(t) for t in self.d.get("later", ())}
+        tasks = [t for t in tasks if t not in waiting]
         if lost_attempt:
             att = self.d.setdefault("attempts", {})
             for t in tasks:
@@ -371,6 +451,7 @@ class Queue:
         result, for ``reason`` (a full disk, a damaged job folder); what members claimed is
         theirs. Returns (the tasks to run again, the range never claimed): their "lost" records
         are the caller's to write (cancelled tasks keep their own outcome)."""
+        self._due(float("inf"))  # held for a later rerun: they end too
         again, _ = self.take_reruns(len(self.to_rerun))
         first, end = self.next, self.n
         self.d["next"] = max(first, end)
@@ -398,7 +479,10 @@ class Queue:
 
     def take_reruns(self, want: int) -> tuple[list[int], bool]:
         """Up to ``want`` tasks of those to run again, first come first (cancelled ones are
-        dropped); (the tasks, whether any were waiting)."""
+        dropped; those held for a later rerun only once it is due); (the tasks, whether any
+        were waiting)."""
+        if "later" in self.d:
+            self._due(time.time())
         retry = self.d.get("retry")
         if not retry:
             return [], False

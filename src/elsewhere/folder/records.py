@@ -20,7 +20,9 @@ A record (fixed size, little-endian)::
     offset size field
     0      1    kind        1 ok, 2 error, 3 lost, 4 cancelled
     1      1    flags       1 single (the body is this task's value, not a list),
-                            2 damaged (a lost record: the task's outcome was damaged)
+                            2 damaged (a lost record: the task's outcome was damaged),
+                            4 rerun (an error record: the task runs again, ``retries=``;
+                            this attempt's error is kept, not the task's outcome)
     2      2    attempt     0 for the first run, +1 per retry
     4      4    task        0-based task index
     8      4    item        position of this task's value in the result body's list
@@ -115,6 +117,9 @@ FLAG_SINGLE = 1
 #: Record flag (of a LOST record): the task's outcome was found damaged; it outranks the
 #: outcome of the same attempt, whichever journal is read first.
 FLAG_DAMAGED = 2
+#: Record flag (of an error record): this run's error is run again (``retries=ew.Retry(on=...)``):
+#: the record tells the attempt and its error, and is never the task's outcome.
+FLAG_RERUN = 4
 
 _REC = struct.Struct("<BBHIIIqqqqddqq")
 RECORD_SIZE = _REC.size  # 80

@@ -87,6 +87,7 @@ class Snapshot:
         return state
 
     def task_state(self, i: int) -> TaskState:
+        """The state of task ``i``."""
         f = self.final.get(i)
         if f is not None:
             return _KIND_STATE[Kind(f[1].kind)]
@@ -97,6 +98,7 @@ class Snapshot:
         return TaskState.QUEUED if self.submitted else TaskState.PENDING
 
     def counts(self) -> dict[TaskState, int]:
+        """How many tasks are in each state (every state a key, 0 included)."""
         c = dict.fromkeys(TaskState, 0)
         for k, v in self.kind_counts.items():
             c[_KIND_STATE[Kind(k)]] += v

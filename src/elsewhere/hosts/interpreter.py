@@ -3,7 +3,9 @@
 The host need not have elsewhere: the text of :mod:`elsewhere.hosts.probe` (standard
 library only) goes there as ``python -c``, inside a prelude that old interpreters can
 parse. An interpreter too old to run the probe (Python 2, or 3 before 3.7) still says
-its version, so that ``doctor`` can say which interpreter to use instead.
+its version, so that ``doctor`` can say which interpreter to use instead. The probe runs
+through the same command line as the workers (``python=``: a container runtime, ``module
+load ...``), so what it says is what they will find.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from elsewhere.hosts import probe
+from elsewhere.util.command import PythonCommand, PythonSpec
 from elsewhere.util.errors import RemoteSetupError
 
 if TYPE_CHECKING:
@@ -46,9 +49,13 @@ def probe_script() -> str:
 
 
 def remote_python_info(
-    transport: Transport, python: str = "python3", *, timeout: float = 60.0
+    transport: Transport, python: PythonSpec = "python3", *, timeout: float = 60.0
 ) -> dict[str, Any]:
     """Ask ``python`` on the transport's host about itself and the machine.
+
+    ``python`` is a ``python=`` value (:class:`~elsewhere.util.command.PythonCommand`): an
+    interpreter, or a command line that ends in one (``"apptainer exec img.sif python3"``,
+    ``"module load python && python3"``); the probe runs through all of it.
 
     One small script, one round trip. Returns the probe's dict
     (:meth:`~elsewhere.hosts.probe.HostProbe.to_dict`): ``python_version``,
@@ -61,17 +68,19 @@ def remote_python_info(
     ``elsewhere_version`` (None).
 
     Raises:
+        ConfigError: ``python`` is no command line (empty, unbalanced quotes).
         RemoteSetupError: that interpreter is missing or fails; the message names
             the host and the interpreter.
     """
-    command = [python, "-c", probe_script()]
-    shown = [python, "-c", "<elsewhere python info>"]
+    cmd = PythonCommand.parse(python)
+    python = cmd.text
+    command = cmd.argv("-c", probe_script())
+    shown = cmd.argv("-c", "<elsewhere python info>")
     result = transport.run(command, check=False, timeout=timeout)
     stderr = result.stderr.decode("utf-8", "replace")
     if result.returncode in (126, 127):
         raise RemoteSetupError(
-            f"no Python interpreter {python!r} on {transport.host}: install Python 3 there, "
-            "or name the interpreter by its full path (python='/usr/bin/python3')",
+            cmd.not_found(transport.host),
             host=transport.host,
             command=shown,
             returncode=result.returncode,

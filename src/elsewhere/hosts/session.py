@@ -36,6 +36,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from elsewhere.hosts.openssh import _NO_MASTER
 from elsewhere.hosts.transport import CommandTimeout
+from elsewhere.util.command import PythonCommand, PythonSpec
 from elsewhere.util.errors import HostUnreachable, RemoteSetupError, TransportError
 
 if TYPE_CHECKING:
@@ -54,10 +55,11 @@ def agent_error(host: str, python: str, argv: Sequence[str], returncode: int | N
                 stderr: str, stdout_tail: str = "") -> RemoteSetupError:
     """Why the agent did not answer on ``host``, in words that say what to do."""
     if returncode in (126, 127):
-        return RemoteSetupError(
-            f"no Python {python!r} on {host}: install Python 3 there or give python= "
-            "(per node: python={'host': '/path/to/python3'})",
-            host=host, command=list(argv), returncode=returncode, stderr=stderr)
+        cmd = PythonCommand.parse(python)
+        said = (f"no Python {python!r} on {host}: install Python 3 there or give python= "
+                "(per node: python={'host': '/path/to/python3'})") if cmd.plain else cmd.not_found(host)
+        return RemoteSetupError(said, host=host, command=list(argv), returncode=returncode,
+                                stderr=stderr)
     if "No module named" in stderr and "elsewhere" in stderr:
         from ..util.version import __version__
 
@@ -85,18 +87,22 @@ class AgentSession:
 
     Args:
         transport: the host's :class:`~elsewhere.hosts.ssh.SSHTransport`.
-        python: the interpreter there that has elsewhere.
+        python: the interpreter there that has elsewhere, or a command line that ends in it
+            (``python=``: :class:`~elsewhere.util.command.PythonCommand`); the agent runs
+            through it, and the workers it starts run in its environment.
         idle_s: replace the session before a request when it has been idle this long.
 
     Attributes:
         opened: sessions opened so far (each is one remote login shell).
     """
 
-    def __init__(self, transport: SSHTransport, python: str, *, idle_s: float = 30.0) -> None:
+    def __init__(self, transport: SSHTransport, python: PythonSpec, *, idle_s: float = 30.0) -> None:
         self.transport = transport
-        self.python = python
+        self.command = PythonCommand.parse(python)
+        self.python = self.command.text
         self.idle_s = float(idle_s)
-        self.argv = [python, "-m", "elsewhere.hosts.agent", "serve", "--idle-s", str(int(4 * self.idle_s))]
+        self.argv = self.command.argv("-m", "elsewhere.hosts.agent", "serve", "--idle-s",
+                                      str(int(4 * self.idle_s)))
         self.opened = 0
         self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None

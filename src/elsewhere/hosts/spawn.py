@@ -5,7 +5,9 @@ Every such start is the same few decisions, made here once:
 - its own session (``setsid``): a Ctrl-C or a closed terminal of the starter does not reach
   it, and it outlives the starter;
 - stdin from ``/dev/null``, stdout and stderr appended to a log (or dropped);
-- the interpreter by its absolute path (a ``python3`` shim on PATH can cost 120 ms a start);
+- the interpreter by its absolute path (a ``python3`` shim on PATH can cost 120 ms a start),
+  or a :class:`~elsewhere.util.command.PythonCommand` (``python=`` of a cluster: a container
+  runtime, ``module load``...) whose first word is made absolute the same way;
 - ``PYTHONPATH`` led by the folder that holds this elsewhere, so that the new process imports
   the same elsewhere when it is not installed for that interpreter (a source checkout);
 - no file descriptors of the starter but the ones asked for.
@@ -25,6 +27,8 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+
+from elsewhere.util.command import PythonCommand
 
 __all__ = ["package_root", "python_env", "python_path", "spawn_python", "spawn_python_pid"]
 
@@ -64,7 +68,7 @@ def spawn_python(
     args: Sequence[str],
     *,
     log: str | os.PathLike[str] | int | None = None,
-    python: str | os.PathLike[str] | None = None,
+    python: str | os.PathLike[str] | PythonCommand | None = None,
     env: Mapping[str, str] | None = None,
     importable: bool = True,
     cwd: str | os.PathLike[str] | None = None,
@@ -76,7 +80,9 @@ def spawn_python(
         args: what follows the interpreter: ``["-m", "elsewhere.worker", "--job", path]``.
         log: where stdout and stderr go: a path (appended to; created with mode 0600), an
             open file descriptor (left open), or None (``/dev/null``).
-        python: the interpreter (default this one); made absolute.
+        python: the interpreter (default this one), a path or a name on PATH; or a
+            :class:`~elsewhere.util.command.PythonCommand`, whose words come first. Made
+            absolute.
         env: the whole environment of the new process (default this one's).
         importable: lead ``PYTHONPATH`` with the folder holding this elsewhere.
         cwd: its working folder (default this process's).
@@ -85,7 +91,7 @@ def spawn_python(
     Raises:
         FileNotFoundError: no such interpreter (or ``cwd``).
     """
-    argv = [python_path(python), *args]
+    argv = _argv(python, args)
     fd, owned = _open_log(log)
     try:
         return subprocess.Popen(
@@ -108,7 +114,7 @@ def spawn_python_pid(
     args: Sequence[str],
     *,
     log: str | os.PathLike[str] | int | None = None,
-    python: str | os.PathLike[str] | None = None,
+    python: str | os.PathLike[str] | PythonCommand | None = None,
     env: Mapping[str, str] | None = None,
     importable: bool = True,
 ) -> int:
@@ -121,7 +127,8 @@ def spawn_python_pid(
     the caller made inheritable reach it (Python makes none so by itself). Arguments as for
     :func:`spawn_python`.
     """
-    exe = python_path(python)
+    argv = _argv(python, args)
+    exe = argv[0]
     full_env = python_env(env, importable=importable)
     fd, owned = _open_log(log)
     try:
@@ -129,7 +136,7 @@ def spawn_python_pid(
             # vfork and exec in a session of its own: a fork of a big starter costs milliseconds
             return os.posix_spawn(
                 exe,
-                [exe, *args],
+                argv,
                 full_env,
                 setsid=True,
                 file_actions=[
@@ -140,7 +147,7 @@ def spawn_python_pid(
             )
         except (AttributeError, NotImplementedError):  # no posix_spawn, or no setsid for it
             return subprocess.Popen(
-                [exe, *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
                 stderr=fd,
@@ -151,6 +158,14 @@ def spawn_python_pid(
     finally:
         if owned:
             os.close(fd)
+
+
+def _argv(python: str | os.PathLike[str] | PythonCommand | None, args: Sequence[str]) -> list[str]:
+    """The argv that starts ``python`` with ``args``, its program by an absolute path."""
+    if isinstance(python, PythonCommand):
+        words = python.argv(*args)
+        return [python_path(words[0]), *words[1:]]
+    return [python_path(python), *args]
 
 
 def _open_log(log: str | os.PathLike[str] | int | None) -> tuple[int, bool]:

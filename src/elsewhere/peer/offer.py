@@ -108,6 +108,10 @@ class Offer(WorkerState):
         data["port"] = self.address[1]
         data["children"] = [c.pid for c in self.children]
         data["running"] = len(self.running)
+        # each controller's recent use here (for `elsewhere web`'s fair-share plot)
+        data["fair_share"] = {c: {"use_s": round(use, 3), "user": getattr(self.by_controller.get(c), "user", ""),
+                                  "host": getattr(self.by_controller.get(c), "host", "")}
+                              for c, use in self.fair.snapshot(time.monotonic()).items()}  # fmt: skip
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(private_file(tmp), "w") as f:
             json.dump(data, f)

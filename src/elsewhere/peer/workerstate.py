@@ -29,6 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..util.system import require_proc
 from .admission import Admission, Peer
 from .announce import new_peer_id
 from .children import ChildProcess
@@ -86,6 +87,7 @@ class WorkerState:
         def _time_offer(self, now: float) -> float: ...
 
     def __init__(self, options: WorkerOptions) -> None:
+        require_proc("a peer worker")  # it reads /proc: say so here, not deep inside later
         self.options = options
         self.key = options.key
         self.keywatch = KeyWatch(options.group_keys())  # the key files, read again when they change

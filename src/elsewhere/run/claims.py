@@ -65,6 +65,7 @@ class Claims:
         self.client = client or {}  # who makes the job (job.json's "client": host, pid)
         self.attempts: dict[int, int] = {}  # the attempts due of the last claim's tasks run again
         self.left = False  # the last claim found nothing left and recorded that the worker left
+        self.wake_at: float | None = None  # a WAIT for a task held for a later rerun: when it is due
 
     def join(self, *, pid: int, host: str, lock: str, fifo: str, mean_s: float, n_done: int) -> Any:
         """Become a member (who this worker is: ``pid``, ``host``, the path of its ``lock``,
@@ -131,12 +132,32 @@ class Claims:
             q.set_member(wid, m.get("state", "active"), [])
             if not reap(self.store, q):
                 break
+        later = q.later
+        if later:
+            # tasks held for a rerun after an error (retries=ew.Retry): as many workers stay
+            # as there are such tasks, waiting until the first is due; the others leave
+            waiting = sum(1 for w, o in q.members.items() if w != wid and o.get("state") == "waiting")
+            if waiting < len(later):
+                self.wake_at = min(later.values())
+                q.set_member(wid, "waiting")
+                return WAIT
+        self.wake_at = None
         if q.closed:
             q.set_member(wid, "left", [])
             self.left = True
             return None
         q.set_member(wid, "waiting")
         return WAIT
+
+    def rerun_later(self, task: int, attempt: int, delay_s: float) -> None:
+        """Task ``task`` raised an error that the job runs again (``retries=ew.Retry``): the
+        queue holds it, as attempt ``attempt``, for ``delay_s`` seconds; then any worker of
+        the job claims it. It leaves this worker's claim."""
+        with self.store.locked_queue() as q:
+            if q.cancelled or task in q.cancelled_tasks:
+                return
+            q.rerun_later(task, attempt, time.time() + delay_s, by=self.wid)
+        self.store.notify()
 
     def fixed_attempts(self, tasks: list[int]) -> list[int]:
         """For a worker given its tasks (no membership): those not cancelled, their attempts

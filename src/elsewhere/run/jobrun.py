@@ -50,7 +50,9 @@ if TYPE_CHECKING:
         mpi: dict[str, int]  # rank and size, in a communicating job
         stdio: tuple[int, int]  # copies of its own stdout and stderr
 
-        def wait_for_work(self) -> None: ...
+        task_failed: bool  # a task it ran ended with an error (not run again)
+
+        def wait_for_work(self, timeout_s: float | None = None) -> None: ...
 
 __all__ = ["JobRun"]
 
@@ -80,6 +82,9 @@ class JobRun:
         self.mean_s = 0.0  # seconds a task takes, lately
         self.n_done = 0
         self.quiet = 0  # tasks in a row that printed nothing
+        # retries=ew.Retry(on=...): errors run again (not the ranks of a communicating job)
+        self.rerun_spec = meta.get("retry") if not worker.mpi else None
+        self.deferred: list[tuple[float, int, int]] = []  # given tasks to run again: (due, task, attempt)
 
     def join(self, lock_path: str) -> Any:
         """Become a member of the job and claim its first tasks, in one queue update.
@@ -196,6 +201,7 @@ class JobRun:
     def _loop(self, claim: Any) -> None:
         if self.fixed is not None:
             self._run_batch(self.claims.fixed_attempts(self.fixed))
+            self._run_deferred()
             return
         while True:
             if claim is _NO_CLAIM:
@@ -206,7 +212,11 @@ class JobRun:
                 self.out.flush()
                 if self.payload is not None:
                     self.payload.forget()  # nothing of the calls run is held while waiting
-                self.w.wait_for_work()
+                wake_at = self.claims.wake_at
+                if wake_at is None:
+                    self.w.wait_for_work()
+                else:  # a task held for a rerun: claim again when it is due (or when woken)
+                    self.w.wait_for_work(min(1.0, max(0.01, wake_at - time.time())))
                 claim = _NO_CLAIM
                 continue
             self._run_batch(claim)
@@ -258,6 +268,8 @@ class JobRun:
                 out.end_task()
             else:
                 o = run(idx, attempts.get(idx, 0) if attempts else 0, load, idx)
+            if not o.ok and not self.mpi:
+                self._failed(o)  # (before it is pending: it is written flagged if run again)
             pending.append(o)
             if self.mpi and not o.ok:
                 self._abort(o)
@@ -295,8 +307,10 @@ class JobRun:
                 j, err = failed
                 self._emit_range(start, values, t0, log_off)
                 log_end = os.lseek(1, 0, os.SEEK_END)
-                out.pending.append(TaskOutcome(j, 0, False, err, t0, time.time(), runner.log_pos,
-                                               log_end - runner.log_pos, runner.job_seed + j, 0.0))  # fmt: skip
+                o = TaskOutcome(j, 0, False, err, t0, time.time(), runner.log_pos, log_end - runner.log_pos,
+                                runner.job_seed + j, 0.0)  # fmt: skip
+                self._failed(o)
+                out.pending.append(o)
                 runner.log_pos = log_end
                 self.quiet = 0
                 i = j + 1
@@ -328,6 +342,43 @@ class JobRun:
         else:
             self.mean_s += ((t1 - t0) / n - self.mean_s) / 2
         self.out.write_range(start, values, t0, t1, log_off, log_end - log_off, self.runner.job_seed + start)
+
+    def _failed(self, o: TaskOutcome) -> None:
+        """Task ``o.index`` raised: run it again if the job's ``retries=ew.Retry(on=...)`` says
+        so (its record is then flagged: not the task's outcome), claimed from the queue once
+        its wait is over (a task given to this worker: run again by it, after its others)."""
+        spec = self.rerun_spec
+        if spec is not None:
+            from ..util.retry import rerun_delay
+
+            delay = rerun_delay(spec, o.value, o.attempt)
+            if delay is not None:
+                self.out.rerun.add((o.index, o.attempt))
+                if self.fixed is None:
+                    self.claims.rerun_later(o.index, o.attempt + 1, delay)
+                else:
+                    self.deferred.append((time.time() + delay, o.index, o.attempt + 1))
+                return
+        self.w.task_failed = True
+
+    def _run_deferred(self) -> None:
+        """Run again, in the order they are due, the given tasks whose error is run again
+        (waiting for each while nothing else is left to do; a rerun that fails again may
+        come back)."""
+        deferred = self.deferred
+        while deferred:
+            deferred.sort()
+            due, index, attempt = deferred.pop(0)
+            self.out.flush()
+            wait = due - time.time()
+            if wait > 0:
+                if self.payload is not None:
+                    self.payload.forget()
+                time.sleep(wait)
+            if index in self.store.queue().cancelled_tasks:
+                continue
+            self.claims.attempts[index] = attempt
+            self._run_each([index])
 
     def _abort(self, o: TaskOutcome) -> None:
         """A rank failed: its outcome made durable, then every rank stopped now, rather than

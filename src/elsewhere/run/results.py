@@ -48,6 +48,7 @@ class ResultWriter:
         self.res_end = os.fstat(self.res_fd).st_size
         self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.pending: list[TaskOutcome] = []
+        self.rerun: set[tuple[int, int]] = set()  # (task, attempt) of pending errors run again
         self.last_flush = self.last_sync = time.time()
         self.unsynced = False  # written since the last fsync
         # The late writer (see begin_task): pending outcomes are written by its thread while
@@ -140,6 +141,11 @@ class ResultWriter:
                    o.t_start, o.t_end, rss, o.seed)
             for item, o in enumerate(pending)
         ]  # fmt: skip
+        rerun = self.rerun
+        if rerun:  # errors run again (retries=ew.Retry): flagged, never the task's outcome
+            flag = records.FLAG_RERUN
+            recs = [r._replace(flags=r.flags | flag) if (r.task, r.attempt) in rerun else r for r in recs]
+            rerun.difference_update((o.index, o.attempt) for o in pending)
         if sync:
             os.fsync(self.res_fd)
         os.write(self.jfd, records.pack_frame(recs))

@@ -79,6 +79,7 @@ class Worker:
         self.runner = TaskRunner(self.host, rank=self.mpi.get("rank"), size=self.mpi.get("size"))
         self._started_at = time.time()
         self._jobs_done = 0
+        self.task_failed = False  # a task it ran ended with an error: an array element exits 1
         self._watched: list[str] = []  # files of loaded modules that may change under us
         self._watched_n = -1  # len(sys.modules) when _watched was made
         self.stdio = (os.dup(1), os.dup(2))  # its own stdout and stderr, while 1 and 2 are a job's log
@@ -181,14 +182,16 @@ class Worker:
                 continue
         return False
 
-    def wait_for_work(self) -> None:
+    def wait_for_work(self, timeout_s: float | None = None) -> None:
         """Inside a job that may still get tasks: wait for a wake-up on the FIFO (a second at
-        most), or a moment without one. A job path that arrives meanwhile is kept for later."""
+        most), or a moment without one; with ``timeout_s`` (a task held for a rerun is due
+        then), that long at most, with or without a FIFO. A job path that arrives meanwhile
+        is kept for later."""
         fd = self.fifo_fd
         if fd < 0:
-            time.sleep(0.05)
+            time.sleep(0.05 if timeout_s is None else timeout_s)
             return
-        r, _, _ = select.select([fd], [], [], 1.0)
+        r, _, _ = select.select([fd], [], [], 1.0 if timeout_s is None else timeout_s)
         if r:
             try:
                 data = os.read(fd, 65536)
@@ -361,7 +364,8 @@ def _main(args: Any) -> int:
     if tasks is not None:
         _print_header(args.job, tasks)
     try:
-        Worker(wid, args.pool, args.idle_timeout, mpi=mpi).serve(args.job, tasks)
+        worker = Worker(wid, args.pool, args.idle_timeout, mpi=mpi)
+        worker.serve(args.job, tasks)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             try:
@@ -370,6 +374,10 @@ def _main(args: Any) -> int:
                 pass  # its log is on the full disk too (the job says why, see jobrun.py)
             return 75
         raise
+    if tasks is not None and not mpi and worker.task_failed:
+        # an array element whose task failed ends failed, as the scheduler sees it: a job
+        # made to wait for this one (after=, SLURM's afterok) does not start
+        return 1
     return 0
 
 

@@ -31,7 +31,9 @@ class ScriptContext:
     Attributes:
         job_name: the scheduler's job name; letters, digits and ``_ . + -``
             (a name every scheduler accepts unquoted), at most 64 characters.
-        run_line: the command that starts the worker; the template ``exec``\\ s it.
+        run_line: the command that starts the worker, every word already quoted for the
+            shell (``python=``'s words, then ``-m elsewhere.worker --job DIR``); the
+            template ``exec``\\ s it, after the MPI launcher for a communicating job.
         log_dir: the folder for logs; the template names each element's log
             with the scheduler's own placeholders for job id and array index.
         array_size: elements in this submission (1 for a single job).
@@ -49,7 +51,8 @@ class ScriptContext:
         extra_directives: raw directive lines the user adds. A line that does
             not start with ``#`` gets the scheduler's directive prefix
             (``#SBATCH `` ...).
-        env_setup: shell lines run before the run line (``module load python``).
+        env_setup: shell lines run before the run line (``module load python``): the
+            cluster's ``env_setup``, then the setup part of ``python=``.
         env: variables to export in the script.
         additional: free per-cluster properties a template may read
             (``additional.get("pe", "smp")``).

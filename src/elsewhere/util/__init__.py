@@ -2,5 +2,6 @@
 
 ``errors`` (the exception tree), ``states`` (the task and job state vocabulary), ``units`` (sizes
 and durations), ``paths`` (where elsewhere keeps its files), ``progress`` (the progress bar),
-``version``. Imports nothing of elsewhere.
+``command`` (``python=``: how the other side starts Python), ``version``, ``docsite`` (the
+address of the documentation site and its pages). Imports nothing of elsewhere.
 """

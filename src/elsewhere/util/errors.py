@@ -25,6 +25,8 @@ Every error elsewhere raises on its own account derives from
     │   └── RemoteSetupError     no Python / no elsewhere / no writable folder there
     ├── PeerError                the peer network refused or failed
     │   └── ProtocolError        a peer sent bytes that are not a valid, authentic frame
+    ├── UnsupportedPlatform      this system lacks what elsewhere needs (fcntl, /proc)
+    │                            (also an ImportError)
     └── TaskError                a task raised; carries the remote type, message,
                                  traceback, host, task index and seed
 
@@ -199,6 +201,12 @@ class ProtocolError(PeerError):
     """Bytes from a peer that are not a valid, authentic frame or datagram."""
 
 
+class UnsupportedPlatform(ElsewhereError, ImportError):
+    """This system lacks what elsewhere (or the part of it in use) needs: POSIX file locks
+    (``fcntl``; not on Windows) or Linux's ``/proc`` (a peer worker). The message says what
+    is missing and what to do (``elsewhere.util.system``)."""
+
+
 def _tail(text: str, lines: int = 12, chars: int = 2000) -> str:
     tail = "\n".join(text.strip().splitlines()[-lines:])
     return tail[-chars:]
@@ -269,6 +277,18 @@ class TaskError(ElsewhereError):
 
     def __repr__(self) -> str:
         return f"TaskError(index={self.index}, type={self.type_name!r}, message={self.message!r})"
+
+    def _repr_html_(self) -> str:
+        """The error as HTML, for Jupyter: what happened, then the remote traceback (all
+        escaped: a message is the task's text, not markup)."""
+        from html import escape
+
+        tb = ""
+        if self.traceback:
+            tb = ('<details open><summary>remote traceback</summary><pre style="white-space:pre-wrap">'
+                  f"{escape(self.traceback.rstrip())}</pre></details>")  # fmt: skip
+        return (f'<div class="elsewhere-task-error"><b style="color:#c62828">TaskError ({escape(self.type_name)})'
+                f"</b>: {escape(str(self))}{tb}</div>")  # fmt: skip
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TaskError):

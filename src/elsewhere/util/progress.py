@@ -1,6 +1,10 @@
-"""A progress bar for long waits, on terminals only (rich, imported when needed), and
-what holds a job back (the backend's note: no peer seen, a scheduler's pending reason),
-on the bar or, off a terminal (a notebook, a log), as a logged warning."""
+"""A progress bar for long waits, on terminals (rich, imported when needed) and, when asked
+for (``progress=True``), in Jupyter, and what holds a job back (the backend's note: no peer
+seen, a scheduler's pending reason), on the bar or, without one (a log), as a logged warning.
+
+In Jupyter, rich's live display needs ipywidgets; the bar is shown there instead as a rich
+renderable through IPython's ``display`` and updated in place (``display_id``), which every
+Jupyter front end does without extra packages."""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ log = logging.getLogger("elsewhere")
 SHOW_AFTER_S = 2.0
 #: Off a terminal, warn of a note once it has stood this long (the same note once per wait).
 NOTE_AFTER_S = 10.0
+#: In Jupyter, redraw the bar at most this often (each redraw is a message to the front end).
+NOTEBOOK_REDRAW_S = 0.5
 
 
 class Progress:
@@ -32,6 +38,8 @@ class Progress:
         self.t0 = time.monotonic()
         self._bar: Any = None
         self._task: Any = None
+        self._shown: Any = None  # in Jupyter: the display handle the bar is redrawn through
+        self._drawn_at = 0.0
         self._teller = NoteTeller(name)
 
     def update(self, counts: dict[TaskState, int], total: int, note: str = "") -> None:
@@ -47,6 +55,7 @@ class Progress:
         running = counts[TaskState.RUNNING]
         if self._bar is None:
             from rich.console import Console
+            from rich.markup import escape
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -65,22 +74,39 @@ class Progress:
                     if self.note:  # on a line of its own: the bar keeps its width
                         yield Text(self.note, style="yellow", no_wrap=True, overflow="ellipsis")
 
+            console = Console(file=self.stream)
+            jupyter = console.is_jupyter  # no live display there: it needs ipywidgets
             self._bar = WithNote(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                console=Console(file=self.stream), transient=False,
+                console=console, transient=False, auto_refresh=not jupyter,
             )
-            self._bar.start()
-            self._task = self._bar.add_task(self.name, total=total, extra="")
+            if jupyter:
+                from IPython.display import display
+
+                self._shown = display(self._bar, display_id=True)
+            else:
+                self._bar.start()
+            # the name is text, not markup: "fit[/x]" shows as it is
+            self._task = self._bar.add_task(escape(self.name), total=total, extra="")
         extra = f"{running} running" + (f", [red]{failed} failed[/red]" if failed else "")
         self._bar.note = f"  {note}" if note else ""
         self._bar.update(self._task, completed=done, total=total, extra=extra)
+        if self._shown is not None and time.monotonic() - self._drawn_at >= NOTEBOOK_REDRAW_S:
+            self._redraw()
+
+    def _redraw(self) -> None:
+        self._drawn_at = time.monotonic()
+        self._shown.update(self._bar)
 
     def close(self) -> None:
         """Stop showing the bar."""
-        if self._bar is not None:
+        if self._shown is not None:
+            self._redraw()  # the last counts stay in the notebook
+            self._shown = None
+        elif self._bar is not None:
             self._bar.stop()
-            self._bar = None
+        self._bar = None
 
 
 class NoteTeller:

@@ -1,0 +1,57 @@
+"""What elsewhere needs of the operating system, checked where it is first needed.
+
+elsewhere runs on Linux (README, "Platforms"). Two things it relies on are not everywhere:
+
+- ``fcntl``'s file locks (POSIX): the job queue, the journals and the registry take them, so
+  every job needs them. Windows has no ``fcntl``: the job folder's package checks once, as it
+  is imported (:func:`require_fcntl`), and the shell says so in one line before anything else.
+- ``/proc`` (Linux): a peer worker reads its tasks' memory and who connects over loopback
+  there. It checks once, as it is made (:func:`require_proc`).
+
+Both raise :class:`~elsewhere.util.errors.UnsupportedPlatform`, whose message names what is
+missing, what needs it and what to do, instead of an ImportError of ``fcntl`` or a
+FileNotFoundError of ``/proc/meminfo`` from deep inside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .errors import UnsupportedPlatform
+
+__all__ = ["missing_fcntl", "require_fcntl", "require_proc"]
+
+_SUPPORTED = "it runs on Linux (see the README's Platforms)"
+
+
+def _system() -> str:
+    return {"win32": "Windows", "darwin": "macOS"}.get(sys.platform, sys.platform)
+
+
+def missing_fcntl() -> str | None:
+    """Why this Python cannot run jobs, if it has no ``fcntl`` module; else None."""
+    try:
+        import fcntl  # noqa: F401  (the check itself: importing it is all)
+    except ImportError:
+        hint = "; on Windows, run it inside WSL" if sys.platform == "win32" else ""
+        return (f"this Python on {_system()} has no fcntl module: elsewhere locks its job folders "
+                f"with POSIX file locks, and {_SUPPORTED}{hint}")  # fmt: skip
+    return None
+
+
+def require_fcntl() -> None:
+    """UnsupportedPlatform, saying what to do, if this Python has no ``fcntl`` module."""
+    why = missing_fcntl()
+    if why is not None:
+        raise UnsupportedPlatform(why)
+
+
+def require_proc(what: str, proc: str = "/proc") -> None:
+    """UnsupportedPlatform if there is no ``/proc`` here (``what`` needs it: "a peer worker")."""
+    if not os.path.isfile(os.path.join(proc, "self", "stat")):
+        raise UnsupportedPlatform(
+            f"{what} needs Linux's {proc} (its tasks' memory and the users of loopback connections "
+            f"are read there), and there is none on this {_system()} system; run it on a Linux "
+            "machine (controllers elsewhere reach it over the network)"
+        )
