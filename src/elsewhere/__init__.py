@@ -39,10 +39,11 @@ _EXPORTS = {
     "submit_communicating": "api.mpi",
     "web": "api.web",
     "Job": "api.job",
-    "Task": "api.job",
-    "Status": "api.job",
+    "Task": "api.tasks",
+    "Status": "api.tasks",
     "task": "run.context",
     "TaskContext": "run.context",
+    "Retry": "util.retry",
     "Cluster": "backends.base",
     "Property": "backends.base",
     "RemoteCluster": "backends.remote",
@@ -99,8 +100,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .api.functions import recover as recover
     from .api.functions import submit as submit
     from .api.job import Job as Job
-    from .api.job import Status as Status
-    from .api.job import Task as Task
+    from .api.tasks import Status as Status
+    from .api.tasks import Task as Task
     from .api.mpi import submit_communicating as submit_communicating
     from .api.web import web as web
     from .backends.base import Cluster as Cluster
@@ -125,5 +126,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .util.errors import TaskError as TaskError
     from .util.errors import TimeoutError as TimeoutError
     from .util.errors import TransportError as TransportError
+    from .util.retry import Retry as Retry
     from .util.states import JobState as JobState
     from .util.states import TaskState as TaskState

@@ -3,8 +3,8 @@
 A :class:`Job` is a view of a job folder plus the cluster that runs it.
 Nothing important lives only in this object: a job recovered by name in a
 new process (``ew.recover``) is the same job. Its tasks, the snapshots it
-reads and the answer of ``check()`` are in ``tasks.py``; making and removing
-its folder in ``jobfolder.py``.
+reads and the answer of ``check()`` are in ``tasks.py``; iterating over results as they
+finish in ``completion.py``.
 """
 
 from __future__ import annotations
@@ -18,17 +18,18 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 from ..backends.base import Cluster
 from ..core import control, waiting
 from ..core.submit import as_entries, submit_job
-from ..folder import records
 from ..folder.handle import JobHandle
 from ..folder.lifecycle import busy
 from ..folder.outcomes import OutcomeReader
 from ..folder.snapshot import Snapshot
 from ..folder.store import JobStore
 from ..util.errors import ConfigError, JobError, TaskError
-from ..util.states import JobState, TaskState
+from ..util.states import JobState
 from ..util.units import parse_duration
 from . import notebook
 from .completion import Completed, in_thread
+from .tasks import Status as Status
+from .tasks import Task as Task
 
 if TYPE_CHECKING:
     import threading
@@ -381,119 +382,6 @@ class Job(Generic[T]):
         """
         control.purge(self.cluster, self._handle, local=local)  # a second purge: JobGone
         self._dirty()
-
-
-class Status:
-    """The answer of ``job.check()``: counts per state; true once nothing runs.
-
-    ``status.counts`` maps each state name to a count; ``status.state`` is the
-    job's state; ``status.reasons`` holds backend notes (e.g. why tasks pend).
-    """
-
-    def __init__(self, job: Job[Any], counts: dict[TaskState, int], state: JobState, note: str = "",
-                 reasons: dict[int, str] | None = None) -> None:
-        self.job = job.name
-        self.counts = {s.value: n for s, n in counts.items()}
-        self.state = state
-        self.note = note
-        self.reasons = reasons or {}
-
-    def __bool__(self) -> bool:
-        return self.state.done
-
-    def __getitem__(self, key: str) -> int:
-        return self.counts[key]
-
-    def __getattr__(self, name: str) -> int:
-        counts = self.__dict__.get("counts", {})
-        if name in counts:
-            return counts[name]
-        raise AttributeError(name)
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"{k} {v}" for k, v in self.counts.items() if v)
-        text = f"<job {self.job!r}: {self.state.value}; {parts or 'no tasks'}>"
-        if self.note:
-            text += f"  ({self.note})"
-        return text
-
-    __str__ = __repr__
-
-    def _repr_html_(self) -> str:
-        """The counts as HTML, for Jupyter."""
-        counts = {TaskState(k): v for k, v in self.counts.items()}
-        return notebook.job_html(self.job, "", "", self.state, counts, sum(counts.values()),
-                                 note=self.note)  # fmt: skip
-
-
-class Task(Generic[T]):
-    """One task of a job: its state, where it ran, its result and log."""
-
-    def __init__(self, job: Job[T], index: int) -> None:
-        self.job = job
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"<Task {self.index} of {self.job.name!r}: {self.state.value}>"
-
-    def _final(self) -> tuple[str, records.Record] | None:
-        return self.job._snapshot().final.get(self.index)
-
-    @property
-    def state(self) -> TaskState:
-        """The task's state now."""
-        return self.job._snapshot().task_state(self.index)
-
-    @property
-    def worker(self) -> str | None:
-        """The id of the worker that ran (or runs) the task (it names the worker's journal,
-        results and log in the job folder); None if not started."""
-        return self.job._outcomes.worker_of(self.index, self.job._snapshot())
-
-    @property
-    def host(self) -> str:
-        """The host the task ran (or runs) on; "" if not started."""
-        wid = self.worker
-        return self.job.store.worker_info(wid).get("host", "") if wid else ""
-
-    @property
-    def started(self) -> float | None:
-        """Unix time the task started; None if it has not."""
-        f = self._final()
-        if f is not None:
-            return f[1].t_start or None
-        r = self.job._snapshot().running.get(self.index)
-        return r[1] if r else None
-
-    @property
-    def finished(self) -> float | None:
-        """Unix time the task ended; None if it has not."""
-        f = self._final()
-        return f[1].t_end if f is not None else None
-
-    @property
-    def seconds(self) -> float | None:
-        """How long the task ran."""
-        f = self._final()
-        return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
-
-    @property
-    def result(self) -> T | TaskError:
-        """The task's value, or its TaskError; raises JobError while unfinished."""
-        value: T | TaskError = self.job._value(self.index)
-        return value
-
-    def log(self) -> str:
-        """The task's captured stdout and stderr."""
-        return self.job.log(self.index)
-
-    def cancel(self) -> bool:
-        """Cancel this task only: it is marked cancelled in the job folder (it will not start,
-        nor run again), then its backend stops it if it runs. The job's other tasks go on,
-        and a job whose other tasks finish ends finished. False if the task had ended."""
-        done = control.cancel_task(self.job.cluster, self.job.handle, self.index)
-        self.job._dirty()
-        return done
 
 
 def combine(values: list[Any]) -> Any:

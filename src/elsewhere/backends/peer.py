@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util import paths
 from ..util.errors import ConfigError
+from ..util.system import process_started
 from .base import Cluster, ensure_post_constructed, option_path, option_typed, refuse_unknown
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ class PeerCluster(Cluster):
         _stop_at_exit(self)
         data = self.get_job_cluster_data(job)
         data["controller"] = {"host": socket.gethostname(), "pid": os.getpid(),
-                              "create_time": _create_time(os.getpid())}  # fmt: skip
+                              "create_time": process_started(os.getpid())}  # fmt: skip
         self.set_job_cluster_data(job, data)
         return c
 
@@ -253,7 +254,7 @@ class PeerCluster(Cluster):
         pid = info.get("pid")
         if not isinstance(pid, int) or pid == os.getpid() or info.get("host") != socket.gethostname():
             return None
-        ct = _create_time(pid)
+        ct = process_started(pid)
         return info if ct is not None and abs(ct - float(info.get("create_time") or 0)) < 0.01 else None
 
     def _shown_elsewhere(self, job: JobHandle) -> dict[str, Any]:
@@ -307,7 +308,7 @@ class PeerCluster(Cluster):
         self._spawned[job.id] = (proc, time.monotonic())
         data = self.get_job_cluster_data(job)  # it is the job's controller from now on
         data["controller"] = {"host": socket.gethostname(), "pid": proc.pid,
-                              "create_time": _create_time(proc.pid), "log": str(log_path)}  # fmt: skip
+                              "create_time": process_started(proc.pid), "log": str(log_path)}  # fmt: skip
         self.set_job_cluster_data(job, data)
 
     def _no_controller_note(self, job: JobHandle, info: dict[str, Any] | None) -> str:
@@ -484,17 +485,6 @@ def _stop_all() -> None:
         with contextlib.suppress(Exception):
             cluster._leave(timeout=2.0)
     _AT_EXIT.clear()
-
-
-def _create_time(pid: int) -> float | None:
-    """When process ``pid`` started; None if there is none, or only its zombie."""
-    import psutil
-
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(pid)
-        if proc.status() != psutil.STATUS_ZOMBIE:
-            return float(proc.create_time())
-    return None
 
 
 def peers(group: str | None = None, *, memory: str | int | None = None,

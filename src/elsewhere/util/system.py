@@ -20,7 +20,7 @@ import sys
 
 from .errors import UnsupportedPlatform
 
-__all__ = ["missing_fcntl", "require_fcntl", "require_proc"]
+__all__ = ["missing_fcntl", "process_started", "require_fcntl", "require_proc"]
 
 _SUPPORTED = "it runs on Linux (see the README's Platforms)"
 
@@ -55,3 +55,17 @@ def require_proc(what: str, proc: str = "/proc") -> None:
             f"are read there), and there is none on this {_system()} system; run it on a Linux "
             "machine (controllers elsewhere reach it over the network)"
         )
+
+
+def process_started(pid: int) -> float | None:
+    """When process ``pid`` started (Unix time); None if there is none, or only its zombie.
+    With the pid, it names a process: a pid reused later has another start time."""
+    import contextlib
+
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return float(proc.create_time())
+    return None
