@@ -59,6 +59,7 @@ _EXPORTS = {
     "JobGone": "util.errors",
     "NoSuchTask": "util.errors",
     "DamagedJob": "util.errors",
+    "UnsupportedPlatform": "util.errors",
     "NameInUse": "util.errors",
     "StateError": "util.errors",
     "TimeoutError": "util.errors",
@@ -113,6 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .run.context import task as task
     from .util.errors import ConfigError as ConfigError
     from .util.errors import DamagedJob as DamagedJob
+    from .util.errors import UnsupportedPlatform as UnsupportedPlatform
     from .util.errors import ElsewhereError as ElsewhereError
     from .util.errors import JobError as JobError
     from .util.errors import JobGone as JobGone

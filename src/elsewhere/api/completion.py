@@ -29,7 +29,6 @@ an awaiting task cancelled meanwhile is put back, to be handed out by the next s
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
@@ -257,6 +256,8 @@ async def in_thread(
     cancelled meanwhile goes to ``put_back`` rather than being lost. The thread is a daemon:
     an interpreter that exits does not wait for it.
     """
+    import asyncio  # (here: the command line, which never awaits, does not pay its import)
+
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[R] = loop.create_future()
     stop = threading.Event()
