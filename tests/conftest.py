@@ -97,6 +97,9 @@ def pytest_sessionfinish(session, exitstatus):
 _SHARED_GROUPS = {
     "netns": ("tests/peer/test_netns.py", "tests/peer/test_netns_job.py", "tests/ssh/test_multihost.py",
               "tests/mpi/test_mpi.py"),
+    # these clean up with `scancel --name ewtest` (and qdel): never beside each other
+    "real-schedulers": ("tests/schedulers/test_real_slurm.py", "tests/schedulers/test_real_slurm_torque.py",
+                        "tests/schedulers/test_real_sge.py"),
 }  # fmt: skip
 
 
