@@ -131,3 +131,55 @@ def test_a_missing_module_says_where_it_must_be(ew_home):
     assert isinstance(err, ew.TaskError) and err.type_name == "ModuleNotFoundError"
     assert "No module named 'lab_module_nowhere'" in err.message
     assert "must be importable on" in err.message and "files=" in err.message
+
+
+def _starts_slowly_then_killed(tmp_path):
+    """A python= wrapper whose interpreter waits 3 s before it starts, and writes its pid."""
+    wrapper = tmp_path / "slow-python"
+    wrapper.write_text(f'#!/bin/sh\necho $$ >> {tmp_path}/pids\nsleep 3\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_workers_that_cannot_start_halt_the_job_with_their_output(ew_home, tmp_path, monkeypatch):
+    """An interpreter that exits at once (a broken python=) is not started for ever: after
+    ten in a row (three here: the polls of this process decide), the job halts and says why,
+    with what they printed."""
+    from elsewhere.backends import local
+
+    monkeypatch.setattr(local, "_START_LOSSES", 3)
+    broken = tmp_path / "broken-python"
+    broken.write_text("#!/bin/sh\necho 'libpython3.11.so: cannot open shared object file' >&2\nexit 127\n")
+    broken.chmod(0o755)
+    job = ew.submit(abs, [-1, -2], on=ew.local(cores=1, python=str(broken)), name="broken")
+    job.wait(timeout=90)
+    res = job.results()
+    assert all(isinstance(r, ew.TaskError) for r in res), res
+    assert "3 workers in a row ended before they joined" in res[0].message
+    assert "cannot open shared object file" in res[0].message
+
+
+def test_workers_killed_while_they_start_are_replaced_not_counted_as_broken(ew_home, tmp_path, monkeypatch):
+    """Workers SIGKILLed from outside while their interpreter starts (here: five in a row,
+    more than the three that halt a job whose interpreter cannot start, ten unless a test
+    says so) are replaced, and the job ends with every value."""
+    import threading
+
+    from elsewhere.backends import local
+
+    monkeypatch.setattr(local, "_START_LOSSES", 3)
+    wrapper = _starts_slowly_then_killed(tmp_path)
+    job = ew.submit(abs, [-1, -2, -3], on=ew.local(cores=1, python=str(wrapper)), name="killed")
+    waiter = threading.Thread(target=job.wait, kwargs={"timeout": 150}, daemon=True)
+    waiter.start()  # the wait polls the job: it starts the replacements
+    pids_file, killed = tmp_path / "pids", set()
+    deadline = time.monotonic() + 120
+    while len(killed) < 5:
+        assert time.monotonic() < deadline, f"only {len(killed)} workers were started to kill"
+        for line in pids_file.read_text().split() if pids_file.exists() else []:
+            if int(line) not in killed:
+                killed.add(int(line))
+                os.kill(int(line), signal.SIGKILL)
+        time.sleep(0.05)
+    waiter.join(150)
+    assert job.results() == [1, 2, 3]

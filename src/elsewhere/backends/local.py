@@ -46,6 +46,7 @@ from ..util.errors import ConfigError, JobError
 from .base import Cluster, Property, ensure_post_constructed, refuse_unknown
 from .localworkers import (
     kill,
+    killed_by_signal,
     lost_at_start,
     note_dispatched,
     note_spawned,
@@ -400,7 +401,10 @@ class LocalCluster(Cluster):
         now = time.time()
         for wid, t in q.dispatched().items():
             if now - t > _START_LOOK_S and lost_at_start(job, q, wid, now - t > _START_LATE_S):
-                if q.lost_at_start(wid) == _START_LOSSES:
+                by = q.started_by(wid)
+                if by is not None and killed_by_signal(by[0]):
+                    q.forget_dispatched(wid)  # killed from outside: replaced, not a failure to start
+                elif q.lost_at_start(wid) == _START_LOSSES:
                     write_off(job.store, q, [], self._start_failure(), halt=True)
             elif now - t > _DISPATCH_GRACE_S:
                 q.forget_dispatched(wid)

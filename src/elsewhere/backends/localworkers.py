@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from ..folder.queue import Queue
 
 __all__ = [
+    "ended_badly",
     "kill",
+    "killed_by_signal",
     "lost_at_start",
     "note_dispatched",
     "note_spawned",
@@ -31,6 +33,7 @@ __all__ = [
 ]
 
 _spawned: list[int] = []  # workers this process started and has not reaped yet
+_ended: dict[int, int] = {}  # the wait status of the last of them that ended (pid -> status)
 
 
 def note_spawned(pid: int) -> None:
@@ -51,16 +54,20 @@ def note_dispatched(q: Queue, use: list[tuple[str, int]], count: int) -> list[st
 
 def lost_at_start(job: JobHandle, q: Queue, wid: str, late: bool) -> bool:
     """Whether worker ``wid``, on its way to ``job``, ended before it joined: it took its lock
-    and let it go, or, ``late`` (on its way for seconds), the process started for it (which
-    forks it) has ended and it never took its lock. Not sooner: on a busy machine a worker's
-    interpreter may take seconds to start, after the process that forked it has ended."""
+    and let it go; or the process started for it (which forks it) ended by a signal or an
+    error and this process saw it (:func:`ended_badly`); or, ``late`` (on its way for seconds),
+    that process has ended and it never took its lock. Not sooner in that last case: on a
+    busy machine a worker's interpreter may take seconds to start, after the process that
+    forked it has ended."""
     cur = job.store._p("workers", f"{wid}.cur")
     if os.path.exists(cur):
         return lock_is_free(cur)
-    if not late:
-        return False
     by = q.started_by(wid)
-    return by is not None and by[1] == os.uname().nodename and not process_alive(by[0])
+    if by is None or by[1] != os.uname().nodename:
+        return False
+    if ended_badly(by[0]):
+        return True  # this process started it and saw it fail or be killed: no need to wait
+    return late and not process_alive(by[0])
 
 
 def reap_children() -> None:
@@ -68,11 +75,33 @@ def reap_children() -> None:
     they do not stay zombies while it lives (a notebook may run for days)."""
     for pid in list(_spawned):
         try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            done = pid  # not ours to wait for any more (reaped elsewhere)
+            done, status = pid, -1  # not ours to wait for any more (reaped elsewhere)
         if done:
             _spawned.remove(pid)
+            if status >= 0:
+                _ended[pid] = status
+                while len(_ended) > 256:
+                    del _ended[next(iter(_ended))]
+
+
+def ended_badly(pid: int) -> bool:
+    """Whether worker ``pid``, which this process started, has ended by a signal or with an
+    error status (an interpreter that cannot start exits at once, with an error). False if
+    unknown (not ours, or not ended) or if it exited cleanly."""
+    reap_children()
+    status = _ended.get(pid)
+    return status is not None and (os.WIFSIGNALED(status) or os.waitstatus_to_exitcode(status) != 0)
+
+
+def killed_by_signal(pid: int) -> bool:
+    """Whether worker ``pid``, which this process started, was ended by a signal (killed from
+    outside: a kill, the OOM killer) rather than exiting by itself, as a worker whose
+    interpreter cannot start does. False if unknown (not ours, or not ended)."""
+    reap_children()
+    status = _ended.get(pid)
+    return status is not None and os.WIFSIGNALED(status)
 
 
 def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
