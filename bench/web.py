@@ -1,7 +1,7 @@
 """What the web view costs: the page's first render and its updates for a job of 100 000 tasks,
 and the server's CPU while a job of 10 000 tasks runs.
 
-    .venv/bin/python bench/web.py [--tasks 100000] [--cpu-tasks 10000] [--updates 5] [--rounds 3]
+    .venv/bin/python bench/web.py [--tasks 100000] [--cpu-tasks 10000] [--updates 5] [--rounds 3] [--json FILE]
 
 Needs the web extra and a browser: ``pip install -e '.[web,test]'`` (Playwright) and Debian's
 Chromium (``ci/services/chromium.sh``). Every measurement runs in a fresh ``ELSEWHERE_HOME``;
@@ -111,7 +111,8 @@ def open_job_page(
     """A new page on the job's view; (page, times in seconds: until everything is drawn, and
     the page's own drawing time)."""
     page = browser.new_page(viewport=VIEWPORT)
-    page.set_default_timeout(300_000)
+    page.set_default_timeout(120_000)
+    page.on("pageerror", lambda exc: print(f"  page error: {exc}", flush=True))
     t = time.perf_counter()
     page.goto(f"{url}#/job/{job_id}")
     page.wait_for_function(
@@ -218,7 +219,9 @@ def append(job: Any, held: list[tuple[str, list[Any]]], part: int, parts: int) -
     return tasks
 
 
-def bench_big(browser: Any, n: int, updates: int, rounds: int) -> list[list[str]]:
+def bench_big(browser: Any, n: int, updates: int, rounds: int,
+              raw: dict[str, dict[str, float]] | None = None) -> list[list[str]]:  # fmt: skip
+    """The table's rows; ``raw`` gets each journal's figures in seconds (for ``--json``)."""
     rows = []
     for singles in (False, True):
         with fresh_home():
@@ -255,6 +258,9 @@ def bench_big(browser: Any, n: int, updates: int, rounds: int) -> list[list[str]
             rows.append([what, str(n_records), fmt_time(firsts[0]), fmt_time(median(firsts[1:] or firsts)),
                          fmt_time(median(renders)), fmt_time(median(counts_s)), fmt_time(max(counts_s)),
                          fmt_time(median(gantt_s)), fmt_time(update_render)])  # fmt: skip
+            if raw is not None:
+                raw[what] = {"records": n_records, "first_cold": firsts[0], "first": median(firsts[1:] or firsts),
+                             "counts": median(counts_s), "gantt": median(gantt_s)}  # fmt: skip
     return rows
 
 
@@ -318,7 +324,12 @@ def bench_cpu(browser: Any, n: int, rounds: int) -> tuple[list[list[str]], dict[
         ["job with a page open on it", fmt_time(w), f"{s:.2f} s", f"{s / w:.1%}", f"{c:.2f} s"],
         ["a page open on the finished job, 5 s", "", f"{idle * 5:.2f} s", f"{idle:.1%}", ""],
     ]
-    return rows, {"slowdown": w / median(alone), "loads": median(loads)}
+    return rows, {
+        "slowdown": w / median(alone),
+        "loads": median(loads),
+        "server": s / w,
+        "idle": idle,
+    }
 
 
 def main() -> None:
@@ -327,7 +338,15 @@ def main() -> None:
     ap.add_argument("--cpu-tasks", type=int, default=10_000)
     ap.add_argument("--updates", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)"
+    )
     args = ap.parse_args()
+    from report import Figures
+
+    record = Figures("web", sys.argv[1:])
+    raw: dict[str, dict[str, float]] = {}
+    print(f"load {os.getloadavg()[0]:.2f} at the start", flush=True)
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -340,7 +359,7 @@ def main() -> None:
             f"1, 2. a job of {args.tasks} tasks: first render, then {args.updates} updates",
             flush=True,
         )
-        big = bench_big(browser, args.tasks, args.updates, args.rounds)
+        big = bench_big(browser, args.tasks, args.updates, args.rounds, raw)
         print(f"3. server CPU while a job of {args.cpu_tasks} tasks of 2 ms runs", flush=True)
         cpu_rows, figures = bench_cpu(browser, args.cpu_tasks, args.rounds)
         browser.close()
@@ -360,6 +379,30 @@ def main() -> None:
         f"ratio: the job's wall time with the page open / alone = {figures['slowdown']:.2f} "
         f"(the page fetched the Gantt {figures['loads']:.0f} times while the job ran)"
     )
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+    if args.json:
+        tasks = f"{args.tasks:_} tasks".replace("_", " ")
+        for what, r in raw.items():
+            journal = f"a job of {tasks} ({r['records']:.0f} journal records: {what})"
+            for key, label in (("first_cold", "first render, the server's first read"), ("first", "first render"),
+                               ("counts", "a journal update to the counts shown"),
+                               ("gantt", "a journal update to the Gantt redrawn")):  # fmt: skip
+                record.add(
+                    "page",
+                    f"{label.capitalize()}, {journal}",
+                    "elsewhere web",
+                    r[key],
+                    "s",
+                    elsewhere=True,
+                )
+        cpu = f"a job of {args.cpu_tasks:_} tasks of 2 ms on 2 local workers".replace("_", " ")
+        record.add("cpu", f"The server's CPU while a page is open on {cpu}, share of one core", "elsewhere web",
+                   100 * figures["server"], "%", elsewhere=True)  # fmt: skip
+        record.add("cpu", f"The job's wall time with the page open over alone, {cpu}", "elsewhere web",
+                   figures["slowdown"], "x", elsewhere=True)  # fmt: skip
+        record.add("cpu", "The server's CPU with a page open on a finished job, share of one core", "elsewhere web",
+                   100 * figures["idle"], "%", elsewhere=True)  # fmt: skip
+        record.write(args.json)
 
 
 if __name__ == "__main__":

@@ -182,6 +182,21 @@ def test_the_event_stream_tells_what_changed(web, tmp_path):
                 break
 
 
+@pytest.mark.integration
+def test_ew_web_serves_from_a_thread_until_stopped(ew_home, capsys):
+    view = ew.web(port=0, read_only=True)
+    try:
+        assert capsys.readouterr().out.splitlines()[0] == view.url  # printed first, with its token
+        base = view.url.split("/?", 1)[0]
+        with urllib.request.urlopen(f"{base}/api/info", timeout=30) as r:
+            assert json.loads(r.read())["read_only"] is True
+        assert view.url in view._repr_html_()  # a notebook shows a link
+    finally:
+        view.stop()
+    with pytest.raises(OSError):  # (URLError: connection refused)
+        urllib.request.urlopen(f"{base}/api/info", timeout=5)
+
+
 def test_without_starlette_the_error_names_the_extra():
     code = ("import sys; sys.modules['starlette'] = None; from elsewhere.api.cli import main; "
             "sys.exit(main(['web', '--port', '0']))")  # fmt: skip

@@ -108,7 +108,6 @@ def test_a_job_moves_live_its_gantt_has_a_bar_per_task_and_a_failure_opens(web, 
     assert gantt["tasks"] == "6" and gantt["lanes"] in ("1", "2"), gantt
     assert page.eval_on_selector("#plot-durations", "c => +c.dataset.points") > 0
     page.wait_for_selector('#tasks tr[data-state="failed"]')
-    _shot(page, "job-small")
 
     page.click("#nav-jobs")  # the jobs table: the job's counts moved there too
     done = f'{row}[data-state="failed"]'
@@ -231,5 +230,10 @@ def test_the_peers_view_lists_the_workers_and_their_fair_share(web, browser, pee
     # the worker's fair share: the controller's use of it, sampled from its stats file
     page.wait_for_function("() => +(document.querySelector('#fair-share canvas')?.dataset.points || 0) >= 2",
                            timeout=max(10_000, int((time.monotonic() - t) * 1000) + 10_000))  # fmt: skip
-    _shot(page, "peers")
+    if screenshots():  # a second job, seen while it runs: its controller, a busy worker
+        job = ew.submit(_square, range(40), on=ew.peers(port=peer_worker))
+        page.wait_for_selector('#peers tr[data-state="controller"]')
+        page.wait_for_timeout(2500)
+        _shot(page, "peers")
+        job.wait(timeout=60)
     assert not errors, errors

@@ -182,6 +182,25 @@ class Outcomes:
     def items(self) -> Iterator[tuple[int, tuple[str, Record]]]:
         return ((t, self[t]) for t in self)
 
+    def spans(self) -> list[tuple[int, int, tuple[str, Record]]]:
+        """Every outcome as ``(first, end, entry)``: tasks ``first .. end - 1`` share ``entry``
+        (a single task's is ``(t, t + 1, entry)``; a range's, less the tasks a later outcome
+        overtook, one span per unbroken run). In no set order; unlike :meth:`by_entry` it
+        hashes no entry, so a job of 100 000 single records is walked in milliseconds."""
+        single = self._single
+        out = [(t, t + 1, entry) for t, entry in single.items()]
+        for first, end, entry in self._ranges:
+            start = first
+            if single:
+                for t in range(first, end):
+                    if t in single:
+                        if start < t:
+                            out.append((start, t, entry))
+                        start = t + 1
+            if start < end:
+                out.append((start, end, entry))
+        return out
+
     def by_entry(self) -> dict[tuple[str, Record], list[int]]:
         """The tasks of each entry: a range's tasks (less those a later outcome overtook) under
         one key, so a body shared by many tasks is looked at once."""

@@ -9,7 +9,8 @@ stream of server-sent events.
                                             token
 ``GET /api/jobs``                           the jobs table (``elsewhere jobs --json``, and more)
 ``GET /api/jobs/{id}``                      one job: summary, settings, cluster data, scripts
-``GET /api/jobs/{id}/timeline``             every record's lane and times (the Gantt, the plots)
+``GET /api/jobs/{id}/timeline``             every record's lane and times (the Gantt, the plots;
+                                            binary, see ``columns.py``)
 ``GET /api/jobs/{id}/tasks?offset&limit&``  one page of the task table, sorted and filtered
 ``sort&desc&state&host``
 ``GET /api/jobs/{id}/tasks/{i}``            one task: its row, output and error
@@ -142,7 +143,7 @@ class WebApp:
         if len(body) > 4096 and "gzip" in request.headers.get("accept-encoding", ""):
             body = gzip.compress(body, compresslevel=1)
             headers["content-encoding"] = "gzip"
-        return Response(body, media_type="application/json", headers=headers)
+        return Response(body, media_type="application/octet-stream", headers=headers)
 
     def tasks(self, request: Request) -> Response:
         q = request.query_params

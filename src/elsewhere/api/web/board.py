@@ -3,7 +3,7 @@
 The same data as ``elsewhere jobs`` (``ew.jobs()``): every registered job, its state and
 counts from a snapshot of its folder, a job that cannot be opened shown as
 ``unreadable: why``, one whose folder is missing as ``missing``. Unlike ``ew.jobs()``, a job
-is opened once and kept open, so a look every half second reads only what is new, and a
+is opened once and kept open, so a look every quarter second reads only what is new, and a
 job that is done is read again only when its queue or its journal folder changed (a retry,
 a purge) or every :data:`_DONE_LOOK_S`.
 
@@ -70,7 +70,7 @@ class JobBoard:
                 rows = Registry().find(job_id)
                 if not rows:
                     raise JobNotFound(f"no job named {job_id!r} (see `elsewhere jobs`)")
-                w = self._open(rows[0])
+                w = self._watches.get(rows[0]["id"]) or self._open(rows[0])  # (a name: its id's)
             if fresh and time.monotonic() - w.refreshed_at >= _FRESH_S and self._due(w):
                 w.refresh()
             w.looked_at = time.monotonic()

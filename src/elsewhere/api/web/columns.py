@@ -1,25 +1,41 @@
 """The tasks of one job as columns: what the Gantt, the task table and the plots are drawn from.
 
 Built from one snapshot (:class:`~elsewhere.folder.snapshot.Snapshot`) and the outcomes the
-job's journal reader holds, without a Python object per task: a range record (fast tasks
-run as one batch) fills its tasks with one slice assignment, so a job of 100 000 tasks is a
-few dozen records and a few arrays. Pure: no files are read here (the lanes, i.e. which
-worker ran a record, are given by the caller).
+job's journal reader holds, as spans of tasks that share a record (``Outcomes.spans()``),
+without a Python object per task: a range record (fast tasks run as one batch) fills its
+tasks with slice assignments, so a job of 100 000 tasks is a few dozen records and a few
+arrays. Pure: no files are read here (which worker ran a record, its lane, the caller says).
 
-The timeline sent to the page is one entry per record, not per task (a range record's
-tasks are shown as equal shares of the batch's time: only the batch's start and end are
-known); the page expands it into per-task arrays and draws them on a canvas.
+The timeline sent to the page has one entry per span, not per task (a batch's tasks are
+shown as equal shares of the batch's time: only its start and end are known), in a compact
+binary form the page reads into typed arrays without parsing (:func:`timeline_bytes`)::
+
+    offset       size     field (little-endian)
+    0            4        magic b"EWT1"
+    4            4        H: the length of the header
+    8            H        the header, JSON: {"t0", "now", "n", "lanes", "entries": E}
+    8 + H        0-7      zero bytes, to a multiple of 8
+    a            8 x E    start, float64: seconds after t0
+    a + 8E       8 x E    end, float64: seconds after t0; -1 while the task runs
+    a + 16E      4 x E    first task, int32
+    a + 20E      4 x E    count of tasks, int32 (first .. first + count - 1)
+    a + 24E      4 x E    lane, int32 (an index into the header's lanes: a worker)
+    a + 28E      4 x E    attempt, int32
+    a + 32E      1 x E    kind, uint8: 0 running, 1 finished, 2 failed, 3 lost, 4 cancelled
 """
 
 from __future__ import annotations
 
 import json
+import struct
+import sys
 from array import array
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ...folder.records import Kind
 from ...folder.snapshot import Snapshot
+from ...folder.store import CONTROL
 from ...util.states import TaskState
 
 #: A task state's code in the columns (its index here).
@@ -27,23 +43,26 @@ STATES: tuple[TaskState, ...] = tuple(TaskState)
 _CODE = {s: i for i, s in enumerate(STATES)}
 _KIND_CODE = {int(Kind.OK): _CODE[TaskState.FINISHED], int(Kind.ERROR): _CODE[TaskState.FAILED],
               int(Kind.LOST): _CODE[TaskState.FAILED], int(Kind.CANCELLED): _CODE[TaskState.CANCELLED]}  # fmt: skip
+_KIND_CODES = [0] * 8  # a record's kind -> the state code of its tasks (as a list: the hot loop's)
+for _kind, _code in _KIND_CODE.items():
+    _KIND_CODES[_kind] = _code
 RUNNING_KIND = 0  # a timeline entry of a task still running (records' kinds are 1 to 4)
+MAGIC = b"EWT1"
 
 #: The task table's sort keys.
 SORTS = ("task", "state", "host", "attempt", "started", "seconds")
 
-
-#: One timeline entry, a record (or a running task) on one lane:
-#: (lane, tasks, start, end (-1: running), kind (a record's, or RUNNING_KIND), attempt).
-Entry = tuple[int, list[int], float, float, int, int]
+Span = tuple[int, int, tuple[str, Any]]  # first task, end, (worker id, record)
 
 
 class TaskColumns:
     """Per-task arrays of one job at one moment (``state`` holds codes of :data:`STATES`;
     ``lane`` -1 for a task that never ran; ``start``/``end`` unix times, 0 where unknown;
-    ``batch`` how many tasks ran in the same batch) and the timeline ``entries``."""
+    ``batch`` how many tasks ran in the same batch), and the timeline's entries as columns
+    (``e_*``: one per span of tasks that ran as one record, or per running task)."""
 
-    __slots__ = ("attempt", "batch", "end", "entries", "lane", "n", "start", "state")
+    __slots__ = ("attempt", "batch", "e_attempt", "e_count", "e_end", "e_first", "e_kind", "e_lane",
+                 "e_start", "end", "lane", "n", "start", "state")  # fmt: skip
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -53,29 +72,35 @@ class TaskColumns:
         self.start = array("d", [0.0]) * n
         self.end = array("d", [0.0]) * n
         self.batch = array("i", [1]) * n
-        self.entries: list[Entry] = []
+        self.e_start, self.e_end = array("d"), array("d")
+        self.e_first, self.e_count = array("i"), array("i")
+        self.e_lane, self.e_attempt = array("i"), array("i")
+        self.e_kind = bytearray()
+
+    def add_entry(self, lane: int, first: int, count: int, start: float, end: float, kind: int,
+                  attempt: int) -> None:  # fmt: skip
+        self.e_lane.append(lane)
+        self.e_first.append(first)
+        self.e_count.append(count)
+        self.e_start.append(start)
+        self.e_end.append(end)
+        self.e_kind.append(kind)
+        self.e_attempt.append(attempt)
 
     # -- what the job overview shows ------------------------------------------------------
     def started(self) -> float | None:
         """When the first task started (None before any did)."""
-        times = [e[2] for e in self.entries if e[2] > 0]
-        return min(times) if times else None
+        return min(self.e_start) if self.e_start else None
 
     def ended(self) -> float | None:
         """When the last task that ran ended (None if none has)."""
-        times = [e[3] for e in self.entries if e[3] > 0 and e[4] != RUNNING_KIND]
-        return max(times) if times else None
+        return max(self.e_end) if self.e_end and max(self.e_end) > 0 else None
 
 
-def contiguous(tasks: list[int]) -> bool:
-    """Whether sorted ``tasks`` are ``first, first + 1, ...``."""
-    return tasks[-1] - tasks[0] + 1 == len(tasks)
-
-
-def build_columns(snap: Snapshot, by_entry: dict[tuple[str, Any], list[int]],
+def build_columns(snap: Snapshot, spans: Iterable[Span],
                   lane_of: Callable[[str, int], int]) -> TaskColumns:  # fmt: skip
-    """The columns of a job from its snapshot and its outcomes grouped by record
-    (``Outcomes.by_entry()``); ``lane_of(worker id, task)`` gives a record's lane (-1: none)."""
+    """The columns of a job from its snapshot and its outcomes as spans
+    (``Outcomes.spans()``); ``lane_of(worker id, task)`` gives a record's lane."""
     n = snap.n
     cols = TaskColumns(n)
     base = _CODE[TaskState.QUEUED if snap.submitted else TaskState.PENDING]
@@ -89,85 +114,99 @@ def build_columns(snap: Snapshot, by_entry: dict[tuple[str, Any], list[int]],
         for t in snap.cancelled_tasks:
             if 0 <= t < n:
                 state[t] = cancelled
-    for (wid, rec), tasks in by_entry.items():
-        if len(tasks) > 1:
-            tasks.sort()
-        first = tasks[0]
-        if first >= n or tasks[-1] >= n:
-            tasks = [t for t in tasks if t < n]
-            if not tasks:
-                continue
-            first = tasks[0]
-        lane = lane_of(wid, first)
-        code = _KIND_CODE.get(rec.kind, 0)
-        count = len(tasks)
-        t_start, t_end = float(rec.t_start), float(rec.t_end)
-        if count > 1 and contiguous(tasks):
-            end = first + count
-            state[first:end] = bytes([code]) * count
-            cols.lane[first:end] = array("i", [lane]) * count
-            cols.attempt[first:end] = array("i", [rec.attempt]) * count
-            cols.batch[first:end] = array("i", [rec.count]) * count
+    lanes: dict[str, int] = {}  # lane_of's answers (but for records written off, by task)
+    lane_col, attempt_col, batch_col = cols.lane, cols.attempt, cols.batch
+    start_col, end_col = cols.start, cols.end
+    # the entries' columns, appended to by bound methods: a slow job has one per task
+    e_lane, e_first, e_count = cols.e_lane.append, cols.e_first.append, cols.e_count.append
+    e_start, e_end, e_kind, e_attempt = (cols.e_start.append, cols.e_end.append, cols.e_kind.append,
+                                         cols.e_attempt.append)  # fmt: skip
+    codes = _KIND_CODES
+    for first, end, (wid, rec) in spans:
+        if first >= n:
+            continue
+        if end > n:
+            end = n
+        kind, _, attempt, task, _, per, _, _, _, _, t_start, t_end, _, _ = rec
+        code = codes[kind]
+        lane = -1
+        if t_start > 0:  # (a task cancelled before it started has no lane)
+            lane = lanes.get(wid, -2)
+            if lane == -2:
+                lane = lane_of(wid, first)
+                if wid != CONTROL:  # a worker's lane is its own; written-off records' their task's
+                    lanes[wid] = lane
+        if per == 1 and end - first == 1:  # one task, one record: most of a slow job's
+            state[first] = code
+            if attempt:
+                attempt_col[first] = attempt
+            end_col[first] = t_end
             if t_start > 0:
-                step = (t_end - t_start) / rec.count
-                offset = t_start + (first - rec.task) * step
-                cols.start[first:end] = array("d", (offset + k * step for k in range(count)))
-                cols.end[first:end] = array("d", (offset + (k + 1) * step for k in range(count)))
-                t_start, t_end = (
-                    offset,
-                    offset + count * step,
-                )  # the timeline entry: these tasks only
-            else:
-                cols.end[first:end] = array("d", [t_end]) * count
+                lane_col[first] = lane
+                start_col[first] = t_start
+                e_lane(lane), e_first(first), e_count(1), e_start(t_start), e_end(t_end)
+                e_kind(kind), e_attempt(attempt)
+            continue
+        count = end - first
+        state[first:end] = bytes([code]) * count
+        attempt_col[first:end] = array("i", [attempt]) * count
+        batch_col[first:end] = array("i", [per]) * count
+        if t_start > 0:
+            step = (t_end - t_start) / per
+            offset = t_start + (first - task) * step
+            lane_col[first:end] = array("i", [lane]) * count
+            start_col[first:end] = array("d", [offset + k * step for k in range(count)])
+            end_col[first:end] = array("d", [offset + (k + 1) * step for k in range(count)])
+            cols.add_entry(lane, first, count, offset, offset + count * step, kind, attempt)
         else:
-            step = (t_end - t_start) / max(1, rec.count) if t_start > 0 else 0.0
-            for t in tasks:
-                state[t] = code
-                cols.lane[t] = lane
-                cols.attempt[t] = rec.attempt
-                cols.batch[t] = rec.count
-                if t_start > 0:
-                    s = t_start + (t - rec.task) * step if rec.count > 1 else t_start
-                    cols.start[t] = s
-                    cols.end[t] = s + step if rec.count > 1 else t_end
-                else:
-                    cols.end[t] = t_end
-        if t_start > 0 and lane >= 0:
-            cols.entries.append((lane, tasks, t_start, t_end, int(rec.kind), int(rec.attempt)))
+            end_col[first:end] = array("d", [t_end]) * count
     running = _CODE[TaskState.RUNNING]
     for t, (wid, since) in snap.running.items():
         if 0 <= t < n and state[t] != cancelled and t not in snap.final:
             state[t] = running
             lane = lane_of(wid, t)
-            cols.lane[t] = lane
-            cols.start[t] = since
-            if since > 0 and lane >= 0:
-                cols.entries.append((lane, [t], since, -1.0, RUNNING_KIND, cols.attempt[t]))
+            lane_col[t] = lane
+            start_col[t] = since
+            if since > 0:
+                cols.add_entry(lane, t, 1, since, -1.0, RUNNING_KIND, attempt_col[t])
     return cols
 
 
-def timeline_json(cols: TaskColumns, lanes: list[dict[str, Any]], now: float) -> bytes:
-    """The timeline as compact JSON: one column per field, times in microseconds after
-    ``t0`` (an end of -1: still running); a record whose tasks are not one run of indices
-    lists them in ``lists`` (by entry position)."""
-    entries = cols.entries
-    t0 = min((e[2] for e in entries), default=now)
-    us = 1e6
-    first, count, lists = [], [], {}
-    for i, e in enumerate(entries):
-        tasks = e[1]
-        first.append(tasks[0])
-        count.append(len(tasks))
-        if len(tasks) > 1 and not contiguous(tasks):
-            lists[str(i)] = tasks
-    out = {
-        "t0": t0, "now": now, "n": cols.n, "lanes": lanes,
-        "lane": [e[0] for e in entries], "first": first, "count": count,
-        "start": [round((e[2] - t0) * us) for e in entries],
-        "end": [round((e[3] - t0) * us) if e[3] >= 0 else -1 for e in entries],
-        "kind": [e[4] for e in entries], "attempt": [e[5] for e in entries], "lists": lists,
-    }  # fmt: skip
-    return json.dumps(out, separators=(",", ":")).encode()
+def timeline_bytes(cols: TaskColumns, lanes: list[dict[str, Any]], now: float) -> bytes:
+    """The timeline in the binary form of the module's table."""
+    t0 = cols.started() or now
+    head = json.dumps({"t0": t0, "now": now, "n": cols.n, "lanes": lanes, "entries": len(cols.e_first)},
+                      separators=(",", ":")).encode()  # fmt: skip
+    pad = b"\0" * (-(8 + len(head)) % 8)
+    start = array("d", [t - t0 for t in cols.e_start])
+    end = array("d", [t - t0 if t >= 0 else -1.0 for t in cols.e_end])
+    parts: list[array[Any]] = [start, end, cols.e_first, cols.e_count, cols.e_lane, cols.e_attempt]
+    if sys.byteorder != "little":
+        parts = [array(p.typecode, p) for p in parts]
+        for p in parts:
+            p.byteswap()
+    return b"".join([MAGIC, struct.pack("<I", len(head)), head, pad, *(p.tobytes() for p in parts),
+                     bytes(cols.e_kind)])  # fmt: skip
+
+
+def read_timeline(data: bytes) -> dict[str, Any]:
+    """The timeline back from :func:`timeline_bytes` (for tests and scripts): the header's
+    fields and one list per column."""
+    if data[:4] != MAGIC:
+        raise ValueError("not a timeline (its magic is not EWT1)")
+    (h,) = struct.unpack_from("<I", data, 4)
+    out: dict[str, Any] = json.loads(data[8 : 8 + h])
+    e = out["entries"]
+    pos = 8 + h + (-(8 + h) % 8)
+    for name, code, size in (("start", "d", 8), ("end", "d", 8), ("first", "i", 4), ("count", "i", 4),
+                             ("lane", "i", 4), ("attempt", "i", 4), ("kind", "B", 1)):  # fmt: skip
+        col = array(code)
+        col.frombytes(data[pos : pos + size * e])
+        if sys.byteorder != "little" and size > 1:
+            col.byteswap()
+        out[name] = col.tolist()
+        pos += size * e
+    return out
 
 
 def order(cols: TaskColumns, sort: str, desc: bool, hosts: list[str],

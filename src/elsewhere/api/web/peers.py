@@ -110,7 +110,7 @@ class PeerBoard:
                     "task": a.task or "", "encrypt": a.encrypt,
                     "wire": "encrypted" if a.encrypt else "clear (--no-encrypt)" if a.group else "loopback",
                     "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
-                    "seen_s_ago": round(now - p.last_seen, 1),
+                    "seen_s_ago": round(now - p.last_seen),  # (whole seconds: an event a second at most)
                 })  # fmt: skip
                 if a.state.name.lower() == "controller":
                     self._who[a.peer_id] = f"{a.user}@{a.host}"

@@ -23,6 +23,7 @@ from ...core.submit import open_job
 from ...folder.errorrecord import MARK, ErrorRecord
 from ...folder.journal import read_body
 from ...folder.outcomes import OutcomeReader
+from ...folder.queue import Queue
 from ...folder.records import Kind
 from ...folder.snapshot import Snapshot
 from ...folder.store import CONTROL
@@ -30,8 +31,8 @@ from ...util.errors import DamagedJob, TaskError
 from . import columns as C
 
 _LOG_MAX = 256 * 1024  # the tail of a task's output shown on the page
-_REMOTE_POLL_S = 2.0
-_REBUILD_FACTOR = 4.0  # a moving job's columns are rebuilt at most every 4 times the last build's time  # a job whose workers write elsewhere, looked at in detail: polled this often
+_REMOTE_POLL_S = 2.0  # a job whose workers write elsewhere, looked at in detail: polled this often
+_REBUILD_FACTOR = 3.0  # a moving job's columns: rebuilt at most every 3 times the last build took
 
 
 class JobWatch:
@@ -60,6 +61,7 @@ class JobWatch:
         self._lanes: list[str] = []
         self._lane_index: dict[str, int] = {}
         self._infos: dict[str, dict[str, Any]] = {}
+        self._queue: Queue | None = None
 
     # -- reading ---------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -84,13 +86,14 @@ class JobWatch:
     def columns(self) -> C.TaskColumns:
         """The tasks as columns, as of the last refresh; while the job moves, rebuilt at most
         every :data:`_REBUILD_FACTOR` times what the last build took (a 100 000-task job of
-        single records takes a tenth of a second: a few builds a second would keep a core
-        busy). ``version`` counts the builds: the page fetches again when it moved."""
+        single records takes a tenth of a second or more: a build after every look would keep a
+        core busy). ``version`` counts the builds: the page fetches again when it moved."""
         cols = self._cols
         if cols is None or (self._cols_digest != self.digest
                             and time.monotonic() - self._built_at >= _REBUILD_FACTOR * self._build_s):  # fmt: skip
             t = time.monotonic()
-            cols = C.build_columns(self._snapshot(), self.handle.outcomes.by_entry(), self._lane_of)
+            self._queue = None
+            cols = C.build_columns(self._snapshot(), self.handle.outcomes.spans(), self._lane_of)
             self._cols, self._cols_digest = cols, self.digest
             self._built_at = time.monotonic()
             self._build_s = self._built_at - t
@@ -106,7 +109,9 @@ class JobWatch:
 
     def _lane_of(self, wid: str, task: int) -> int:
         if wid == CONTROL:  # written off by a reaper or a cancel: the lane of whoever ran it
-            wid = self.handle.store.queue().lost_by(task) or CONTROL
+            if self._queue is None:  # read once per build
+                self._queue = self.handle.store.queue()
+            wid = self._queue.lost_by(task) or CONTROL
         i = self._lane_index.get(wid)
         if i is None:
             i = self._lane_index[wid] = len(self._lanes)
@@ -192,10 +197,10 @@ class JobWatch:
         return out
 
     def timeline(self) -> bytes:
-        """The timeline as JSON (``columns.timeline_json``), cached until the job changes."""
+        """The timeline (``columns.timeline_bytes``), cached until the columns are built again."""
         cols = self.columns()
         if self._timeline is None or self._timeline[0] != self.version:
-            self._timeline = (self.version, C.timeline_json(cols, self.lanes(), time.time()))
+            self._timeline = (self.version, C.timeline_bytes(cols, self.lanes(), time.time()))
         return self._timeline[1]
 
     def task_page(self, *, offset: int = 0, limit: int = 100, sort: str = "task", desc: bool = False,

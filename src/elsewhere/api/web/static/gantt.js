@@ -37,9 +37,24 @@ class Gantt {
     canvas.addEventListener("dblclick", () => { this.follow = true; this.laneOffset = 0; this.fit(); this.draw(); });
   }
 
-  // tl: the server's timeline (columns of entries, times in µs after t0).
+  // The server's timeline (its binary form: see columns.py) as the header and typed arrays.
+  static decode(buf) {
+    const dv = new DataView(buf);
+    const magic = String.fromCharCode(...new Uint8Array(buf, 0, 4));
+    if (magic !== "EWT1") throw new Error(`not a timeline (${magic})`);
+    const h = dv.getUint32(4, true);
+    const tl = JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 8, h)));
+    const E = tl.entries;
+    let at = 8 + h + ((8 - ((8 + h) % 8)) % 8);
+    const take = (Type) => { const a = new Type(buf, at, E); at += E * Type.BYTES_PER_ELEMENT; return a; };
+    Object.assign(tl, { start: take(Float64Array), end: take(Float64Array), first: take(Int32Array),
+      count: take(Int32Array), lane: take(Int32Array), attempt: take(Int32Array), kind: take(Uint8Array) });
+    return tl;
+  }
+
+  // tl: a decoded timeline (times in seconds after t0), expanded into one element per task.
   setData(tl) {
-    const E = tl.lane.length;
+    const E = tl.entries;
     let m = 0;
     for (let e = 0; e < E; e++) m += tl.count[e];
     const start = new Float64Array(m), end = new Float64Array(m);
@@ -47,11 +62,10 @@ class Gantt {
     const kind = new Uint8Array(m), batch = new Int32Array(m), attempt = new Int32Array(m);
     let k = 0;
     for (let e = 0; e < E; e++) {
-      const c = tl.count[e], s = tl.start[e] / 1000, en = tl.end[e] / 1000;
-      const list = tl.lists[String(e)];
+      const c = tl.count[e], s = tl.start[e] * 1000, en = tl.end[e] * 1000;
       const step = en >= 0 ? (en - s) / c : 0;
       for (let j = 0; j < c; j++, k++) {
-        task[k] = list ? list[j] : tl.first[e] + j;
+        task[k] = tl.first[e] + j;
         lane[k] = tl.lane[e];
         kind[k] = tl.kind[e];
         attempt[k] = tl.attempt[e];
