@@ -5,8 +5,11 @@ job-script template and pure command builders and parsers. This base does
 the rest, the same way for all of them::
 
     job.submit()
-      └─ submit_independent: split tasks into chunks, one array element per
-         chunk; write submissions/<n>.json (element k -> its tasks); render
+      └─ submit_independent: size the array (packing.py: the queue's usable
+         slots, the tasks' measured times, tasks_per_element); one element per
+         chunk of tasks, or fewer elements than tasks that claim them from the
+         job's queue (claiming.py); write submissions/<n>.json (element k ->
+         its tasks, [] when it claims them); render
          the script; mirror the job folder up (remote_storage); run the
          submit command (here, or on the login node over ssh); keep the
          native ids with set_job_cluster_data
@@ -23,6 +26,7 @@ reads which tasks are its own from the environment the script exports:
     ELSEWHERE_SUBMISSION   path of submissions/<n>.json (a list of chunks)
     ELSEWHERE_ARRAY_VAR    the name of the scheduler's array index variable
     ELSEWHERE_ARRAY_BASE   the scheduler's first index (SGE, LSF: 1)
+    ELSEWHERE_WALLTIME_S   with walltime=: an element that claims stops in time
     ELSEWHERE_JOB_DIR      the job folder (as the worker sees it)
     ELSEWHERE_WORKER_ID    optional; default derived from host, pid, index
 """
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..folder.store import write_json
 from ..util.command import PythonCommand
-from ..util.errors import CommandNotFound, ConfigError, SchedulerError
+from ..util.errors import CommandNotFound, ConfigError, ElsewhereError, SchedulerError
 from .base import (
     Cluster,
     ensure_post_constructed,
@@ -48,13 +52,16 @@ from .base import (
     refuse_unknown,
 )
 from .batchstatus import BatchStatus, chunk_tasks
+from .packing import packed_record, plan_job
 from .remote import RemoteCluster, clean_environment
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from ..folder.handle import JobHandle
+    from ..schedulers.capacity import FreeCpus
     from ..schedulers.syntax import NativeStatus, SchedulerSyntax
+    from .packing import Packing
 
 #: Variables of a submitting shell that must not leak into a new job
 #: (submitting from inside an allocation is a common trap).
@@ -81,8 +88,10 @@ class BatchCluster(BatchStatus, RemoteCluster):
         mem_per_core: memory per core, instead of mem.
         gpus: GPUs per task.
         cores_per_task: cores each task gets (as on every cluster).
-        tasks_per_element: tasks run one after another in each array element;
-            default: one, or as many as keep the array within max_elements.
+        tasks_per_element: tasks run one after another in each array element, given to it.
+            Default: one element per task while the job has no more tasks than the queue
+            has usable slots (sinfo, ``qstat -g c``), else that many elements, which claim
+            the tasks from the job's queue as they go (docs/schedulers.md, "Packing").
         max_elements: the most array elements one job gets (default 1000).
         max_running: at most this many elements run at once (SLURM %N).
         template: a template's name (config dir or built in) or its text.
@@ -204,6 +213,7 @@ class BatchCluster(BatchStatus, RemoteCluster):
         self.launcher = launcher
         self.syntax: SchedulerSyntax = get_syntax(self.syntax_name or self.kind, **self.syntax_options)
         self._status_cache: tuple[float, dict[str, NativeStatus]] | None = None
+        self._max_array: int | None = None  # the scheduler's largest array, once asked
         self._status_jobs: set[str] = set()
         self._interval = self.status_interval_s
         self._last_change = 0.0
@@ -300,6 +310,8 @@ class BatchCluster(BatchStatus, RemoteCluster):
             "ELSEWHERE_ARRAY_BASE": str(base),
             "PYTHONUNBUFFERED": "1",
         }
+        if walltime_s:  # an element that claims its tasks stops claiming in time (run/jobrun.py)
+            env["ELSEWHERE_WALLTIME_S"] = str(int(walltime_s))
         if not self.host and not self.python:
             # the worker runs this interpreter, which may not have elsewhere installed
             from ..hosts.spawn import python_env
@@ -329,17 +341,30 @@ class BatchCluster(BatchStatus, RemoteCluster):
         sub = job.store.path / "submissions" / "0.sh"
         if sub.exists():
             return sub.read_text()
-        n = max(1, job.n_tasks)
-        per = self._per_element(n)
-        return self.syntax.render_script(self.script_context(job, math.ceil(n / per), "0"), self._template_text())
+        plan = self.packing(job, max(1, job.n_tasks))
+        return self.syntax.render_script(self.script_context(job, plan.elements, "0"), self._template_text())
 
-    def _per_element(self, n: int) -> int:
-        if self.tasks_per_element:
-            return self.tasks_per_element
-        return max(1, math.ceil(n / self.max_elements))
+    # -- how tasks go into elements (packing.py) ---------------------------------
+    def packing(self, job: JobHandle, n: int) -> Packing:
+        """How ``n`` tasks of ``job`` go into array elements (:func:`~.packing.plan_job`)."""
+        return plan_job(self, job, n)
+
+    def free_cpus(self) -> FreeCpus | None:
+        """The queue's idle and usable CPUs now (``syntax.build_free_cpus``: SLURM's sinfo,
+        Grid Engine's ``qstat -g c``); None where the scheduler cannot be asked or does not say."""
+        build = getattr(self.syntax, "build_free_cpus", None)
+        argv = build(self.queue) if build is not None else None
+        try:
+            res = self._run(argv, check=False, timeout=30) if argv else None
+            return self.syntax.parse_free_cpus(res.text, self.queue) if res and res.returncode == 0 else None
+        except (ElsewhereError, ValueError):
+            return None  # not installed, or output it cannot read: size without it
 
     def max_array_size(self) -> int:
-        """The scheduler's largest array, read from it where it can be."""
+        """The scheduler's largest array, read from it where it can be (once per cluster)."""
+        if self._max_array is not None:
+            return self._max_array
+        self._max_array = self.syntax.default_max_array_size
         argv = self.syntax.build_max_array_size()
         if argv:
             try:
@@ -347,20 +372,37 @@ class BatchCluster(BatchStatus, RemoteCluster):
                 if res.returncode == 0:
                     got = self.syntax.parse_max_array_size(res.text)
                     if got:
-                        return got
+                        self._max_array = got
             except SchedulerError:
                 pass
-        return self.syntax.default_max_array_size
+        return self._max_array
 
     # -- plugin operations ------------------------------------------------------
+    def native_after(self, job: JobHandle) -> bool:
+        """Whether the scheduler holds ``job`` for ``job.after`` itself (``dependency.py``)."""
+        from .dependency import dependency_words
+
+        return dependency_words(self, job) is not None
+
+    def _dependency(self, job: JobHandle) -> list[str] | None:
+        from .dependency import dependency_words
+
+        return dependency_words(self, job, submitting=True)
+
     def submit_independent(self, job: JobHandle) -> None:
         """One array job (two where the scheduler's largest array is smaller) for
         ``job.tasks``: every task at first, the ones to run again on a retry or a rerun of
-        lost tasks (with ``job.resources``: ``mem=``, ``walltime=``... raised for them)."""
+        lost tasks (with ``job.resources``: ``mem=``, ``walltime=``... raised for them).
+        With ``job.after`` (``native_after``), the scheduler holds it until they finished OK."""
         n = job.n_tasks
+        plan = self.packing(job, len(job.tasks))
         with job.store.locked_queue() as q:
-            q.submit(assigned=n, max_workers=n)  # tasks are assigned to array elements, not claimed
-        self._submit_tasks(job, job.tasks, resources=job.resources or None)
+            if plan.claims:  # packed: the elements claim these tasks from the queue
+                q.submit(max_workers=q.live_members() + plan.elements)
+            else:
+                q.submit(assigned=n, max_workers=n)  # tasks are assigned to array elements, not claimed
+                q.assign(job.tasks)
+        self._submit_tasks(job, job.tasks, resources=job.resources or None, after=self._dependency(job), plan=plan)
 
 
     def submit_communicating(self, job: JobHandle) -> None:
@@ -390,7 +432,8 @@ class BatchCluster(BatchStatus, RemoteCluster):
         path.write_text(text)
         path.chmod(0o700)
         self.mirror_up(job)
-        argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", self.extra_args)
+        after = self._dependency(job) or []
+        argv = self.syntax.build_submit(f"{self.worker_dir(job)}/submissions/0.sh", [*after, *self.extra_args])
         native = self.syntax.parse_submit(self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler").text)
         subs.append({"name": "0", "native_id": native, "elements": 1, "tasks": ranks,
                      "submitted": time.time(), "communicating": True})
@@ -398,12 +441,14 @@ class BatchCluster(BatchStatus, RemoteCluster):
         self._status_jobs.add(native)
         self._status_cache = None
 
-    def _submit_tasks(self, job: JobHandle, tasks: list[int], resources: dict[str, Any] | None = None) -> None:
+    def _submit_tasks(self, job: JobHandle, tasks: list[int], resources: dict[str, Any] | None = None,
+                      after: list[str] | None = None, plan: Packing | None = None) -> None:  # fmt: skip
         if not tasks:
             return
-        per = self._per_element(len(tasks))
-        chunks: list[list[int]] = []
-        for i in range(0, len(tasks), per):
+        plan = plan or self.packing(job, len(tasks))
+        per = plan.per_element
+        chunks: list[list[int]] = [[] for _ in range(plan.elements)] if plan.claims else []  # []: it claims
+        for i in range(0, len(tasks), per) if per else ():
             part = tasks[i : i + per]
             contiguous = part[-1] - part[0] == len(part) - 1
             chunks.append([part[0], part[-1] + 1] if contiguous else [-1, *part])
@@ -426,13 +471,14 @@ class BatchCluster(BatchStatus, RemoteCluster):
         self.mirror_up(job)
         for name, piece in scripts:
             script = f"{self.worker_dir(job)}/submissions/{name}.sh"
-            argv = self.syntax.build_submit(script, self.extra_args)
+            argv = self.syntax.build_submit(script, [*(after or ()), *self.extra_args])
             # Submit from the job's log folder: tools that drop files where they
             # are submitted (qsub's NAME.o123) leave them there, not in the user's folder.
             res = self._run(argv, cwd=f"{self.worker_dir(job)}/logs/scheduler")
             native = self.syntax.parse_submit(res.text)
             subs.append({"name": name, "native_id": native, "elements": len(piece),
-                         "tasks": sum(len(chunk_tasks(c)) for c in piece), "submitted": time.time()})
+                         "tasks": sum(len(chunk_tasks(c)) for c in piece), "submitted": time.time(),
+                         **packed_record(job, tasks, plan)})
             self.set_job_cluster_data(job, data)
         self._status_jobs.update(s["native_id"] for s in subs)
         self._status_cache = None

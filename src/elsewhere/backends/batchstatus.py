@@ -5,7 +5,8 @@ a cluster, rate-limited and backed off while nothing changes, accounting for the
 left the queue (``statuses``); a pure reading of them per job (``_survey``); ``job_state``,
 a query that says why tasks wait; ``poll``, which reports the tasks of elements that ended
 without a result as lost and cancels elements that can never start; and cancelling a job or
-one task's element.
+one task's element. Elements that claim their tasks (a packed submission) are read by
+``claiming.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util.errors import SchedulerError
 from ..util.states import TaskState
+from . import claiming
 
 if TYPE_CHECKING:
     from ..folder.handle import JobHandle
@@ -104,6 +106,15 @@ class BatchStatus(_Base):
                 self._cancel(sorted(survey.never))
             except SchedulerError:
                 pass
+        if survey.dead or survey.orphaned:  # packed elements (claiming.py)
+            lost, again = claiming.settle(job, survey)
+            survey.lost.update(lost)
+            if again:
+                try:
+                    self.submit_independent(job.for_tasks(again))
+                except Exception as exc:  # they cannot start again: failed with the reason
+                    survey.lost.update(dict.fromkeys(again, f"{survey.orphaned}; it could not be started "
+                                                            f"again: {type(exc).__name__}: {exc}"))  # fmt: skip
         if survey.lost:
             self.mirror_down(job)  # re-read first: a result may have landed while we asked
             self.report_lost(job, survey.lost)
@@ -139,7 +150,14 @@ class BatchStatus(_Base):
             for chunk in chunks:
                 for t in chunk_tasks(chunk):
                     owner[t] = sub["name"]
+            for t in claiming.pool(sub):
+                owner[t] = sub["name"]
+        packed = [sub for sub in subs if claiming.is_packed(sub)]
+        if packed:
+            claiming.survey(self.kind, self.syntax, job, final, st, owner, packed, out, NEVER_STARTS)
         for sub, chunks in loaded:
+            if claiming.is_packed(sub):
+                continue
             for k, chunk in enumerate(chunks):
                 if sub.get("communicating"):
                     elem = sub["native_id"]
@@ -176,6 +194,13 @@ class BatchStatus(_Base):
         cancelled = job.store.queue().cancelled_tasks
         final = job.refresh()
         for sub in reversed(self.get_job_cluster_data(job).get("submissions", [])):  # the newest holds it
+            if claiming.is_packed(sub):
+                if claiming.holds(sub, index):
+                    elem = claiming.cancel_task(job, sub, index, self.syntax)
+                    if elem is not None:
+                        self._cancel([elem])
+                    return
+                continue
             chunks = json.loads((job.store.path / "submissions" / f"{sub['name']}.json").read_text())
             for k, chunk in enumerate(chunks):
                 tasks = chunk_tasks(chunk)
@@ -187,7 +212,11 @@ class BatchStatus(_Base):
 
 
 def chunk_tasks(chunk: list[int]) -> list[int]:
-    if chunk and chunk[0] == -1:
+    """The tasks an element is given: ``[a, b]`` (a..b-1), ``[-1, i, j, ...]``, or ``[]``
+    (none: it claims them from the job's queue, see claiming.py)."""
+    if not chunk:
+        return []
+    if chunk[0] == -1:
         return list(chunk[1:])
     return list(range(chunk[0], chunk[1]))
 
@@ -201,6 +230,10 @@ class _Survey:
         self.reasons: dict[int, str] = {}  # task -> "pending: <reason>"
         self.pending: dict[str, int] = {}  # reason -> tasks pending for it
         self.not_running: set[int] = set()  # tasks whose element is known not to run
+        # packed elements (claiming.py): their workers whose element ended -> why
+        self.dead: dict[str, str] = {}
+        self.orphaned = ""  # why tasks waiting to be claimed have no element left ("": they have)
+        self.left_for_time = False  # ... every element ended well: start them afresh
 
     def add(self, kind: str, elem: str, ns: NativeStatus | None, tasks: list[int], *, age_s: float) -> None:
         """Element ``elem`` of status ``ns`` holds the open ``tasks``."""

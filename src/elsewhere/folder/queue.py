@@ -2,8 +2,8 @@
 is cancelled, lost or to be run again. This module is its one owner.
 
 :class:`Queue` is the typed state with its named transitions (submit, grow, close, join, claim,
-leave, lose, cancel the job, cancel a task, retry); every other module calls them instead of
-editing the JSON. A transition that the state does not allow raises
+leave, lose, cancel the job, cancel a task, retry, assign, take the unclaimed); every other
+module calls them instead of editing the JSON. A transition that the state does not allow raises
 :class:`~elsewhere.util.errors.StateError`. Changes are made under ``queue.lock``::
 
     with store.locked_queue() as q:     # flock, read the newest slot, yield a Queue
@@ -35,13 +35,12 @@ from .queuefile import (
     write_queue,
     write_slot,
 )
+from .queuemembers import Members, refuse
 
 TYPE_CHECKING = False  # no typing at run time: the worker imports this module
 if TYPE_CHECKING:
     from collections.abc import Iterable
     from typing import Any, Protocol
-
-    from ..util.errors import StateError
 
     class JobStore(Protocol):  # what the queue uses of a store (store.py imports this module)
         dir: str
@@ -61,13 +60,6 @@ __all__ = [
     "write_queue",
 ]
 
-_MEMBER_STATES = ("active", "waiting", "left", "dead")
-
-
-def _refuse(message: str) -> StateError:
-    from ..util.errors import StateError  # here, not at the top: the worker never needs it
-
-    return StateError(message)
 
 
 class LockedQueue:
@@ -131,8 +123,9 @@ def new_queue(n: int, *, closed: bool = True, max_workers: int = 1, retries: int
     }
 
 
-class Queue:
-    """The state of a job's queue, changed only by its named transitions.
+class Queue(Members):
+    """The state of a job's queue, changed only by its named transitions (those of a worker's
+    membership and claims are :class:`~.queuemembers.Members`').
 
     Read-only properties tell the state; the transitions check it and raise
     :class:`~elsewhere.util.errors.StateError` on a move it does not allow (a task index
@@ -224,11 +217,6 @@ class Queue:
         the unix time it may be claimed again}``."""
         return {int(t): float(due) for t, due in self.d.get("later", {}).items()}
 
-    def next_due(self) -> float | None:
-        """When the first task held for a later rerun may be claimed; None if none is held."""
-        later = self.d.get("later")
-        return min(float(d) for d in later.values()) if later else None
-
     @property
     def reruns(self) -> dict[int, int]:
         """Tasks run again by a retry: ``{task: attempt}``; outcomes of earlier attempts are void."""
@@ -276,7 +264,7 @@ class Queue:
     # -- transitions ---------------------------------------------------------------------
     def _check_task(self, task: int, what: str) -> None:
         if not isinstance(task, int) or isinstance(task, bool) or not 0 <= task < self.n:
-            raise _refuse(f"cannot {what} task {task!r}: the job has tasks 0..{self.n - 1}")
+            raise refuse(f"cannot {what} task {task!r}: the job has tasks 0..{self.n - 1}")
 
     def submit(self, *, assigned: int | None = None, max_workers: int | None = None) -> None:
         """The job is now in its backend's hands. ``assigned``: the backend gave its tasks
@@ -285,7 +273,7 @@ class Queue:
         self.d["submitted"] = True
         if assigned is not None:
             if not 0 <= assigned <= self.n:
-                raise _refuse(f"cannot assign {assigned} tasks of a job of {self.n}")
+                raise refuse(f"cannot assign {assigned} tasks of a job of {self.n}")
             self.d["next"] = max(self.next, assigned)
         if max_workers is not None:
             self.set_max_workers(max_workers)
@@ -302,13 +290,13 @@ class Queue:
     def grow(self, n: int) -> None:
         """An open stream job now has ``n`` tasks (never fewer than before)."""
         if self.closed and n > self.n:
-            raise _refuse(f"cannot add tasks to a closed job (it has {self.n})")
+            raise refuse(f"cannot add tasks to a closed job (it has {self.n})")
         self.d["n"] = max(self.n, int(n))
 
     def set_size(self, n: int) -> None:
         """The task count of a job being made, before it is submitted."""
         if self.submitted:
-            raise _refuse("the task count of a submitted job is fixed")
+            raise refuse("the task count of a submitted job is fixed")
         self.d["n"] = int(n)
 
     def close(self) -> None:
@@ -319,7 +307,7 @@ class Queue:
         """The job waits for the jobs ``job_ids`` (``after=``) before it is handed to its
         cluster: only before it is submitted."""
         if self.submitted:
-            raise _refuse("a submitted job is in its cluster's hands: it cannot be held any more")
+            raise refuse("a submitted job is in its cluster's hands: it cannot be held any more")
         self.d["after"] = [str(j) for j in job_ids]
 
     def release(self) -> None:
@@ -421,6 +409,30 @@ class Queue:
                 att[str(t)] = att.get(str(t), 0) + 1
         self.d.setdefault("retry", [])[:0] = tasks
 
+    def assign(self, tasks: Iterable[int]) -> None:
+        """The backend gave ``tasks`` to workers itself (array elements given their tasks):
+        none of them is to be claimed any more (from the tasks to run again, or held)."""
+        given = set(tasks)
+        retry = self.d.get("retry")
+        if retry:
+            self.d["retry"] = [t for t in retry if t not in given]
+        later = self.d.get("later")
+        if later:
+            for t in given:
+                later.pop(str(t), None)
+            if not later:
+                del self.d["later"]
+
+    def take_unclaimed(self) -> list[int]:
+        """Take every task that still wants a worker (to run again, held for a later rerun,
+        never claimed) out of the queue, and return them: the workers that would claim them
+        are all gone, so their backend reports them lost or starts them afresh."""
+        self._due(float("inf"))
+        again, _ = self.take_reruns(len(self.d.get("retry", ())))
+        first, end = self.next, self.n
+        self.d["next"] = max(first, end)
+        return [*again, *range(first, end)]
+
     def count_attempt(self, task: int) -> int:
         """One more attempt of ``task`` was used up (its worker was lost while it ran); the
         number of attempts used."""
@@ -458,25 +470,6 @@ class Queue:
         self.lose_all([*again, *range(first, end)], reason)
         return again, range(first, end)
 
-    # -- a worker's membership and claims (run/claims.py) --------------------------------
-    def join(self, wid: str, info: dict[str, Any]) -> dict[str, Any]:
-        """Worker ``wid`` becomes a member (``info``: pid, host, python, lock, fifo, ...),
-        active with nothing claimed yet; its member entry."""
-        m = {**info, "claim": [], "state": "active"}
-        self.members[wid] = m
-        self.d.pop("start_losses", None)
-        return m
-
-    def set_member(self, wid: str, state: str, claim: list[int] | None = None) -> None:
-        """Member ``wid`` is now ``state`` ("active", "waiting", "left" or "dead"), with
-        ``claim`` (``[a, b]``: tasks a..b-1; ``[-1, i, j, ...]``: those), if given."""
-        if state not in _MEMBER_STATES:
-            raise _refuse(f"a member is {', '.join(_MEMBER_STATES)}, not {state!r}")
-        m = self.members[wid]
-        m["state"] = state
-        if claim is not None:
-            m["claim"] = claim
-
     def take_reruns(self, want: int) -> tuple[list[int], bool]:
         """Up to ``want`` tasks of those to run again, first come first (cancelled ones are
         dropped; those held for a later rerun only once it is due); (the tasks, whether any
@@ -490,64 +483,6 @@ class Queue:
         take = [i for i in retry[:want] if not skip or i not in skip]
         del retry[:want]
         return take, True
-
-    def take_next(self, k: int) -> int:
-        """Claim the next ``k`` tasks never claimed: returns the first (the tasks are
-        ``first .. first + k - 1``)."""
-        a = self.next
-        if k < 0 or a + k > self.n:
-            raise _refuse(f"cannot claim {k} tasks from {a}: the job has {self.n}")
-        self.d["next"] = a + k
-        return a
-
-    def note_dispatched(self, wids: Iterable[str], when: float) -> None:
-        """Workers handed this job, not yet joined (a worker's start-up is not a loss)."""
-        d = self.d.setdefault("dispatched", {})
-        for w in wids:
-            d[w] = when
-
-    def dispatched(self) -> dict[str, float]:
-        """Workers handed this job that have not joined yet: ``{worker id: since}``."""
-        return dict(self.d.get("dispatched", {}))
-
-    def forget_dispatched(self, wid: str) -> None:
-        """Worker ``wid`` joined, or will never."""
-        self.d.get("dispatched", {}).pop(wid, None)
-        self.d.get("started_by", {}).pop(wid, None)
-
-    def note_started(self, wids: Iterable[str], pid: int, host: str) -> None:
-        """Workers ``wids`` on their way come from process ``pid`` on ``host`` (the one
-        started, which forks the others): if it is gone before they join, so are they."""
-        d = self.d.setdefault("started_by", {})
-        for w in wids:
-            if w in self.d.get("dispatched", {}):
-                d[w] = [pid, host]
-
-    def lost_at_start(self, wid: str) -> int:
-        """Worker ``wid``, on its way, ended before it joined: forgotten. Returns how many in
-        a row did so (a worker that joins starts the count again)."""
-        self.forget_dispatched(wid)
-        n = self.d["start_losses"] = int(self.d.get("start_losses", 0)) + 1
-        return n
-
-    def started_by(self, wid: str) -> tuple[int, str] | None:
-        """(pid, host) of the process that starts worker ``wid`` on its way, if known."""
-        got = self.d.get("started_by", {}).get(wid)
-        return (int(got[0]), str(got[1])) if got else None
-
-    def adopt(self, *, members: dict[str, dict[str, Any]], lost_by: dict[str, str],
-              lost_reason: dict[str, str], lost_ranges: list[list[Any]] | None = None) -> None:
-        """Take in what the queues of the job's copies on other machines say of their workers
-        and lost tasks (the ssh backend: each node runs its share from a queue of its own;
-        ``lost_ranges``: a node's ``d["lost_ranges"]``, tasks its failed workers wrote off)."""
-        self.members.update(members)
-        if lost_by:
-            self.d.setdefault("lost_by", {}).update(lost_by)
-        if lost_reason:
-            self.d.setdefault("lost_reason", {}).update(lost_reason)
-        if lost_ranges:
-            have = self.d.setdefault("lost_ranges", [])
-            have += [list(r) for r in lost_ranges if list(r) not in have]
 
 
 def _cut(ranges: list[list[Any]], tasks: list[int]) -> list[list[Any]]:

@@ -80,11 +80,13 @@ class JobRun:
         self.mpi = bool(worker.mpi)
         self.payload: Any = None
         self.mean_s = 0.0  # seconds a task takes, lately
+        self.longest_s = 0.0  # ... and the longest so far (a claiming element's walltime)
         self.n_done = 0
         self.quiet = 0  # tasks in a row that printed nothing
         # retries=ew.Retry(on=...): errors run again (not the ranks of a communicating job)
         self.rerun_spec = meta.get("retry") if not worker.mpi else None
         self.deferred: list[tuple[float, int, int]] = []  # given tasks to run again: (due, task, attempt)
+        self.after = list(meta.get("after") or ())  # the jobs it waits for (after=)
 
     def join(self, lock_path: str) -> Any:
         """Become a member of the job and claim its first tasks, in one queue update.
@@ -200,10 +202,14 @@ class JobRun:
 
     def _loop(self, claim: Any) -> None:
         if self.fixed is not None:
+            if self.after and self._gated():
+                return
             self._run_batch(self.claims.fixed_attempts(self.fixed))
             self._run_deferred()
             return
         while True:
+            if claim is _NO_CLAIM and self._out_of_time():
+                return  # an array element near its walltime: the rest is for other elements
             if claim is _NO_CLAIM:
                 claim = self.claims.claim(self.mean_s, self.n_done)
             if claim is None:
@@ -223,6 +229,12 @@ class JobRun:
             # Durable at least every _SYNC_S, and before the worker waits or leaves.
             self.out.flush(sync=time.time() - self.out.last_sync > _SYNC_S)
             claim = _NO_CLAIM
+
+    def _out_of_time(self) -> bool:
+        """Whether a claiming array element's walltime (``worker.deadline``) ends before
+        another task of the longest kind it ran, twice over, and a second, would."""
+        deadline = getattr(self.w, "deadline", None)
+        return deadline is not None and time.time() + 2 * self.longest_s + 1.0 > deadline
 
     # -- the job's inputs ----------------------------------------------------------------
     def _load_payload(self) -> Any:
@@ -276,6 +288,8 @@ class JobRun:
             self.quiet = 0 if o.log_len else self.quiet + 1
             n = self.n_done = self.n_done + 1
             self.mean_s += (o.busy_s - self.mean_s) / (n if n < 20 else 20)
+            if o.busy_s > self.longest_s:
+                self.longest_s = o.busy_s
             if o.t_end - out.last_flush > _FLUSH_S:
                 out.flush(sync=o.t_end - out.last_sync > _SYNC_S)
         self.runner.idle()
@@ -342,6 +356,36 @@ class JobRun:
         else:
             self.mean_s += ((t1 - t0) / n - self.mean_s) / 2
         self.out.write_range(start, values, t0, t1, log_off, log_end - log_off, self.runner.job_seed + start)
+
+    def _gated(self) -> bool:
+        """Whether a job it waits for (``after=``) failed or was cancelled, as its folder says
+        here, where its scheduler starts it once they ended, however they ended (Grid Engine's
+        ``-hold_jid``: its cluster data says "check_after"): then this job is cancelled, with
+        the reason, and nothing runs. A job whose folder is not seen from here (another
+        machine's) is not looked at."""
+        from ..folder.handle import JobHandle
+        from ..folder.store import JobStore
+
+        try:
+            if not self.store.cluster_data().get("check_after"):
+                return False  # its scheduler (or the library) waited for them to finish OK
+        except (OSError, ValueError):
+            return False
+        for entry in self.after:
+            path = entry.get("path") if isinstance(entry, dict) else None
+            if not path or not os.path.exists(os.path.join(path, "job.json")):
+                continue
+            try:
+                state = JobHandle(JobStore(path)).snapshot().job_state().value
+            except Exception:  # unreadable here: the library's look says more
+                continue
+            if state in ("failed", "cancelled"):
+                what = "failed" if state == "failed" else "was cancelled"
+                with self.store.locked_queue() as q:
+                    q.cancel_job(f"job {entry.get('name')!r}, which it waits for, {what}")
+                self.store.notify()
+                return True
+        return False
 
     def _failed(self, o: TaskOutcome) -> None:
         """Task ``o.index`` raised: run it again if the job's ``retries=ew.Retry(on=...)`` says

@@ -22,7 +22,9 @@ Environment variables read (all optional; flags win): ``ELSEWHERE_JOB_DIR``,
 ``ELSEWHERE_TASKS``, ``ELSEWHERE_WORKER_ID``, and for array elements
 ``ELSEWHERE_SUBMISSION`` (a JSON list of chunks) with ``ELSEWHERE_ARRAY_VAR``
 (the name of the scheduler's array index variable) and ``ELSEWHERE_ARRAY_BASE``:
-element k runs chunk k - base. See docs/plugins.md.
+element k runs chunk k - base; an empty chunk means: claim tasks from the job's queue (a
+packed submission; ``ELSEWHERE_WALLTIME_S``, the element's walltime, makes it stop claiming
+while a task still fits). See docs/plugins.md.
 
 It imports little: start-up time is part of every job's latency.
 """
@@ -80,6 +82,7 @@ class Worker:
         self._started_at = time.time()
         self._jobs_done = 0
         self.task_failed = False  # a task it ran ended with an error: an array element exits 1
+        self.deadline: float | None = None  # a claiming array element's walltime ends then
         self._watched: list[str] = []  # files of loaded modules that may change under us
         self._watched_n = -1  # len(sys.modules) when _watched was made
         self.stdio = (os.dup(1), os.dup(2))  # its own stdout and stderr, while 1 and 2 are a job's log
@@ -356,15 +359,26 @@ def _main(args: Any) -> int:
     else:
         mpi = {}
         tasks = _parse_tasks(args.tasks) if args.tasks else _tasks_from_array_env()
-    if tasks is not None and args.wid is None and os.environ.get("ELSEWHERE_ARRAY_VAR"):
-        wid = f"a{os.environ.get(os.environ['ELSEWHERE_ARRAY_VAR'], '0')}-{wid}"
+    # an array element given no tasks (a packed submission) claims them from the job's queue
+    claims = tasks == [] and not args.tasks
+    if claims:
+        tasks = None
+    if (tasks is not None or claims) and args.wid is None and os.environ.get("ELSEWHERE_ARRAY_VAR"):
+        index = os.environ.get(os.environ["ELSEWHERE_ARRAY_VAR"], "0")
+        if claims:  # c<submission>.<index>-: the batch backend finds its element by it
+            sub = os.path.basename(os.environ.get("ELSEWHERE_SUBMISSION", "0.json")).rsplit(".", 1)[0]
+            wid = f"c{sub}.{index}-{wid}"
+        else:
+            wid = f"a{index}-{wid}"
     if not args.job and not args.pool:
         print("python -m elsewhere.worker: nothing to do: give --job DIR and/or --pool DIR", file=sys.stderr)
         return 2
-    if tasks is not None:
+    if tasks is not None or claims:
         _print_header(args.job, tasks)
     try:
         worker = Worker(wid, args.pool, args.idle_timeout, mpi=mpi)
+        if claims and os.environ.get("ELSEWHERE_WALLTIME_S"):
+            worker.deadline = time.time() + float(os.environ["ELSEWHERE_WALLTIME_S"])
         worker.serve(args.job, tasks)
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -374,7 +388,7 @@ def _main(args: Any) -> int:
                 pass  # its log is on the full disk too (the job says why, see jobrun.py)
             return 75
         raise
-    if tasks is not None and not mpi and worker.task_failed:
+    if (tasks is not None or claims) and not mpi and worker.task_failed:
         # an array element whose task failed ends failed, as the scheduler sees it: a job
         # made to wait for this one (after=, SLURM's afterok) does not start
         return 1
@@ -419,14 +433,18 @@ def mpi_rank_size() -> tuple[int, int]:
     return rank, size
 
 
-def _print_header(job: str, tasks: list[int]) -> None:
-    """The first lines of an array element's log: enough to diagnose a failed start."""
+def _print_header(job: str, tasks: list[int] | None) -> None:
+    """The first lines of an array element's log: enough to diagnose a failed start
+    (``tasks`` None: the element claims its tasks from the job's queue)."""
     from ..util.version import __version__
 
     ids = {k: v for k, v in os.environ.items() if k in (
         "SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "JOB_ID", "SGE_TASK_ID",
         "PBS_JOBID", "PBS_ARRAYID", "PBS_ARRAY_INDEX", "LSB_JOBID", "LSB_JOBINDEX", "FLUX_JOB_ID")}
-    shown = f"{tasks[0]}..{tasks[-1]}" if len(tasks) > 3 else ",".join(map(str, tasks))
+    if tasks is None:
+        shown = "claimed from the job's queue"
+    else:
+        shown = f"{tasks[0]}..{tasks[-1]}" if len(tasks) > 3 else ",".join(map(str, tasks))
     print(
         f"elsewhere worker: host {os.uname().nodename}, python {sys.version.split()[0]} ({sys.executable}), "
         f"elsewhere {__version__}, cwd {os.getcwd()}, job {job}, tasks {shown}, "

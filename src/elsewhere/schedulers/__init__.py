@@ -5,7 +5,8 @@ its configuration: a table of native states, a job-script template, command
 builders and output parsers (see :mod:`elsewhere.schedulers.syntax` for the
 protocol). Nothing here runs a command. What the schedulers share has a module
 per concept: ``syntax`` (the protocol and its base class), ``context`` (the
-template's fields), ``status`` (what a status parser returns), ``indices``
+template's fields), ``status`` (what a status parser returns), ``capacity`` (what the
+free-CPU query returns), ``indices``
 (index ranges), ``resources`` (walltime and memory in the units schedulers
 take, read by the one grammar of :mod:`elsewhere.util.units`), ``jobscripts``
 (finding a user's template).
@@ -35,6 +36,7 @@ from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
 
+from elsewhere.schedulers.capacity import FreeCpus
 from elsewhere.schedulers.context import ScriptContext
 from elsewhere.schedulers.flux import FluxSyntax
 from elsewhere.schedulers.htcondor import HTCondorSyntax
@@ -58,6 +60,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "BatchSyntax",
     "FluxSyntax",
+    "FreeCpus",
     "HTCondorSyntax",
     "LSFSyntax",
     "NativeStatus",

@@ -147,6 +147,12 @@ class FluxSyntax(BatchSyntax):
         joined = ",".join(text for _, text in sorted(ids))
         return f"{joined}@{first}" if first else joined
 
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """``--dependency=afterok:ID`` for each element of each job (a submission's id holds
+        its elements' ids)."""
+        words = [f"--dependency=afterok:{e}" for i in job_ids for e in self.element_ids(i)]
+        return words or None
+
     def element_ids(self, job_id: str) -> list[str]:
         """Every element id of a submission's job id."""
         ids, _ = split_array_first(job_id)

@@ -94,6 +94,12 @@ class HTCondorSyntax(BatchSyntax):
 
     # -- script -----------------------------------------------------------------------
 
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """None: HTCondor's dependencies are DAGMan's (a DAG of submit files run by a DAGMan
+        job of its own), heavier than the library holding the job until the jobs it waits
+        for finished, which it does."""
+        return None
+
     def render_script(self, ctx: ScriptContext, template: str | None = None) -> str:
         """As the base, but a communicating job needs the parallel universe: refused."""
         if ctx.communicating and template is None:

@@ -97,6 +97,10 @@ class LSFSyntax(BatchSyntax):
         """
         return ["sh", "-c", 'exec bsub "$@" < "$0"', script_path, *extra_args]
 
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """``-w "done(ID) && done(ID)"``: an array job's id stands for all its elements."""
+        return ["-w", " && ".join(f"done({i})" for i in job_ids)] if job_ids else None
+
     def parse_submit(self, stdout: str) -> str:
         """``Job <123> is submitted to default queue <normal>.`` -> ``123``."""
         m = re.search(r"Job <(\d+)> is submitted", stdout)

@@ -124,6 +124,19 @@ class PBSSyntax(BatchSyntax):
         """``qsub [extra] script``: command-line options override ``#PBS`` lines."""
         return ["qsub", *extra_args, script_path]
 
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """``-W depend=afterok:ID[:ID]`` (Torque: ``afterokarray:ID`` for an array job's
+        ``123[]`` ids; the SLURM wrappers pass it on as ``--dependency=afterok``)."""
+        if not job_ids:
+            return None
+        if self.variant == "torque":
+            array = [i for i in job_ids if "[]" in i]
+            plain = [i for i in job_ids if "[]" not in i]
+            parts = [f"afterok:{':'.join(plain)}"] if plain else []
+            parts += [f"afterokarray:{':'.join(array)}"] if array else []
+            return ["-W", f"depend={','.join(parts)}"]
+        return ["-W", f"depend=afterok:{':'.join(job_ids)}"]
+
     def parse_submit(self, stdout: str) -> str:
         """``123[].server``, ``123.server`` or (SLURM wrappers) ``123``."""
         for line in reversed(stdout.strip().splitlines()):

@@ -9,7 +9,7 @@ rest of the array is one entry whose ``tasks`` is a range such as ``5-10:1``
 
 Finished jobs leave qstat at once; ``qacct -j ID`` (one id per call, so
 several ids become a short shell loop) reads the accounting file, one block
-per task.
+per task. A queue's slots come from the cluster queue summary, ``qstat -g c``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from elsewhere.schedulers.capacity import FreeCpus
 from elsewhere.schedulers.indices import expand_indices
 from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
 from elsewhere.schedulers.syntax import BatchSyntax
@@ -98,6 +99,15 @@ class SGESyntax(BatchSyntax):
     def build_submit(self, script_path: str, extra_args: Sequence[str] = ()) -> list[str]:
         """``qsub -terse [extra] script``: command-line options override ``#$`` lines."""
         return ["qsub", "-terse", *extra_args, script_path]
+
+    #: ``-hold_jid`` waits for the jobs' end, however they ended: the waiting job's workers
+    #: check that they finished OK before they run anything (``backends/dependency.py``)
+    dependency_checks_outcome = False
+
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """``-hold_jid ID[,ID]``. Grid Engine starts the job once those jobs ended, however they
+        ended: its workers check that they finished OK first (``dependency_checks_outcome``)."""
+        return ["-hold_jid", ",".join(job_ids)] if job_ids else None
 
     def parse_submit(self, stdout: str) -> str:
         """``123`` or ``123.1-5:1`` (-terse), or ``Your job(-array) 123...`` -> ``123``."""
@@ -254,6 +264,36 @@ class SGESyntax(BatchSyntax):
             return None
         value = int(m.group(1))
         return value or None
+
+    def build_free_cpus(self, queue: str | None) -> list[str] | None:
+        """``qstat -g c``: the cluster queue summary (slots used, reserved, available)."""
+        return ["qstat", "-g", "c"]
+
+    def parse_free_cpus(self, stdout: str, queue: str | None) -> FreeCpus | None:
+        """Read the summary by its header (``CLUSTER QUEUE CQLOAD USED RES AVAIL TOTAL
+        aoACDS cdsuE``; older versions have no ``RES``): idle slots are ``AVAIL``, usable ones
+        ``USED + RES + AVAIL`` (the rest are in alarm, suspended, disabled or in error). The
+        queue named ``queue`` (``all.q``, or ``all.q@host``: its cluster queue), else every
+        queue listed. None if the header or the queue is not there."""
+        lines = [ln.split() for ln in stdout.splitlines() if ln.strip() and not ln.startswith("-")]
+        if not lines or lines[0][:2] != ["CLUSTER", "QUEUE"]:
+            return None
+        columns = lines[0][2:]
+        if not {"USED", "AVAIL"} <= set(columns):
+            return None
+        want = queue.split("@", 1)[0] if queue else None
+        total: FreeCpus | None = None
+        for words in lines[1:]:
+            if len(words) != len(columns) + 1 or (want is not None and words[0] != want):
+                continue
+            row = dict(zip(columns, words[1:]))
+            counts = [parse_int(row.get(c, "0")) for c in ("USED", "RES", "AVAIL")]
+            if any(c is None or c < 0 for c in counts):
+                continue
+            used, res, avail = (int(c or 0) for c in counts)
+            got = FreeCpus(avail, used + res + avail)
+            total = got if total is None else total + got
+        return total
 
     def element_id(self, job_id: str, index: int) -> str:
         """``123`` + 4 -> ``123.4``."""

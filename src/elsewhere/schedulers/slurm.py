@@ -12,6 +12,8 @@ with ``accounting="jobcomp"``, in the jobcomp text file
 (``JobCompType=jobcomp/filetxt``), which needs no database: ``grep`` picks the
 lines of our jobs (``sacct -c`` cannot be used: in 22.05 it does not know the
 array fields of that file, so elements show only as raw job ids).
+
+A partition's CPUs come from ``sinfo -h -o '%P|%C'`` (allocated/idle/other/total).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
+from elsewhere.schedulers.capacity import FreeCpus
 from elsewhere.schedulers.indices import expand_indices
 from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
 from elsewhere.schedulers.syntax import BatchSyntax
@@ -110,6 +113,10 @@ class SlurmSyntax(BatchSyntax):
     def build_submit(self, script_path: str, extra_args: Sequence[str] = ()) -> list[str]:
         """``sbatch --parsable [extra] script``: command-line options override #SBATCH lines."""
         return ["sbatch", "--parsable", *extra_args, script_path]
+
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """``--dependency=afterok:ID[:ID]``: an array job's id stands for all its elements."""
+        return [f"--dependency=afterok:{':'.join(job_ids)}"] if job_ids else None
 
     def parse_submit(self, stdout: str) -> str:
         """The job id from ``--parsable`` output (``123`` or ``123;cluster``)."""
@@ -286,6 +293,28 @@ class SlurmSyntax(BatchSyntax):
         """``MaxArraySize = 1001``: indices 0..1000, so 1001 elements from index 0."""
         m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", stdout, re.MULTILINE)
         return int(m.group(1)) if m else None
+
+    def build_free_cpus(self, queue: str | None) -> list[str] | None:
+        """``sinfo -h -o '%P|%C'`` (``-p QUEUE``): per partition, CPUs allocated/idle/other/total."""
+        return ["sinfo", "-h", *(["-p", queue] if queue else []), "-o", "%P|%C"]
+
+    def parse_free_cpus(self, stdout: str, queue: str | None) -> FreeCpus | None:
+        """``debug*|2/6/0/8``: 6 idle, 8 usable (allocated and idle; "other" is down or
+        drained). The partition named ``queue``, else the default one (marked ``*``), else
+        every partition listed; lines of one partition add up. None if none is listed."""
+        rows: list[tuple[str, bool, FreeCpus]] = []
+        for line in stdout.splitlines():
+            name, sep, cpus = line.strip().partition("|")
+            parts = cpus.split("/")
+            if not sep or len(parts) != 4 or not all(p.isdigit() for p in parts):
+                continue
+            alloc, idle = int(parts[0]), int(parts[1])
+            rows.append((name.rstrip("*"), name.endswith("*"), FreeCpus(idle, alloc + idle)))
+        if queue:
+            chosen = [c for name, _, c in rows if name == queue]
+        else:
+            chosen = [c for _, default, c in rows if default] or [c for _, _, c in rows]
+        return sum(chosen[1:], chosen[0]) if chosen else None
 
     def element_id(self, job_id: str, index: int) -> str:
         """``123`` + 4 -> ``123_4``."""

@@ -12,6 +12,7 @@ which calls these methods::
     job ids       --build_status---> argv --(base runs it)--> stdout --parse_status--> {native_id: NativeStatus}
     job ids       --build_accounting-> argv ...                --parse_accounting-> {native_id: NativeStatus}
     native ids    --build_cancel---> argv --(base runs it)--> returncode, stderr --cancel_ok--> bool
+    queue         --build_free_cpus-> argv --(base runs it)--> stdout --parse_free_cpus--> FreeCpus
 
 Because every method is pure, each scheduler is tested on text captured from
 the real tool (``tests/schedulers/captured``), and the same parsers read the
@@ -23,7 +24,8 @@ share lives next to it, one concept a module, and is importable from here too
 (scheduler plugins written against this module keep working):
 :mod:`~elsewhere.schedulers.context` (:class:`ScriptContext`),
 :mod:`~elsewhere.schedulers.status` (:class:`NativeStatus`, ``parse_int``,
-``protocol_error``), :mod:`~elsewhere.schedulers.indices` (index ranges) and
+``protocol_error``), :mod:`~elsewhere.schedulers.capacity` (:class:`FreeCpus`, what the
+free-CPU query returns), :mod:`~elsewhere.schedulers.indices` (index ranges) and
 :mod:`~elsewhere.schedulers.resources` (walltimes and memory, read by the one
 grammar of :mod:`elsewhere.util.units`).
 """
@@ -38,6 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import jinja2
 
+from elsewhere.schedulers.capacity import FreeCpus
 from elsewhere.schedulers.context import ScriptContext
 from elsewhere.schedulers.indices import compress_indices, expand_indices, split_array_first
 from elsewhere.schedulers.resources import format_walltime, parse_memory_mb, parse_walltime
@@ -47,6 +50,7 @@ from elsewhere.util.states import TaskState
 
 __all__ = [
     "BatchSyntax",
+    "FreeCpus",
     "NativeStatus",
     "SchedulerSyntax",
     "ScriptContext",
@@ -136,6 +140,17 @@ class SchedulerSyntax(Protocol):
 
     def element_id(self, job_id: str, index: int) -> str:
         """The native id of element ``index`` (scheduler's base) of array job ``job_id``."""
+        ...
+
+    def build_free_cpus(self, queue: str | None) -> list[str] | None:
+        """argv that shows the CPUs of ``queue`` (None: the queue jobs go to by default);
+        None when the scheduler cannot be asked. Optional: the batch backend then sizes a
+        job's array without it (see ``elsewhere.backends.packing``)."""
+        ...
+
+    def parse_free_cpus(self, stdout: str, queue: str | None) -> FreeCpus | None:
+        """The idle and usable CPUs of ``queue`` in ``build_free_cpus``'s output; None when
+        the output does not say (an unknown queue): never raise for that."""
         ...
 
 
@@ -285,6 +300,22 @@ class BatchSyntax:
         return None
 
     def parse_max_array_size(self, stdout: str) -> int | None:
+        """None unless the subclass can read it."""
+        return None
+
+    def build_dependency(self, job_ids: Sequence[str]) -> list[str] | None:
+        """Words of the submit command that make a job wait until every job of ``job_ids``
+        (native ids, as ``parse_submit`` gave them) has finished OK, every element exited 0
+        (``["--dependency=afterok:12:13"]``), for ``after=``; None (this default) when the
+        scheduler has none the library uses: the library then holds the job until they
+        finished. Optional for a plugin (not part of :class:`SchedulerSyntax`)."""
+        return None
+
+    def build_free_cpus(self, queue: str | None) -> list[str] | None:
+        """None: the queue's CPUs cannot be asked, unless the subclass can."""
+        return None
+
+    def parse_free_cpus(self, stdout: str, queue: str | None) -> FreeCpus | None:
         """None unless the subclass can read it."""
         return None
 
