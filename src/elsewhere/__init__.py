@@ -101,9 +101,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .api.functions import recover as recover
     from .api.functions import submit as submit
     from .api.job import Job as Job
+    from .api.mpi import submit_communicating as submit_communicating
     from .api.tasks import Status as Status
     from .api.tasks import Task as Task
-    from .api.mpi import submit_communicating as submit_communicating
     from .api.web import web as web
     from .backends.base import Cluster as Cluster
     from .backends.base import Property as Property
@@ -114,7 +114,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .run.context import task as task
     from .util.errors import ConfigError as ConfigError
     from .util.errors import DamagedJob as DamagedJob
-    from .util.errors import UnsupportedPlatform as UnsupportedPlatform
     from .util.errors import ElsewhereError as ElsewhereError
     from .util.errors import JobError as JobError
     from .util.errors import JobGone as JobGone
@@ -128,6 +127,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs; `X as X` mar
     from .util.errors import TaskError as TaskError
     from .util.errors import TimeoutError as TimeoutError
     from .util.errors import TransportError as TransportError
+    from .util.errors import UnsupportedPlatform as UnsupportedPlatform
     from .util.retry import Retry as Retry
     from .util.states import JobState as JobState
     from .util.states import TaskState as TaskState

@@ -270,6 +270,7 @@ def test_a_member_who_records_a_connection_cannot_read_it(key: GroupKey) -> None
 
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
 
+    from elsewhere.peer.ciphers import AES_GCM
     from elsewhere.peer.frames import DirectionKey, hkdf
 
     a, b, handshake = _recorded_pair(key)
@@ -280,7 +281,8 @@ def test_a_member_who_records_a_connection_cannot_read_it(key: GroupKey) -> None
     # the group key and the three handshake frames: what a member (or a thief of the key
     # file, later) has of a recorded connection; the keys need the X25519 exchange too
     salt = hashlib.sha256(b"".join(handshake)).digest()
-    guess = DirectionKey(hkdf(key.secret, salt, b"elsewhere peer v1 initiator->responder"), True)
+    info = b"elsewhere peer v1 initiator->responder" + (b"" if a.cipher == AES_GCM else b"\0" + a.cipher.encode())
+    guess = DirectionKey(hkdf(key.secret, salt, info), True, a.cipher)
     head = memoryview(raw)
     assert guess.open_head(frame.seq, head, FIXED_SIZE) is None
     # (the same derivation with the exchange's shared secret does open it: the test is sound)
@@ -289,7 +291,7 @@ def test_a_member_who_records_a_connection_cannot_read_it(key: GroupKey) -> None
     assert hello.dh and challenge.dh and hello.dh != challenge.dh
     private = a._ephemeral._pair[0]  # type: ignore[attr-defined,union-attr]
     shared = private.exchange(X25519PublicKey.from_public_bytes(challenge.dh))
-    right = DirectionKey(hkdf(key.secret + shared, salt, b"elsewhere peer v1 initiator->responder"), True)
+    right = DirectionKey(hkdf(key.secret + shared, salt, info), True, a.cipher)
     assert right.open_head(frame.seq, head, FIXED_SIZE) is not None
 
 

@@ -157,6 +157,7 @@ def test_peer_list_shows_whether_each_worker_encrypts(tmp_path: Path, capsys: py
     import json
 
     from elsewhere.api.peer_cli import main as peer_main
+    from elsewhere.peer.ciphers import offered_ciphers
 
     key = write_key("lab", tmp_path / "lab.key")
     port = free_port()
@@ -164,8 +165,9 @@ def test_peer_list_shows_whether_each_worker_encrypts(tmp_path: Path, capsys: py
         where = ["--key", str(key), "--port", str(port), "--interface", "127.0.0.1", "--wait", "1.5"]
         assert peer_main(["peer", "list", *where, "--json"]) == 0
         rows = json.loads(capsys.readouterr().out)
+        cipher = offered_ciphers()[0]  # (shown: the cipher a connection from here would use)
         assert sorted((r["encrypt"], r["wire"]) for r in rows) == [(False, "clear (--no-encrypt)"),
-                                                                 (True, "encrypted")]  # fmt: skip
+                                                                 (True, f"encrypted ({cipher})")]  # fmt: skip
         assert peer_main(["peer", "list", *where]) == 0
         table = capsys.readouterr().out
         assert "wire" in table.splitlines()[0] and "clear (--no-encrypt)" in table and "encrypted" in table

@@ -26,7 +26,7 @@ from elsewhere.folder.store import CUR, JobStore
 from elsewhere.run.results import ResultWriter, dump_values
 from elsewhere.run.runner import JobSetup, TaskRunner, build_sys_path
 
-STORED_KEYS = [MARK, "type", "message", "traceback", "host", "pid", "index", "seed", "exception"]
+STORED_KEYS = [MARK, "type", "message", "traceback", "host", "pid", "index", "seed", "exception", "bases"]
 
 
 @contextlib.contextmanager

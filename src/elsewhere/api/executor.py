@@ -48,7 +48,8 @@ T = TypeVar("T")
 
 __all__ = ["Executor"]
 
-_JOB_OPTIONS = ("tag", "seed", "retries", "files", "job_data", "env", "storage")  # of create_job
+# the options of create_job
+_JOB_OPTIONS = ("tag", "seed", "retries", "after", "files", "job_data", "env", "storage")
 _live: weakref.WeakSet[Stream] = weakref.WeakSet()  # the streams not ended yet
 _exiting = False  # the interpreter is shutting down: no new calls
 _hooked = False
@@ -135,6 +136,9 @@ class Executor(cf.Executor):
             raise ConfigError(f"Executor got unknown option(s) {', '.join(unknown)}; it takes max_workers, "
                               f"mp_context, initializer, initargs, on, name, keep, detach and the job options "
                               f"{', '.join(_JOB_OPTIONS)}")  # fmt: skip
+        if options.get("after") is not None:
+            raise ConfigError("an Executor runs calls as they come: it cannot wait for other jobs (after=); "
+                              "wait for them first (job.wait()), or use ew.submit(..., after=[job])")  # fmt: skip
         if _exiting:
             raise RuntimeError("cannot make an Executor while the interpreter shuts down")
         if on is None and max_workers is not None:

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from ..backends.base import Cluster
+from ..core.dependencies import resolve as resolve_after
 from ..core.submit import making
 from ..folder.lifecycle import busy, create_store, new_job_meta
 from ..folder.registry import Registry
 from ..folder.store import JobStore
 from ..util import paths
 from ..util.errors import ConfigError, JobNotFound, TaskError
+from ..util.retry import Retry
 from ..util.units import parse_duration
 from .clusters import batch, cluster, local, peers, slurm, ssh
 from .clusters import resolve as _resolve
@@ -82,7 +84,8 @@ def create_job(
     name: str | None = None,
     tag: str = "",
     seed: int | None = None,
-    retries: int = 0,
+    retries: int | Retry = 0,
+    after: Job[Any] | str | Iterable[Job[Any] | str] | None = None,
     files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None = None,
     job_data: Any = None,
     env: dict[str, str] | None = None,
@@ -103,7 +106,17 @@ def create_job(
             a random seed (recorded). Seeding costs only what a job uses (``random``
             once loaded, NumPy on a task's first draw). ``False`` turns per-task
             seeding off.
-        retries: how many times a task whose worker vanished is run again.
+        retries: how many times a task whose worker vanished is run again; or an
+            :class:`~elsewhere.Retry` that also runs again tasks that raised an exception of
+            given types, after a growing delay: ``ew.Retry(times=3, on=(OSError,
+            TimeoutError), delay_s=1, backoff=2.0, max_delay_s=60)``.
+        after: jobs (Job objects, or their names or ids) that must finish OK before this
+            one runs: its tasks start once every task of theirs finished; if one of them
+            fails or is cancelled, this job is cancelled, with a reason naming it.
+            Cancelling a job cancels the jobs that wait for it. Batch schedulers wait
+            natively where they can (SLURM ``--dependency=afterok``, SGE ``-hold_jid``, PBS
+            ``-W depend=afterok``, LSF ``-w "done(ID)"``, Flux ``--dependency=afterok``);
+            elsewhere the library holds the job until then.
         files: files and folders (one path, or a list of them) copied into the job (they
             sit in the task's working directory when the caller's is not there, and are on
             ``sys.path``).
@@ -115,8 +128,8 @@ def create_job(
     if name is not None and (not isinstance(name, str) or not name.strip()
                              or any(ord(c) < 32 for c in name) or len(name) > 200):
         raise ConfigError(f"a job name must be a non-empty line of text (at most 200 characters), not {name!r}")
-    if not isinstance(retries, int) or retries < 0:
-        raise ConfigError(f"retries must be a non-negative integer, not {retries!r}")
+    retry = Retry.of(retries)  # a ConfigError for anything else
+    waits_for = resolve_after(after)
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "big") >> 1  # 31 random bits
     elif seed is False:
@@ -130,7 +143,8 @@ def create_job(
     job_id = time.strftime("%Y%m%d-%H%M%S-") + os.urandom(4).hex()
     meta = new_job_meta(name=name or _default_name(_fn), job_id=job_id, cluster=cl.describe(),
                         cores_per_task=cl.cores_per_task, seed=seed, tag=tag,
-                        retries=retries, env=env, stream=_stream)
+                        retries=retry.lost_reruns, env=env, stream=_stream, retry=retry.spec(),
+                        after=waits_for)  # fmt: skip
     if _submitting:  # ew.submit: written once, whole (the payload follows at once)
         meta["n_tasks"] = _n_tasks
         meta["submitted"] = time.time()
@@ -142,7 +156,7 @@ def create_job(
         meta["cwd"] = None
         meta["sys_path"] = []
     with making(root / job_id, meta["name"]):  # a failure (a full disk) leaves no folder behind
-        store = create_store(root, meta, retries=retries, stream=_stream, n_tasks=_n_tasks)
+        store = create_store(root, meta, retries=retry.lost_reruns, stream=_stream, n_tasks=_n_tasks)
         if files:
             _copy_files(store, files)
     if files and not cl.sends_files():
@@ -200,7 +214,7 @@ def submit(
     typo); an unsized one (a generator, ``itertools.repeat``) zips to the others.
 
     A single pandas DataFrame gives one task per row, its columns as keyword
-    arguments. Options are those of :func:`create_job` (seed, retries, tag,
+    arguments. Options are those of :func:`create_job` (seed, retries, after, tag,
     files, job_data, env, storage). The tasks run detached: they go on if
     this process ends, and ``ew.recover(name)`` finds the job again.
     """

@@ -15,7 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from ..util.retry import Retry
+    from .job import Job
 
 __all__ = [
     "BatchOptions",
@@ -37,7 +41,8 @@ class JobOptions(TypedDict, total=False):
 
     tag: str
     seed: int | None
-    retries: int
+    retries: int | Retry
+    after: Job[Any] | str | Iterable[Job[Any] | str] | None
     files: str | os.PathLike[str] | Iterable[str | os.PathLike[str]] | None
     job_data: Any
     env: dict[str, str] | None

@@ -377,6 +377,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """``elsewhere peer list``: listen for announcements, then print the peers seen."""
+    from ..peer.ciphers import cipher_towards
     from ..peer.discovery import Listener
     from ..util.units import format_duration, format_size
 
@@ -403,7 +404,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "host": a.host, "user": a.user, "group": ",".join(groups), "groups": groups,
                 "state": a.state.name.lower(), "slots": a.slots, "free": a.slots_free,
                 "memory": a.mem_bytes, "time": a.time_s, "task": a.task or "", "encrypt": a.encrypt,
-                "wire": "encrypted" if a.encrypt else "clear (--no-encrypt)" if a.group else "loopback",
+                "wire": f"encrypted ({cipher_towards(a.ciphers)})" if a.encrypt else "clear (--no-encrypt)" if a.group
+                else "loopback", "cipher": cipher_towards(a.ciphers) if a.group else "", "ciphers": list(a.ciphers),
                 "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
                 "seen_s_ago": round(now - p.last_seen, 1),
             })  # fmt: skip

@@ -113,6 +113,20 @@ class Task(Generic[T]):
         return (f[1].t_end - f[1].t_start) if f is not None and f[1].t_start else None
 
     @property
+    def attempts(self) -> int:
+        """How many times the task has run, a run going on included: 1, and one more for each
+        rerun (an error run again by ``retries=ew.Retry(on=...)``, a lost worker's task run
+        again, ``job.retry()``); 0 before it first starts."""
+        snap = self.job._snapshot()
+        f = snap.final.get(self.index)
+        if f is not None:
+            return int(f[1].attempt) + 1
+        before = snap.reruns.get(self.index, 0)  # runs that raised and were run again
+        if self.index in snap.running:
+            return max(self.job.handle.attempt(self.index), before) + 1
+        return before
+
+    @property
     def result(self) -> T | TaskError:
         """The task's value, or its TaskError; raises JobError while unfinished."""
         value: T | TaskError = self.job._value(self.index)

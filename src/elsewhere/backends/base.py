@@ -60,6 +60,8 @@ class Cluster(abc.ABC):
     ``submit_independent(job)``  ``job.submit()``: start ``job.tasks``; again on ``job.retry()``
                                and on a rerun of lost tasks, with exactly the tasks to rerun
     ``submit_communicating(job)``  ``ew.submit_communicating``: start N ranks together
+    ``native_after(job)``      a job made with ``after=``: whether ``submit_*`` makes it wait
+                               for ``job.after`` itself (a scheduler's dependency; optional)
     ``job_state(job, snap)``   ``check()``, ``wait()``, ``Task.state``: a pure query that may
                                make the folder's view fresher (pending reasons, a note)
     ``poll(job)``              periodically while a client looks at the job: find tasks that
@@ -197,6 +199,16 @@ class Cluster(abc.ABC):
         ``python -m elsewhere.worker --job DIR --mpi`` under an MPI launcher. Only for
         backends with the capability "communicating"."""
         raise ConfigError(f"the {self.kind or type(self).__name__} cluster cannot run communicating jobs")
+
+    def native_after(self, job: JobHandle) -> bool:
+        """Whether this backend makes ``job`` wait for the jobs ``job.after`` itself (they
+        were made with ``after=`` and have not finished): a batch scheduler's dependency
+        (SLURM's ``--dependency=afterok:ID``). If True, the library submits ``job`` at once,
+        and ``submit_independent`` (or ``submit_communicating``) must see that its tasks start
+        only once every job of ``job.after`` finished OK; the library still cancels it when
+        one of them fails. The default, False: the library holds the job (it is submitted
+        once they finished), which works on every backend."""
+        return False
 
     def job_state(self, job: JobHandle, snapshot: Snapshot) -> Snapshot:
         """A fresher view than ``snapshot`` (read from the job folder), if the backend knows

@@ -11,7 +11,9 @@ whatever the backend does, and a job recovered in another process sees it.
 ``poll``                 periodic care: a job whose client died before it handed the
                          job over is handed over; the backend's ``poll``; workers on
                          this machine that ended while running a task are reported lost
-``cancel``               queue: cancelled; then ``cancel_job``
+``cancel``               queue: cancelled (with a reason, where the library cancels);
+                         then ``cancel_job``; then the jobs that wait for it (``after=``),
+                         with a reason that names it
 ``cancel_task``          queue: that task cancelled; then ``cancel_task``
 ``retry``                queue: the tasks to run again, with their attempts; then
                          ``submit_independent`` with exactly those tasks
@@ -19,6 +21,10 @@ whatever the backend does, and a job recovered in another process sees it.
                          the registry entry
 ``restarter``            what ``JobHandle.report_lost`` calls to rerun lost tasks
 =======================  ===========================================================
+
+A job made with ``after=`` (``dependencies.py``) is settled at every poll: released once the
+jobs it waits for finished, cancelled with the reason when one of them failed; its snapshot's
+note says what it waits for.
 
 Several processes may do these at once on one job (two shells, a notebook and a script):
 each is safe against the others. A job purged by another process meanwhile makes each of
@@ -31,29 +37,27 @@ from __future__ import annotations
 
 import logging
 import operator
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..folder.handle import JobHandle, Restart
+from ..folder.handle import JobHandle
 from ..folder.lifecycle import remove_folder
 from ..folder.registry import Registry
 from ..folder.snapshot import Snapshot
 from ..util.errors import ConfigError, JobGone, NoSuchTask
 from ..util.states import TERMINAL, TaskState, check_move
+from . import dependencies
 from .handover import take_over
+from .opening import open_job
+from .opening import restarter as restarter  # (its home was here: control.restarter)
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
-
-
-def restarter(cluster: Cluster) -> Restart:
-    """The function that starts tasks again on ``cluster`` (given to every handle)."""
-
-    def restart(handle: JobHandle, tasks: list[int]) -> None:
-        cluster.submit_independent(handle.for_tasks(tasks))
-
-    return restart
 
 
 @contextmanager
@@ -98,7 +102,39 @@ def snapshot(cluster: Cluster, handle: JobHandle) -> Snapshot:
             raise gone(handle)
         if snap.submitted and not snap.cancelled and len(snap.final) < snap.n:
             snap = cluster.job_state(handle, snap)
+        if handle.spec.get("after") and (snap.cancelled or not snap.submitted):
+            q = handle.store.queue()  # held for the jobs it waits for, or cancelled for one of them
+            said = q.cancel_reason if q.cancelled else dependencies.note(handle, q.held)
+            if said and said not in snap.note:
+                snap = snap.but(note="; ".join(filter(None, [said, snap.note])))
+        if snap.reruns:
+            snap = snap.but(note="; ".join(filter(None, [snap.note, rerun_note(handle, snap)])))
     return snap
+
+
+def rerun_note(handle: JobHandle, snap: Snapshot, most: int = 3) -> str:
+    """The tasks whose error was run again (``retries=ew.Retry(on=...)``), for a status:
+    ``errors run again: task 1 (RuntimeError; run 2 of 4), ...``."""
+    from ..folder.journal import read_body
+
+    spec = handle.spec.get("retry") or {}
+    runs = int(spec.get("times", 0)) + 1
+    parts = []
+    for t in sorted(snap.reruns)[:most]:
+        entry = handle.reader.reruns.get(t)
+        name = "an error"
+        if entry is not None:
+            key = (entry[0], entry[1].res_off, entry[1].item)
+            name = handle.rerun_types.get(key, "")
+            if not name:
+                try:
+                    value = read_body(handle.store, entry[0], entry[1], {}, t)
+                    name = handle.rerun_types[key] = str(value.get("type") or "an error")
+                except Exception:  # (damaged, or written meanwhile): the count says enough
+                    name = "an error"
+        parts.append(f"task {t} ({name}; run {snap.reruns[t] + 1} of {runs})")
+    more = len(snap.reruns) - most
+    return "errors run again: " + ", ".join(parts) + (f" and {more} more tasks" if more > 0 else "")
 
 
 def poll(cluster: Cluster, handle: JobHandle) -> None:
@@ -115,19 +151,33 @@ def poll(cluster: Cluster, handle: JobHandle) -> None:
             lost = handle.vanished()
             if lost:
                 handle.report_lost(lost)
+        if handle.spec.get("after"):
+            settle(cluster, handle)
 
 
-def cancel(cluster: Cluster, handle: JobHandle) -> None:
-    """Cancel the job: nothing new starts, the backend stops what runs. Cancelling a cancelled
-    job again changes nothing; a purged one raises JobGone."""
+def cancel(cluster: Cluster, handle: JobHandle, *, reason: str | None = None) -> None:
+    """Cancel the job: nothing new starts, the backend stops what runs; then the jobs that
+    wait for it (``after=``) are cancelled, with a reason that names it. ``reason``: why,
+    where the library cancels a job (its status and its tasks' errors say it). Cancelling a
+    cancelled job again changes nothing; a purged one raises JobGone."""
     with present(handle):
         with handle.store.locked_queue() as q:
-            q.cancel_job()  # first: nothing new starts, whatever the backend does
+            q.cancel_job(reason)  # first: nothing new starts, whatever the backend does
             submitted = q.submitted
         if submitted:
             cluster.cancel_job(handle)
         state = handle.state.value
     Registry().set_state(handle.id, state)
+    why = f"job {handle.name!r}, which it waits for, was cancelled"
+    if reason:
+        why += f" ({reason})"
+    for entry in dependencies.dependents(handle):
+        try:
+            down_cluster, down = open_job(Path(entry["path"]))
+            if not down.store.queue().cancelled and not snapshot(down_cluster, down).done:
+                cancel(down_cluster, down, reason=why)
+        except Exception as exc:  # purged, damaged: the others are still cancelled
+            log.info("job %r: cannot cancel job %r, which waits for it: %s", handle.name, entry.get("name"), exc)
 
 
 def cancel_task(cluster: Cluster, handle: JobHandle, index: int) -> bool:
@@ -229,3 +279,120 @@ def purge(cluster: Cluster, handle: JobHandle, *, local: bool = True) -> None:
             Registry().remove(handle.id)
     if not removed:
         raise gone(handle)
+
+
+# -- jobs that wait for others (after=; dependencies.py) -----------------------------------------
+
+
+def begin_after(cluster: Cluster, handle: JobHandle) -> None:
+    """After a job made with ``after=`` is registered (held): cancel it (a job it waits for
+    failed, was cancelled or purged), release it (they all finished), hand it to a backend
+    that waits for them itself (``Cluster.native_after``), or leave it held; then start the
+    process that watches it while there is something to watch."""
+    dependencies.link(handle)
+    looks = _look(handle)
+    bad = dependencies.failure(looks)
+    if bad is not None:
+        log.info("job %r is cancelled: %s", handle.name, bad)
+        cancel(cluster, handle, reason=bad)
+        return
+    waiting = [entry["id"] for entry, state in looks if state != dependencies.FINISHED]
+    if not waiting:
+        dependencies.release(cluster, handle)
+        return
+    handle.after = [handle.upstream[job_id][1] for job_id in waiting]
+    try:
+        if cluster.native_after(handle):
+            dependencies.release(cluster, handle)
+    except Exception as exc:
+        if handle.store.queue().submitted:
+            raise  # the backend failed to submit it: the submission fails, as any would
+        log.warning("job %r: %s.native_after failed (%s): elsewhere holds it", handle.name,
+                    type(cluster).__name__, exc)  # fmt: skip
+    finally:
+        handle.after = []
+    dependencies.start_watcher(handle)
+
+
+def settle(cluster: Cluster, handle: JobHandle) -> str:
+    """Periodic care of a job made with ``after=``, at most once a second per process: a held
+    job whose jobs all finished is released, one of which failed (was cancelled, purged) is
+    cancelled with the reason; so is a job its scheduler holds. Returns what is left to watch:
+    "held", "waiting" (its scheduler holds it), or "" (nothing: released, cancelled, free)."""
+    if not handle.spec.get("after"):
+        return ""
+    q = handle.store.queue()
+    if q.cancelled:
+        return ""
+    held = bool(q.held)
+    if not held and handle.upstream.get("_done"):
+        return ""
+    now = time.monotonic()
+    if now - float(handle.upstream.get("_looked", -dependencies.LOOK_S)) < dependencies.LOOK_S:
+        return "held" if held else "waiting"
+    handle.upstream["_looked"] = now
+    looks = _look(handle)
+    bad = dependencies.failure(looks)
+    if bad is not None:
+        log.info("job %r is cancelled: %s", handle.name, bad)
+        cancel(cluster, handle, reason=bad)
+        return ""
+    if any(state != dependencies.FINISHED for _, state in looks):
+        return "held" if held else "waiting"
+    if held:
+        dependencies.release(cluster, handle)
+        return ""
+    if _never_satisfied(cluster, handle):
+        handle.upstream["_done"] = True
+        return ""
+    return "waiting"
+
+
+def _look(handle: JobHandle) -> list[tuple[dict[str, str], str]]:
+    """Each job ``handle``'s waits for, and its state now: a JobState's value, "gone" (purged)
+    or "unreadable: why"; polled first (periodic care: results mirrored, lost tasks run
+    again). Their clusters and handles are kept in ``handle.upstream``; a job found finished
+    is not looked at again."""
+    out: list[tuple[dict[str, str], str]] = []
+    for entry in handle.spec.get("after") or ():
+        job_id = entry["id"]
+        got = handle.upstream.get(job_id)
+        if got == dependencies.FINISHED:
+            out.append((entry, dependencies.FINISHED))
+            continue
+        path = Path(entry["path"])
+        try:
+            if not isinstance(got, tuple):
+                got = handle.upstream[job_id] = open_job(path)
+            up_cluster, up = got
+            try:
+                poll(up_cluster, up)
+            except JobGone:
+                raise
+            except Exception as exc:  # (an unreachable host): its state as the folder tells it
+                log.info("polling job %r, which job %r waits for: %s", entry["name"], handle.name, exc)
+            state = snapshot(up_cluster, up).job_state().value
+        except Exception as exc:
+            gone_now = isinstance(exc, JobGone) or not (path / "job.json").exists()
+            state = "gone" if gone_now else f"unreadable: {type(exc).__name__}: {exc}"
+        if state == dependencies.FINISHED:
+            handle.upstream[job_id] = dependencies.FINISHED
+        out.append((entry, state))
+    return out
+
+
+def _never_satisfied(cluster: Cluster, handle: JobHandle) -> bool:
+    """The jobs it waits for all finished and its scheduler still holds it: fine while the
+    scheduler catches up; if it says the dependency can never be met (a task of one of them
+    was lost and run again in a new scheduler job), submitted again without it. True when
+    there is nothing more to watch."""
+    snap = snapshot(cluster, handle)
+    if snap.running or snap.final or not snap.submitted:
+        return snap.submitted
+    if not any("DependencyNeverSatisfied" in r for r in snap.reasons.values()):
+        return False
+    log.info("job %r: its scheduler says its dependency can never be met, though the jobs it waits "
+             "for finished: submitted again without it", handle.name)  # fmt: skip
+    cluster.cancel_job(handle)
+    cluster.submit_independent(handle.for_tasks(list(range(snap.n))))
+    return True

@@ -48,6 +48,8 @@ def orphaned(handle: JobHandle, meta: Mapping[str, Any] | None = None) -> bool:
     client = meta.get("client")
     if meta.get("stream") or not isinstance(client, dict):
         return False
+    if meta.get("after") and handle.store.queue().held:
+        return False  # held for the jobs it waits for (after=): released by dependencies.settle
     pid = client.get("pid")
     if client.get("host") != os.uname().nodename or not isinstance(pid, int) or housekeeping.process_alive(pid):
         return False

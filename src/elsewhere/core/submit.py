@@ -11,6 +11,10 @@ The one path every submission takes (``ew.submit``, ``ew.map``, ``job.submit()``
       ├─ cluster.submit_independent(handle) / submit_communicating(handle)
       └─ queue: submitted                  whatever the backend did, the job is in its hands
 
+A job made with ``after=`` is held in its queue before it is registered, and handed over by
+``dependencies.begin`` instead: at once, to a backend that waits for those jobs itself, or
+once they finished (``dependencies.py``).
+
 A failure at any step removes the job folder and its registry entry: nothing half-submitted
 is left behind (:func:`making`, which also covers the making of the folder). A full disk is
 said as such: a JobError "cannot submit job NAME: no space left on <folder> (<n> bytes free)".
@@ -36,7 +40,11 @@ from ..folder.payload import PayloadWriter
 from ..folder.registry import Registry
 from ..folder.store import META, JobStore
 from ..util.errors import JobError
+from . import control, dependencies
 from .handover import hand_over
+from .opening import FORMAT, check_format, open_job
+
+__all__ = ["FORMAT", "as_entries", "check_format", "making", "open_job", "submit_job", "sweep_unsubmitted"]
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -159,7 +167,8 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
     store = handle.store
     root = store.path.parent
     housekeeping.call_later(f"unsubmitted {root}", lambda: sweep_unsubmitted(root))
-    if not communicating:
+    waits = bool(handle.spec.get("after"))
+    if not communicating and not waits:  # (a job that waits needs no workers yet)
         try:
             cluster.prepare(handle, len(entries))  # workers start while the inputs are written
         except Exception:
@@ -187,13 +196,18 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
     if not meta.get("stream") and queue_n != n and store.queue().n != n:  # usually written at creation
         with store.locked_queue() as q:
             q.set_size(n)
+    if waits:
+        dependencies.hold(handle)  # before it is registered: nobody hands it over early
     reg = Registry()
     reg.add(meta, store.path, current_state)
     try:
         if meta.get("stream"):
             with store.locked_queue() as q:
                 q.set_max_workers(cluster.max_workers(0))
-        hand_over(cluster, handle, communicating=communicating)
+        if waits:
+            control.begin_after(cluster, handle)
+        else:
+            hand_over(cluster, handle, communicating=communicating)
     except BaseException:
         # Do not leave a half-submitted job behind: the backend takes back what it started
         # (best effort: the error that brought us here is the one to raise), then the folder goes.
@@ -210,40 +224,6 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
             remove_folder(store.path)  # (and again by making: a no-op)
         raise
     return meta
-
-
-def open_job(path: Path, *, check: bool = False) -> tuple[Cluster, JobHandle]:
-    """The cluster and handle of the job folder at ``path`` (for a job made earlier, perhaps by
-    another process). ``check``: run the cluster's ``post_construct`` (a user asked for the
-    cluster; not when it is rebuilt only to read a job)."""
-    from ..backends import from_description
-
-    store = JobStore(path)
-    meta = store.meta()
-    check_format(meta, path)
-    cluster = from_description(meta["cluster"], check=check)
-    from .control import restarter
-
-    return cluster, JobHandle(store, meta, restart=restarter(cluster))
-
-
-#: The job folder format this version writes and reads (``job.json``'s "format").
-FORMAT = 2  # 2: checksummed bodies, frames and JSON files (1 is read too)
-
-
-def check_format(meta: dict[str, Any], path: Path) -> None:
-    """JobError unless this version reads the job folder at ``path`` (its ``job.json``)."""
-    from ..util.errors import JobError
-
-    got = meta.get("format")
-    if not isinstance(got, int) or not isinstance(meta.get("cluster"), dict) or "id" not in meta:
-        raise JobError(f"{path} is not a job folder this version of elsewhere can read "
-                       f"(job.json has no format, id or cluster)")  # fmt: skip
-    if got > FORMAT:
-        from ..util.version import __version__
-
-        raise JobError(f"the job folder {path} was written by a newer elsewhere (format {got}); "
-                       f"elsewhere {__version__} reads format {FORMAT}: upgrade it to read this job")  # fmt: skip
 
 
 def current_state(row: dict[str, Any]) -> str | None:

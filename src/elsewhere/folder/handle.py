@@ -75,6 +75,7 @@ class JobHandle:
         self._left_clean: dict[str, tuple[int, bool]] = {}  # workers that left, their files found whole
         self.after: list[JobHandle] = []  # the jobs to wait for, for a backend that does so itself
         self.upstream: dict[str, Any] = {}  # the core's look at the jobs it waits for (after=)
+        self.rerun_types: dict[tuple[str, int, int], str] = {}  # errors run again: their types
 
     def for_tasks(self, tasks: list[int], resources: Mapping[str, Any] | None = None) -> JobHandle:
         """The same job, about ``tasks`` only (what the core passes to start them again)."""
@@ -178,7 +179,8 @@ class JobHandle:
         n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
         return Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
                         cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts),
-                        damaged=self.damage(q))  # fmt: skip
+                        damaged=self.damage(q),
+                        reruns={t: e[1].attempt + 1 for t, e in reader.reruns.items()})  # fmt: skip
 
     @property
     def state(self) -> JobState:

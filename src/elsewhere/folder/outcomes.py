@@ -60,7 +60,9 @@ class OutcomeReader:
         if f is None:
             st = snap.task_state(index) if snap is not None else TaskState.PENDING
             if st is TaskState.CANCELLED:
-                return TaskError("the task was cancelled before it finished", type_name="Cancelled",
+                why = self.handle.store.queue().cancel_reason if self.handle.spec.get("after") else None
+                return TaskError("the task was cancelled before it finished" + (f": {why}" if why else ""),
+                                 type_name="Cancelled",
                                  index=index, job=self._name, reason="cancelled", seed=self._seed(index))
             raise JobError(f"task {index} of job {self._name!r} has no result yet (it is {st.value})")
         wid, rec = f

@@ -31,17 +31,19 @@ class Snapshot:
     scheduler's "pending: Resources"); ``running`` maps a running task to
     (worker id, since); ``damaged`` says what of the job folder was found damaged, one
     line each ("damaged: journal/w3.rec: 104 bytes at byte 4096 skipped (...)"), and
-    ``note`` is the backend's note followed by those lines. (A plain class: importing
+    ``note`` is the backend's note followed by those lines. ``reruns`` maps a task whose error
+    was run again (``retries=ew.Retry(on=...)``) to how many of its runs so far raised. (A plain class: importing
     dataclasses costs a client a few milliseconds on its first submission.)
     """
 
     __slots__ = ("_note", "cancelled", "cancelled_tasks", "damaged", "final", "kind_counts", "n", "reasons",
-                 "running", "submitted")
+                 "reruns", "running", "submitted")
 
     def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
                  running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
                  kind_counts: dict[int, int] | None = None, reasons: dict[int, str] | None = None,
-                 note: str = "", damaged: tuple[str, ...] | list[str] = ()) -> None:  # fmt: skip
+                 note: str = "", damaged: tuple[str, ...] | list[str] = (),
+                 reruns: dict[int, int] | None = None) -> None:  # fmt: skip
         self.n = n
         self.submitted = submitted
         self.cancelled = cancelled
@@ -52,6 +54,7 @@ class Snapshot:
         self.reasons = reasons if reasons is not None else {}
         self._note = note
         self.damaged = tuple(damaged)
+        self.reruns = reruns if reruns is not None else {}
 
     @property
     def note(self) -> str:

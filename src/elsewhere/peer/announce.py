@@ -17,8 +17,9 @@ integers big-endian)::
                                  state, slots, free slots, memory (bytes),
                                  time on offer (s), current task or nil (always
                                  nil from a peer that encrypts), encrypts (a
-                                 bool; absent: false) (a newer version may
-                                 append fields)
+                                 bool; absent: false), the ciphers it offers,
+                                 best first (absent: AES-256-GCM only) (a newer
+                                 version may append fields)
     40+n     32   tag            HMAC-SHA256 of bytes 0..40+n, under a key
                                  derived from the group key with HKDF
 
@@ -138,6 +139,9 @@ class Announcement:
     encrypt: bool = False
     """Whether the peer encrypts its connections (``--no-encrypt``, ``encrypt=False``: not);
     a controller skips a worker whose choice differs from its own, and says why."""
+    ciphers: tuple[str, ...] = ()
+    """The ciphers the peer offers, best first (absent, from an older peer: AES-256-GCM only);
+    ``elsewhere peer list`` shows the one a connection from this machine would use."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_id, str) or len(self.peer_id) != 32:
@@ -172,6 +176,11 @@ class Announcement:
         for name in ("leaving", "encrypt"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r:.80}")
+        if not isinstance(self.ciphers, (list, tuple)) or len(self.ciphers) > 8:
+            raise ValueError(f"ciphers must be a list of at most 8 names, got {self.ciphers!r:.80}")
+        for name in self.ciphers:
+            _text(name, "a cipher", empty=False)
+        object.__setattr__(self, "ciphers", tuple(self.ciphers))
 
 
 def announce_key(key: GroupKey | None) -> bytes:
@@ -187,7 +196,7 @@ def encode_announcement(announcement: Announcement, key: GroupKey | None) -> byt
     a = announcement
     body = msgpack.packb(
         [a.group, a.address, a.port, a.user, a.host, int(a.state), a.slots, a.slots_free,
-         a.mem_bytes, a.time_s, a.task, a.encrypt],
+         a.mem_bytes, a.time_s, a.task, a.encrypt, list(a.ciphers)],
         use_bin_type=True,
     )  # fmt: skip
     size = _PREFIX_SIZE + len(body) + _TAG_SIZE
@@ -278,6 +287,7 @@ class AnnouncementDecoder:
             ann = Announcement(
                 pid.hex(), group, address, port, user, host, state, slots, free, mem, time_s,
                 task, stamp, counter, bool(flags & FLAG_LEAVING), fields_[11] if len(fields_) > 11 else False,
+                fields_[12] if len(fields_) > 12 else (),
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"invalid announcement: {exc}") from None

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from .announce import Announcement, PeerInfo, PeerState
 from .batching import Batching
+from .ciphers import offered_ciphers
 from .controlstate import ControllerState
 from .discovery import Announcer, Listener
 from .links import Links
@@ -92,7 +93,7 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         encrypt = s.encrypt and s.key is not None  # then nothing of the job in the clear
         ann = Announcement(self.peer_id, group, address, 0, self.identity.user, self.identity.host,
                            PeerState.CONTROLLER, task=None if encrypt else str(self.meta.get("name", ""))[:200],
-                           encrypt=encrypt)  # fmt: skip
+                           encrypt=encrypt, ciphers=offered_ciphers() if s.key is not None else ())  # fmt: skip
         try:
             self.announcer = Announcer(ann, s.key, s.discovery).start()
         except OSError as exc:

@@ -78,6 +78,7 @@ class ControllerState:
         def _write_lost(self, w: Worker, index: int, attempt: int, pickled: Any, log_bytes: bytes,
                         t0: float, t1: float) -> None: ...  # fmt: skip
         def _fail_tasks(self, indices: list[int], exc: BaseException) -> None: ...
+        def _rerun_later(self, index: int, attempt: int, group: tuple[Any, list[Any]], item: int) -> bool: ...
 
         # .notes
         def _update_note(self) -> None: ...
@@ -91,6 +92,8 @@ class ControllerState:
         self.meta = meta
         self.stream = bool(meta.get("stream"))
         self.retries = int(meta.get("retries", 0))
+        self.rerun_spec = meta.get("retry")  # retries=ew.Retry(on=...): errors run again
+        self.later: dict[int, float] = {}  # errors run again: task -> when (monotonic) to place it
         self.seed = meta.get("seed")
         self.peer_id = settings.peer_id or new_peer_id()
         self.short = os.urandom(3).hex()
@@ -172,6 +175,9 @@ class ControllerState:
                 self._cancelled_job = True
         rerun = set(again)
         self.final = TaskSet(t for t in reader.final if t not in rerun)
+        for t, (_, rec) in reader.reruns.items():  # errors run again (retries=ew.Retry): their next attempt
+            if t not in self.final:
+                attempts[t] = max(attempts.get(t, 0), rec.attempt + 1)
         self.attempts = attempts
         self._queue_new(0)
         for i in again:

@@ -62,6 +62,7 @@ from typing import Any
 from ..util.errors import ConfigError
 from .announce import Announcement, PeerState
 from .childmsg import Outcome
+from .ciphers import offered_ciphers
 from .delivery import Delivery
 from .discovery import Announcer, Listener
 from .dispatch import Dispatch
@@ -108,12 +109,13 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
         if announced == "0.0.0.0":
             announced = opts.discovery.interface or primary_address()
         served: list[GroupKey | None] = [*opts.group_keys()] or [None]
+        ciphers = offered_ciphers()  # (ELSEWHERE_PEER_CIPHER naming none: an error, now)
         for key in served:  # each group served hears of this worker
             ann = Announcement(
                 self.peer_id, key.group if key else "", announced, self.address[1],
                 opts.user[:256], opts.host[:256], PeerState.IDLE, opts.slots, opts.slots,
                 self._mem_offer(), min(opts.timavail, opts.maxtime),
-                encrypt=opts.encrypt and key is not None,
+                encrypt=opts.encrypt and key is not None, ciphers=ciphers if key is not None else (),
             )  # fmt: skip
             self.announcers.append(Announcer(ann, key, opts.discovery).start())
         if opts.listen_for_controllers:  # one listener for every group served
@@ -129,7 +131,7 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
         group = (", ".join(f"{k.group!r} (key {k.fingerprint}" + (f", and the previous one until "
                            f"{time.ctime(k.overlap_ends())}" if k.overlap_ends() else "") + ")"
                            for k in opts.group_keys()) or "(loopback only)")  # fmt: skip
-        wire = ("" if self.key is None else ", tasks and results encrypted" if opts.encrypt
+        wire = ("" if self.key is None else f", tasks and results encrypted ({', '.join(ciphers)})" if opts.encrypt
                 else ", tasks and results in clear text (--no-encrypt)")  # fmt: skip
         log.info("peer worker %s on %s:%d, group %s, %d slot(s), %s%s", self.peer_id[:8],
                  self.address[0], self.address[1], group,

@@ -1,15 +1,16 @@
 """Keys, tags and ciphers of a connection's frames, and a frame ready to send.
 
-:class:`DirectionKey` is AES-256-GCM for one direction of one connection, its key
-derived with HKDF (:func:`hkdf`). It either encrypts each frame's msgpack header
-and raw buffers and authenticates the rest (``encrypt=True``, the default of a
-keyed group), or only authenticates the whole frame (GMAC: an empty plaintext,
-the frame as associated data; a group whose members all turned encryption off).
-The head and the body of a frame have a tag each, under the nonces
-``seq ‖ 0`` and ``seq ‖ 1``. :class:`OutgoingFrame` is one encoded frame whose
-parts go out in order, its body sealed at once or slice by slice as it is sent.
-Where the tags sit in a frame is in the byte table of :mod:`.layout`; how the
-keys are derived from the group key and the handshake, in :mod:`.handshake`.
+:class:`DirectionKey` is the AEAD of one direction of one connection (AES-256-GCM, or
+ChaCha20-Poly1305 where the handshake chose it: see :mod:`.ciphers`), its key derived
+with HKDF (:func:`hkdf`). It either encrypts each frame's msgpack header and raw buffers
+and authenticates the rest (``encrypt=True``, the default of a keyed group), or only
+authenticates the whole frame (an empty plaintext, the frame as associated data: GMAC
+under AES; a group whose members all turned encryption off). The head and the body of a
+frame have a tag each, under the nonces ``seq ‖ 0`` and ``seq ‖ 1``.
+:class:`OutgoingFrame` is one encoded frame whose parts go out in order, its body sealed at
+once or slice by slice as it is sent. Where the tags sit in a frame is in the byte table of
+:mod:`.layout`; how the keys are derived from the group key and the handshake, in
+:mod:`.handshake`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..util.errors import PeerError
+from .ciphers import AES_GCM, CHACHA, ChaChaPolyStream
 from .layout import TAG_SIZE, MessageType
 
 __all__ = ["SMALL_BODY", "BodyOpener", "DirectionKey", "OutgoingFrame", "SliceRing", "as_bytes_view", "hkdf"]
@@ -58,15 +60,29 @@ def _update_into(ctx: Any, data: memoryview, out: memoryview) -> None:
 
 
 class DirectionKey:
-    """AES-256-GCM for one direction of one connection: encrypts and authenticates
-    (``encrypt``) or only authenticates (GMAC) each frame's head and body."""
+    """The AEAD of one direction of one connection (``cipher``: AES-256-GCM or
+    ChaCha20-Poly1305): encrypts and authenticates (``encrypt``) or only authenticates
+    (GMAC, or Poly1305) each frame's head and body."""
 
-    __slots__ = ("_aead", "_key", "encrypt")
+    __slots__ = ("_aead", "_key", "cipher", "encrypt")
 
-    def __init__(self, key: bytes, encrypt: bool = False) -> None:
+    def __init__(self, key: bytes, encrypt: bool = False, cipher: str = AES_GCM) -> None:
         self._key = key
-        self._aead = AESGCM(key)
+        if cipher == AES_GCM:
+            self._aead: AESGCM | ChaCha20Poly1305 = AESGCM(key)
+        elif cipher == CHACHA:
+            self._aead = ChaCha20Poly1305(key)
+        else:
+            raise ValueError(f"unknown cipher {cipher!r}")
+        self.cipher = cipher
         self.encrypt = encrypt
+
+    def _stream(self, nonce: bytes, decrypt: bool) -> Any:
+        """A streaming context of this cipher (GCM's, or :class:`ChaChaPolyStream`)."""
+        if self.cipher == CHACHA:
+            return ChaChaPolyStream(self._key, nonce, decrypt)
+        cipher = Cipher(algorithms.AES(self._key), modes.GCM(nonce))
+        return cipher.decryptor() if decrypt else cipher.encryptor()
 
     # -- the head: fixed bytes and buffer table in clear (authenticated), the msgpack header
     def seal_head(self, seq: int, head: bytes, clear: int) -> bytes:
@@ -114,15 +130,14 @@ class DirectionKey:
         return True
 
     def body_sealer(self, seq: int, head: bytes) -> Any:
-        """A streaming GCM encryptor of a large body, the head already fed as associated data."""
-        ctx = Cipher(algorithms.AES(self._key), modes.GCM(_nonce(seq, 1))).encryptor()
+        """A streaming encryptor of a large body, the head already fed as associated data."""
+        ctx = self._stream(_nonce(seq, 1), decrypt=False)
         ctx.authenticate_additional_data(head)
         return ctx
 
     def body_opener(self, seq: int, head: bytes | bytearray | memoryview) -> BodyOpener:
         """A streaming check (and decryption, in place) of a large body as it arrives."""
-        cipher = Cipher(algorithms.AES(self._key), modes.GCM(_nonce(seq, 1)))
-        ctx: Any = cipher.decryptor() if self.encrypt else cipher.encryptor()  # (GMAC: an encryptor)
+        ctx = self._stream(_nonce(seq, 1), decrypt=self.encrypt)  # (authenticating only: an encryptor)
         ctx.authenticate_additional_data(head)
         return BodyOpener(ctx, self.encrypt)
 

@@ -4,17 +4,19 @@ The initiator is the side that connected::
 
     initiator                                          responder
     HELLO      (nonce_i, id, group, keyed,
-                encrypt, keys, dh_i)           --->
+                encrypt, keys, dh_i, ciphers)  --->
                                                <---    CHALLENGE (nonce_r, id, group, keyed,
-                                                                  encrypt, dh_r)
+                                                                  encrypt, dh_r, ciphers)
                                                        tag = HMAC(K_hs, "CHALLENGE" | H(hello) | head)
     AUTH       tag = HMAC(K_hs, "AUTH" | H(hello | challenge) | head)  --->
     (ready)                                            (ready after checking AUTH)
 
 ``K_hs`` is derived from the group key with HKDF. After the handshake each
-direction has its own AES-256 key, HKDF(group key ‖ X25519(dh_i, dh_r), salt =
-SHA-256 of the three handshake frames, info = direction): fresh for every
-connection, so a sequence number (the GCM nonce) never repeats under one key,
+direction has its own 256-bit key, HKDF(group key ‖ X25519(dh_i, dh_r), salt =
+SHA-256 of the three handshake frames, info = direction and cipher), for the cipher
+the two ``ciphers`` lists choose (the first of the initiator's, the controller's, that
+the responder has too: AES-256-GCM or ChaCha20-Poly1305, see :mod:`.ciphers`): fresh for
+every connection, so a sequence number (the nonce) never repeats under one key,
 and out of reach of whoever holds the group key but not one of the two
 ephemeral private keys (a member recording others' connections, a thief of the
 key file later). With ``encrypt`` (the default; both ends must say the same)
@@ -26,7 +28,7 @@ newest one it holds too, or refuses ("no key ... in common"); the initiator
 tries its keys on the CHALLENGE's tag. A responder that serves several groups
 proves a key of the group the HELLO names. The HELLO's fields are covered by
 the CHALLENGE's proof, so an attacker who changes them (to turn encryption off,
-pick an old key, drop the key share) makes the handshake fail.
+pick an old key or another cipher, drop the key share) makes the handshake fail.
 
 Without a key (loopback-only mode) the same frames flow without tags or key
 shares; a connection made with a key never accepts a frame without a tag, and
@@ -46,6 +48,7 @@ import msgpack
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from ..util.errors import ProtocolError
+from .ciphers import AES_GCM, CIPHER_ENV, LEGACY, choose_cipher
 from .events import ConnectionState, Event, HandshakeComplete, Role
 from .frames import DirectionKey, OutgoingFrame, hkdf
 from .keys import GroupKey
@@ -103,11 +106,13 @@ class Handshake:
     limits: Limits
     keyed: bool
     encrypt: bool
+    cipher: str
     state: ConnectionState
     peer: Greeting | None
     group: str
     _keys: dict[str, GroupKey]
     _caps: tuple[str, ...]
+    _ciphers: tuple[str, ...]  # what this end offers, best first
     _secret: bytes
     _hs_key: bytes
     _group_key: GroupKey | None
@@ -185,7 +190,7 @@ class Handshake:
             self._dh = self._ephemeral.get() if self.keyed else None
             challenge = Challenge(self.identity.peer_id, self.group, self.identity.user, self.identity.host,
                                   self.keyed, self._nonce, self._caps, self.encrypt,
-                                  dh=self._dh[1] if self._dh else b"")  # fmt: skip
+                                  dh=self._dh[1] if self._dh else b"", ciphers=self._ciphers)  # fmt: skip
             self._transcript.append(self._queue_handshake(challenge, b"CHALLENGE"))
             self.peer = message
             self._expect = frozenset({MessageType.AUTH, MessageType.ERROR})
@@ -214,8 +219,25 @@ class Handshake:
             self._choose_key(greeting.keys)
         if self.keyed and greeting.encrypt != self.encrypt:
             raise self._fail_handshake("encrypt", self._encrypt_mismatch())
+        if self.keyed:
+            self._choose_cipher(greeting.ciphers)
         if greeting.nonce == self._nonce:
             raise self._fail_handshake("nonce", "the peer echoed our nonce")
+
+    def _choose_cipher(self, theirs: tuple[str, ...]) -> None:
+        """The first of the controller's ciphers that the worker has too (either end works
+        it out from the two lists), or a refusal that says what each end offers."""
+        initiator = self.role is Role.INITIATOR
+        chosen = choose_cipher(self._ciphers, theirs) if initiator else choose_cipher(theirs, self._ciphers)
+        if chosen is not None:
+            self.cipher = chosen
+            return
+        other = ", ".join(theirs) if theirs else f"{', '.join(LEGACY)} only (an older version, which names none)"
+        ends = ("this controller", "the worker") if initiator else ("this worker", "the controller")
+        raise self._fail_handshake(
+            "cipher", f"no cipher in common: {ends[0]} offers {', '.join(self._ciphers or LEGACY)}, {ends[1]} {other} "
+            f"(the environment variable {CIPHER_ENV} limits an end to one cipher: unset it, or set the "
+            "same at both ends)")  # fmt: skip
 
     def _encrypt_mismatch(self) -> str:
         """Why ends that disagree about encryption are refused, said to the controller (the
@@ -233,8 +255,12 @@ class Handshake:
         if self.keyed:
             salt = hashlib.sha256(b"".join(self._transcript)).digest()
             secret = self._secret + self._exchange()
-            i2r = DirectionKey(hkdf(secret, salt, b"elsewhere peer v1 initiator->responder"), self.encrypt)
-            r2i = DirectionKey(hkdf(secret, salt, b"elsewhere peer v1 responder->initiator"), self.encrypt)
+            cipher = self.cipher
+            suffix = b"" if cipher == AES_GCM else b"\0" + cipher.encode()  # (AES-256-GCM's: as before)
+            i2r = DirectionKey(hkdf(secret, salt, b"elsewhere peer v1 initiator->responder" + suffix),
+                               self.encrypt, cipher)  # fmt: skip
+            r2i = DirectionKey(hkdf(secret, salt, b"elsewhere peer v1 responder->initiator" + suffix),
+                               self.encrypt, cipher)  # fmt: skip
             initiator = self.role is Role.INITIATOR
             self._send_key, self._recv_key = (i2r, r2i) if initiator else (r2i, i2r)
         self._transcript = []

@@ -217,6 +217,8 @@ class Inbound(WorkerState):
 
     def _on_handshake(self, peer: Peer, event: HandshakeComplete) -> None:
         self.stats["handshakes"] += 1
+        if peer.conn.cipher:  # which cipher each controller's connection uses
+            self.stats["cipher_" + peer.conn.cipher] += 1
         del self.handshaking[peer]
         g = event.peer
         if g.peer_id not in self.by_controller and len(self.by_controller) >= MAX_AUTHENTICATED:

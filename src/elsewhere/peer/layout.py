@@ -26,17 +26,20 @@ Frame layout (all integers big-endian)::
       30      2    reserved         0
       32    8*N    buffer lengths   N x uint64; their sum must equal B
     32+8N     H    msgpack header   a map: the message's fields (encrypted: the
-                                    same length of AES-256-GCM ciphertext)
-      ...    16    head tag         keyed only: AES-256-GCM tag, nonce = seq || 0;
+                                    same length of ciphertext)
+      ...    16    head tag         keyed only: the AEAD's tag (AES-256-GCM or
+                                    ChaCha20-Poly1305, chosen in the handshake;
+                                    see .ciphers), nonce = seq || 0;
                                     encrypted: of the header, bytes 0..32+8N as
-                                    associated data; else GMAC of every byte before
-                                    it (HMAC-SHA256/128 in the handshake)
+                                    associated data; else the tag of no plaintext,
+                                    every byte before it as associated data (GMAC or
+                                    Poly1305; HMAC-SHA256/128 in the handshake)
       ...     B    raw buffers      N buffers, back to back (pickle-5 out-of-band
                                     data; encrypted: the same length of ciphertext)
-      ...    16    body tag         keyed and N > 0 only: AES-256-GCM tag, nonce =
+      ...    16    body tag         keyed and N > 0 only: the AEAD's tag, nonce =
                                     seq || 1; encrypted: of the buffers, the head as
-                                    associated data; else GMAC of every byte of the
-                                    frame before it
+                                    associated data; else the tag of no plaintext,
+                                    every byte of the frame before it as associated data
 
 Every length is checked against :class:`Limits` from the 32 fixed bytes,
 before anything else is read or allocated; the head tag is checked before the

@@ -158,6 +158,9 @@ class Greeting(Message):
     dh: bytes = field(default=b"", repr=False)
     """This end's X25519 key share for this connection (32 bytes; absent from an older
     peer): the connection's keys come from the group key *and* the exchange of the two."""
+    ciphers: tuple[str, ...] = ()
+    """The ciphers this end offers, best first (names of :mod:`.ciphers`; absent: an older
+    peer's AES-256-GCM alone); the worker takes the first of the controller's that it has."""
 
     def __post_init__(self) -> None:
         _text(self.peer_id, "peer_id", empty=False)
@@ -184,6 +187,12 @@ class Greeting(Message):
         object.__setattr__(self, "keys", tuple(self.keys))
         if not isinstance(self.dh, bytes) or len(self.dh) not in (0, 32):
             raise ValueError("dh must be 32 bytes (an X25519 public key), or none")
+        if not isinstance(self.ciphers, (list, tuple)) or len(self.ciphers) > 8:
+            raise ValueError(f"ciphers must be a list of at most 8 names, got {self.ciphers!r:.80}")
+        for name in self.ciphers:
+            if not isinstance(name, str) or not 0 < len(name) <= 32:
+                raise ValueError(f"a cipher must be a str of 1..32 characters, got {name!r:.80}")
+        object.__setattr__(self, "ciphers", tuple(self.ciphers))
 
 
 @dataclass(frozen=True)

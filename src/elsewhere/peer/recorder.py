@@ -34,8 +34,9 @@ __all__ = ["GroupWriter", "Recorder"]
 
 log = logging.getLogger(__name__)
 
-Row = tuple[int, bool, int, int, bytes, float, float, int, int]
-"""(task, ok, item, attempt, log, t_start, t_end, peak_rss, seed) of one task in a group."""
+Row = tuple[int, bool, int, int, bytes, float, float, int, int, int]
+"""(task, ok, item, attempt, log, t_start, t_end, peak_rss, seed, flags) of one task in a group
+(``flags``: the journal record's, ``records.FLAG_RERUN`` for an error run again)."""
 
 
 class GroupWriter(OutcomeWriter):
@@ -57,9 +58,9 @@ class GroupWriter(OutcomeWriter):
             self.log_end += sum(len(x) for x in logs)
         ok_kind, err_kind = int(records.Kind.OK), int(records.Kind.ERROR)
         recs = []
-        for task, ok, item, attempt, log_bytes, t0, t1, rss, seed in rows:
+        for task, ok, item, attempt, log_bytes, t0, t1, rss, seed, flags in rows:
             recs.append(records.Record(
-                kind=ok_kind if ok else err_kind, flags=0, attempt=attempt, task=task, item=item,
+                kind=ok_kind if ok else err_kind, flags=flags, attempt=attempt, task=task, item=item,
                 res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes), t_start=t0,
                 t_end=t1, peak_rss=rss, seed=seed,
             ))  # fmt: skip

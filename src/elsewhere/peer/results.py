@@ -2,9 +2,11 @@
 
 A RESULT carries the outcomes of the tasks of one batch that ended together
 (see "Layout of TASK and RESULT" in docs/peer.md). Each outcome is, by its fate
-(:class:`~.child.Outcome`): a value or an error, stored; a task lost with its
-process, run again while the job's ``retries`` last, then written off; a task
-handed back, placed again. Duplicates (a task that ran twice) are dropped: the
+(:class:`~.child.Outcome`): a value or an error, stored; an error of a type the
+job's ``retries=ew.Retry(on=...)`` runs again, stored flagged (not the task's
+outcome) and placed again once its wait is over (:meth:`~.retries.Retries._rerun_later`);
+a task lost with its process, run again while the job's ``retries`` last, then
+written off; a task handed back, placed again. Duplicates (a task that ran twice) are dropped: the
 first result is the one stored.
 
 The values go to an open Executor at once (``on_outcome``, called once the
@@ -23,6 +25,7 @@ import queue
 import time
 from typing import Any
 
+from ..folder.records import FLAG_RERUN
 from .childmsg import Outcome
 from .controlstate import ControllerState
 from .messages import MAX_ACKS, Ack, Result
@@ -57,7 +60,7 @@ class Results(ControllerState):
             return
         if b is not None:
             for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
-                if i not in self.final and i not in self.cancelled and not self.inflight.get(i):
+                if i not in self.final and i not in self.cancelled and not self.inflight.get(i) and i not in self.later:
                     if i not in self.pending:
                         self.pending.appendleft(i)
                     self.attempts.setdefault(i, a)
@@ -104,9 +107,14 @@ class Results(ControllerState):
                 self._write_lost(w, index, attempt, groups[group][0], log_bytes, t0, t1)
                 continue
             seed = (int(self.seed) + index) if self.seed is not None else 0
+            flags = 0
+            if status is Outcome.ERROR and self.rerun_spec is not None and self._rerun_later(
+                    index, attempt, groups[int(group)], int(item)):  # fmt: skip
+                flags = FLAG_RERUN  # written, not the task's outcome: it runs again
             rows.setdefault(int(group), []).append(
-                (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed))
-            self._finalise(index)
+                (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed, flags))
+            if not flags:
+                self._finalise(index)
         if self.on_outcome is not None:
             self._hand_out(groups, rows)
         if w.writer is None:
@@ -133,8 +141,9 @@ class Results(ControllerState):
             except BaseException as exc:  # even a SystemExit from a value's loading: not the loop's
                 log.debug("a result is read back from the job folder: %s", exc)
                 continue
-            for index, ok, item, *_rest, seed in group_rows:
-                self.outcomes.append((index, ok, values[item], seed))
+            for index, ok, item, *_rest, seed, flags in group_rows:
+                if not flags:  # (an error run again is no outcome)
+                    self.outcomes.append((index, ok, values[item], seed))
 
     def _deliver_outcomes(self) -> None:
         """Hand the values of this turn to the Executor, once the turn's lock is released and

@@ -37,6 +37,11 @@ class Retries(ControllerState):
     module doc)."""
 
     def _timers(self, now: float) -> None:
+        if self.later:
+            for i in [i for i, due in self.later.items() if due <= now]:
+                del self.later[i]
+                if i not in self.final and i not in self.cancelled and i not in self.pending:
+                    self.pending.appendleft(i)
         s = self.settings
         spare = any(w.state == "ready" and w.usable(self.settings) and not w.batches for w in self.workers.values())
         for b in list(self.batches.values()):
@@ -93,6 +98,29 @@ class Retries(ControllerState):
                     self.pending.appendleft(i)
                 else:
                     self.pending.append(i)
+
+    def _rerun_later(self, index: int, attempt: int, group: tuple[Any, list[Any]], item: int) -> bool:
+        """Task ``index`` raised (its run ``attempt``; its error is item ``item`` of ``group``,
+        the pickled values and buffers of a RESULT): if the job's ``retries=ew.Retry(on=...)``
+        runs it again, it is placed again once its wait is over (the timers see to it), as
+        attempt ``attempt + 1``; whether it is."""
+        from ..folder import serial
+        from ..util.retry import rerun_delay
+
+        spec = self.rerun_spec
+        if not spec or attempt >= int(spec.get("times", 0)):
+            return False
+        try:
+            error = serial.loads(group[0], group[1])[item]  # authenticated: a worker of the group
+        except Exception as exc:
+            log.debug("the error of task %d cannot be read here (%s): it stands", index, exc)
+            return False
+        delay = rerun_delay(spec, error, attempt)
+        if delay is None:
+            return False
+        self.attempts[index] = attempt + 1
+        self.later[index] = time.monotonic() + delay
+        return True
 
     def _requeue(self, index: int) -> None:
         if index not in self.pending:

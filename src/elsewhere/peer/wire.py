@@ -41,6 +41,7 @@ from typing import Any
 import msgpack
 
 from ..util.errors import PeerError, ProtocolError
+from .ciphers import offered_ciphers
 from .events import (
     Allocator,
     Buffer,
@@ -119,7 +120,9 @@ class Connection(Reader, Handshake):
     ``key`` is the group key, or ``None`` for loopback-only mode (no tags;
     the caller must only use such a connection over 127.0.0.1). With a key,
     ``encrypt`` (default) encrypts every frame after the handshake (both ends
-    must agree); ``ephemeral`` gives the X25519 key shares of the handshake (default: a
+    must agree); ``ciphers`` are the ciphers this end offers, best first (default:
+    :func:`~.ciphers.offered_ciphers`; the handshake chooses one, :attr:`cipher`);
+    ``ephemeral`` gives the X25519 key shares of the handshake (default: a
     new one for this connection; a worker reuses one for a few seconds). A responder
     that serves several groups gives the others' keys as ``more_keys``: the
     group the initiator names in its HELLO picks the key the handshake then
@@ -157,6 +160,7 @@ class Connection(Reader, Handshake):
         more_keys: Sequence[GroupKey] = (),
         encrypt: bool = True,
         ephemeral: EphemeralKeys | None = None,
+        ciphers: Sequence[str] | None = None,
     ) -> None:
         self.role = role
         self.identity = identity
@@ -165,6 +169,10 @@ class Connection(Reader, Handshake):
         self.encrypt = encrypt and key is not None
         """Whether frames are encrypted (and authenticated) after the handshake; both ends
         must agree (a keyed connection of ends that disagree is refused in the handshake)."""
+        self._ciphers = (tuple(ciphers) if ciphers is not None else offered_ciphers()) if key is not None else ()
+        self.cipher = ""
+        """The cipher of the frames after the handshake (a name of :mod:`.ciphers`; "" before
+        it ends, and without a key)."""
         if more_keys and (key is None or role is not Role.RESPONDER):
             raise ValueError("more_keys are for a keyed responder")
         self._keys = {k.group: k for k in (*more_keys, *([key] if key is not None else []))}
@@ -210,7 +218,8 @@ class Connection(Reader, Handshake):
             self._expect = frozenset({MessageType.CHALLENGE, MessageType.ERROR})
             self._dh = self._ephemeral.get() if self.keyed else None
             hello = Hello(identity.peer_id, self.group, identity.user, identity.host, self.keyed, self._nonce,
-                          self._caps, self.encrypt, self._key_fingerprints(), self._dh[1] if self._dh else b"")  # fmt: skip
+                          self._caps, self.encrypt, self._key_fingerprints(), self._dh[1] if self._dh else b"",
+                          self._ciphers)  # fmt: skip
             self._transcript.append(self._queue_handshake(hello, b""))
         else:
             self._expect = frozenset({MessageType.HELLO})

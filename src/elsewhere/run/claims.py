@@ -160,9 +160,11 @@ class Claims:
         self.store.notify()
 
     def fixed_attempts(self, tasks: list[int]) -> list[int]:
-        """For a worker given its tasks (no membership): those not cancelled, their attempts
-        due in :attr:`attempts`."""
+        """For a worker given its tasks (no membership): those not cancelled (none, if the
+        job is), their attempts due in :attr:`attempts`."""
         q = self.store.queue()
+        if q.cancelled:
+            return []  # (an element started as its job was cancelled)
         self.attempts = {i: q.attempt(i) for i in tasks}
         skip = q.cancelled_tasks
         return [i for i in tasks if i not in skip]

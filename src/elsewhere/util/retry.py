@@ -35,7 +35,7 @@ def exception_name(cls: type) -> str:
     """The name an error record gives the exception class ``cls``: ``"ValueError"`` for a
     builtin (and a class of ``__main__``), ``"module.Qualified.Name"`` for the others."""
     module = getattr(cls, "__module__", "") or ""
-    qual = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "?")
+    qual = str(getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "?"))
     return qual if module in ("builtins", "__main__") else f"{module}.{qual}"
 
 
@@ -86,7 +86,10 @@ class Retry:
     """
 
     times: int
-    on: tuple[str, ...] | Any = field(default=(Exception,))
+    #: given as classes or names; kept as the names (``("OSError", "TimeoutError")``)
+    on: type[BaseException] | str | tuple[type[BaseException] | str, ...] = field(
+        default=(Exception,)
+    )
     lost: bool = True
     delay_s: float | str = 1.0
     backoff: float = 2.0
@@ -105,13 +108,20 @@ class Retry:
         delay = parse_duration(self.delay_s, what="Retry(delay_s=...)")
         most = parse_duration(self.max_delay_s, what="Retry(max_delay_s=...)")
         backoff = self.backoff
-        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not 1 <= backoff < float("inf"):
-            raise ConfigError(f"Retry(backoff=...) multiplies each wait: a number >= 1, not {backoff!r}")
-        object.__setattr__(self, "delay_s", float(delay or 0.0))
-        object.__setattr__(self, "max_delay_s", float(most if most is not None else 0.0))
+        if (
+            isinstance(backoff, bool)
+            or not isinstance(backoff, (int, float))
+            or not 1 <= backoff < float("inf")
+        ):
+            raise ConfigError(
+                f"Retry(backoff=...) multiplies each wait: a number >= 1, not {backoff!r}"
+            )
+        first, longest = float(delay or 0.0), float(most if most is not None else 0.0)
+        if longest < first:
+            raise ConfigError(f"Retry(max_delay_s={longest:g}) is shorter than delay_s={first:g}")
+        object.__setattr__(self, "delay_s", first)
+        object.__setattr__(self, "max_delay_s", longest)
         object.__setattr__(self, "backoff", float(backoff))
-        if self.max_delay_s < self.delay_s:
-            raise ConfigError(f"Retry(max_delay_s={self.max_delay_s:g}) is shorter than delay_s={self.delay_s:g}")
 
     @classmethod
     def of(cls, value: int | Retry) -> Retry:
@@ -133,8 +143,8 @@ class Retry:
         is run again."""
         if not self.on or not self.times:
             return None
-        return {"times": self.times, "on": list(self.on), "delay_s": self.delay_s, "backoff": self.backoff,
-                "max_delay_s": self.max_delay_s}  # fmt: skip
+        return {"times": self.times, "on": list(_names(self.on)), "delay_s": self.delay_s,
+                "backoff": self.backoff, "max_delay_s": self.max_delay_s}  # fmt: skip
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> Retry:
@@ -148,8 +158,10 @@ class Retry:
                    max_delay_s=float(spec.get("max_delay_s", 0.0)))  # fmt: skip
 
     def __repr__(self) -> str:
-        return (f"Retry(times={self.times}, on={self.on!r}, lost={self.lost}, delay_s={self.delay_s:g}, "
-                f"backoff={self.backoff:g}, max_delay_s={self.max_delay_s:g})")
+        return (
+            f"Retry(times={self.times}, on={self.on!r}, lost={self.lost}, delay_s={self.delay_s:g}, "
+            f"backoff={self.backoff:g}, max_delay_s={self.max_delay_s:g})"
+        )
 
 
 def matches(wanted: Iterable[str], error: Mapping[str, Any]) -> bool:
@@ -174,7 +186,12 @@ def rerun_delay(spec: Mapping[str, Any] | None, error: Any, attempt: int) -> flo
         times = int(spec.get("times", 0))
         if attempt >= times or not matches(spec.get("on", ()), error):
             return None
-        delay = float(spec.get("delay_s", 0.0)) * float(spec.get("backoff", 1.0)) ** attempt
-        return max(0.0, min(delay, float(spec.get("max_delay_s", delay))))
-    except (TypeError, ValueError, OverflowError):
+        first = float(spec.get("delay_s", 0.0))
+        longest = float(spec.get("max_delay_s", first))
+        try:
+            delay = first * float(spec.get("backoff", 1.0)) ** attempt
+        except OverflowError:  # (a thousandth rerun)
+            delay = longest
+        return max(0.0, min(delay, longest))
+    except (TypeError, ValueError):
         return None  # a policy this version cannot read: the error stands
