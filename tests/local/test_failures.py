@@ -183,3 +183,19 @@ def test_workers_killed_while_they_start_are_replaced_not_counted_as_broken(ew_h
         time.sleep(0.05)
     waiter.join(150)
     assert job.results() == [1, 2, 3]
+
+
+def test_a_worker_that_left_without_a_task_is_not_damage_but_one_that_ran_tasks_is(ew_home):
+    """A worker that joined, found nothing left to claim and left wrote no journal: that is
+    not damage. One that claimed tasks and has no journal is."""
+    job = ew.submit(abs, [-1, -2], on=ew.local(cores=1), name="idle-member")
+    job.wait(timeout=60)
+    with job.handle.store.locked_queue() as q:
+        q.join("idle-w", {"pid": 1, "host": "h"})
+        q.set_member("idle-w", "left")
+    assert "damaged" not in str(job.check()), job.check()
+    with job.handle.store.locked_queue() as q:
+        q.join("ran-w", {"pid": 1, "host": "h"})
+        q.set_member("ran-w", "active", claim=[0, 1])
+        q.set_member("ran-w", "left", claim=[])
+    assert "journal/ran-w.rec is missing" in str(job.check())

@@ -337,7 +337,8 @@ class JobHandle:
             if m.get("state") != "left" or clean.get(wid) == (reader.offset(wid), wid in reader.listed):
                 continue
             if wid not in reader.listed:
-                out.append(f"damaged: journal/{wid}.rec is missing")
+                if m.get("claimed", True):  # (one that never claimed a task wrote no journal)
+                    out.append(f"damaged: journal/{wid}.rec is missing")
                 continue
             if reader.tails.get(wid):
                 out.append(f"damaged: journal/{wid}.rec: cut inside a frame at byte {reader.offset(wid)}")

@@ -45,7 +45,7 @@ class Members:
     def join(self, wid: str, info: dict[str, Any]) -> dict[str, Any]:
         """Worker ``wid`` becomes a member (``info``: pid, host, python, lock, fifo, ...),
         active with nothing claimed yet; its member entry."""
-        m = {**info, "claim": [], "state": "active"}
+        m = {**info, "claim": [], "state": "active", "claimed": False}
         self.members[wid] = m
         self.d.pop("start_losses", None)
         return m
@@ -59,6 +59,8 @@ class Members:
         m["state"] = state
         if claim is not None:
             m["claim"] = claim
+            if claim:
+                m["claimed"] = True  # it ran (or runs) tasks: it has a journal
 
     def take_next(self, k: int) -> int:
         """Claim the next ``k`` tasks never claimed: returns the first (the tasks are
