@@ -143,7 +143,7 @@ def m_latency(system: str, shape: str, workers: int = 2, peer: dict | None = Non
                     lat.append(s.latency())
                     raced += s.raced
                 slow.append(late.latency())
-        out = {**_stats(lat), "raced": raced}
+        out = {**_stats(lat), "raced": raced, "samples": lat}  # samples: bench/report.py's plot
         if slow:
             out["slow_med"] = _stats(slow)["med"]
         return out
@@ -321,3 +321,34 @@ def report(got: dict[str, list[dict | None]], where: str, workers: int = 2) -> s
         out.append(table(["stream", "executor", "peak RSS", "each round's (MB)", "growth", "RSS at end", "wall",
                           "ratio (RSS)", "ratio (time)"], rows))
     return "\n".join(out)
+
+
+def figures_json(fig, got: dict[str, list[dict | None]]) -> None:
+    """The groups' figures for ``--json`` (``fig``: a ``report.Figures``): the latencies (with
+    every call's, for the distribution plot) and the streams' peak RSS and wall time."""
+    from _common import median
+
+    def med(key: str, field: str) -> float:
+        return median(r.get(field) for r in got.get(key, []) if r)
+
+    def every(key: str) -> list[float] | None:
+        return [x for r in got.get(key, []) if r for x in r.get("samples", [])] or None
+
+    alts = [s for s in NAMES if s != "ew"]
+    shapes = {"lone": "Result latency of lone calls (a call's end to its future done)",
+              "burst": f"Result latency of {BURST_FAST} quick calls behind a {BURST_SLOW_S:g} s call, one worker"}
+    for shape, what in shapes.items():
+        for field, label in (("med", "median"), ("p90", "90th percentile")):
+            keys = {s: f"latency/{s}/{shape}" for s in NAMES}
+            samples = {NAMES[s]: every(k) for s, k in keys.items()} if field == "med" else None
+            fig.compare("latency", f"{what}, {label}", (NAMES["ew"], med(keys["ew"], field)),
+                        [(NAMES[s], med(keys[s], field)) for s in alts], "s", samples=samples)  # fmt: skip
+    for load, what in (("small", "abs() calls"), ("mb", "calls returning 1 MB each")):
+        some = next((r for s in NAMES for r in got.get(f"memory/{s}/{load}", []) if r), None)
+        if some is None:
+            continue
+        stream = f"{some['calls']:_} {what}, at most {some['window']:_} futures alive".replace("_", " ")
+        for field, label, unit, scale in (("peak_kb", "the caller's peak RSS", "MB", 1 / 1024),
+                                          ("t", "wall time", "s", 1.0)):  # fmt: skip
+            fig.compare("memory", f"{stream}: {label}", (NAMES["ew"], med(f"memory/ew/{load}", field) * scale),
+                        [(NAMES[s], med(f"memory/{s}/{load}", field) * scale) for s in alts], unit)  # fmt: skip

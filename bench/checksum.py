@@ -1,6 +1,6 @@
 """What the checksums of the job folder cost: the hash itself, and writing and reading results.
 
-    .venv/bin/python bench/checksum.py [--mb 100] [--rounds 7]
+    .venv/bin/python bench/checksum.py [--mb 100] [--rounds 7] [--json FILE]
 
 1. Throughput (MB/s, best of ``--rounds``) over ``--mb`` MB of random bytes of the checksum
    the job folder uses (XXH3-64, from ``xxhash``) and of the alternatives: zlib's CRC32 and
@@ -130,9 +130,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = ap.parse_args()
-    print(f"checksum throughput over {args.mb} MB (best of {args.rounds}):")
-    for name, rate in throughput(args.mb, args.rounds):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from report import Figures
+
+    record = Figures("checksum", sys.argv[1:])
+    print(f"checksum throughput over {args.mb} MB (best of {args.rounds}), load {os.getloadavg()[0]:.2f}:")
+    rates = throughput(args.mb, args.rounds)
+    for name, rate in rates:
         print(f"  {name:42s} {rate:8.0f} MB/s")
     with tempfile.TemporaryDirectory() as folder:
         t = {k: statistics.median(v) for k, v in results(args.mb, args.rounds, folder).items()}
@@ -146,6 +152,14 @@ def main() -> None:
         print(
             f"  {what:8s} {a * 1e3:7.1f} ms {b * 1e3:8.1f} ms {a / b:6.2f}   {(b + crc) / b:6.2f}"
         )
+    if args.json:
+        record.compare("hash", f"Checksum throughput over {args.mb} MB, one core", rates[0], rates[1:], "MB/s",
+                       better="higher")  # fmt: skip
+        for what, key in (("written to a results file (page cache)", "write"), ("read back and checked", "read")):
+            record.compare("results", f"{args.mb} MB of results (10 arrays) {what}", ("with XXH3-64", t[key]),
+                           [("without a checksum", t[f"{key}0"]), ("with CRC32 instead", t[f"{key}0"] + t["crc32"])],
+                           "s")  # fmt: skip
+        record.write(args.json)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A scikit-learn GridSearchCV through joblib: the elsewhere backend on local workers against
 joblib's default (loky) and dask's joblib backend, side by side in one run.
 
-    .venv/bin/python bench/joblib_gridsearch.py [--rounds 3] [--quick] [--cores 2]
+    .venv/bin/python bench/joblib_gridsearch.py [--rounds 3] [--quick] [--cores 2] [--json FILE]
 
 An SVC on 1000 of scikit-learn's digits, a grid of 4 C x 5 gamma with 5-fold cross-validation:
 100 fits of some 20-80 ms each. Every measurement runs in a fresh interpreter (a fresh
@@ -194,7 +194,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="one round")
     p.add_argument("--cores", type=int, default=2, help="workers of each system (default 2)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = p.parse_args(argv)
+    from report import Figures
+
+    record = Figures("joblib_gridsearch", argv)
     rounds = args.rounds or (1 if args.quick else 3)
     n_fits = len(GRID["C"]) * len(GRID["gamma"]) * CV
     with open("/proc/loadavg") as f:
@@ -203,6 +207,19 @@ def main(argv: list[str]) -> int:
           f"load {load} at the start", file=sys.stderr)  # fmt: skip
     got = collect(rounds, args.cores)
     print(report(got))
+    with open("/proc/loadavg") as f:
+        print(f"\nload {f.read().split()[0]} at the end", file=sys.stderr)
+    if args.json:
+        from _common import median
+
+        for field, when in (("cold", "cold (the workers start during the fit)"), ("warm", "warm")):
+            def med(system: str, field: str = field) -> float:
+                return median(r.get(field) for r in got.get(system, []))
+
+            record.compare("fit", f"GridSearchCV of an SVC, {n_fits} fits, {when}", (LABELS["elsewhere"], med("elsewhere")),
+                           [(LABELS[s], med(s)) for s in ("loky", "dask", "sequential")], "s",
+                           variants=[(LABELS["elsewhere-jobs"], med("elsewhere-jobs"))])  # fmt: skip
+        record.write(args.json)
     return 0
 
 

@@ -1,6 +1,6 @@
 """The local backend against what a user would pick instead, side by side.
 
-    .venv/bin/python bench/local.py [--rounds 3] [--quick] [--only cold10k,first,...] [--calls N]
+    .venv/bin/python bench/local.py [--rounds 3] [--quick] [--only cold10k,first,...] [--calls N] [--json FILE]
 
 Measures in one run, on this machine, each measurement in a fresh interpreter
 (rounds interleaved, median reported), every elsewhere job durable on disk and
@@ -31,6 +31,15 @@ its workers detached, ``on=ew.local(cores=2)``:
    ``abs`` calls (default 200 000; 1 000 000 is the full figure; at most
    10 000 futures alive) and of 2 000 calls returning 1 MB each, against
    ProcessPoolExecutor and loky.
+9. ``large``: 1 000 000 and 10 000 000 no-op tasks from cold through ``ew.map`` against
+   ``ProcessPoolExecutor.map`` with a good chunksize (its pool start included): the time and
+   the caller's peak RSS.
+10. ``sweep``: the throughput of the same from 1 to 10 000 000 tasks (powers of ten), against
+    ProcessPoolExecutor, multiprocessing.Pool and loky's ``map`` and, up to 100 000 tasks,
+    ProcessPoolExecutor's one submit per task (``--only sweep`` includes ``large``; with
+    ``--quick``, 10 000 000 only for the group ``large``). ``bench/report.py`` plots it.
+
+``--json FILE`` also writes the figures to FILE for ``bench/report.py`` (bench/README.md).
 
 "ratio" is always the alternative's time over elsewhere's (its speed relative
 to the alternative): above 1, elsewhere is faster (for ``latency`` and
@@ -376,9 +385,45 @@ def m_big(system: str, mb: int, variant: str = "map", reps: int = 3) -> dict:
     return {"t": statistics.median(ts)}
 
 
+LARGE = (1_000_000, 10_000_000)  # group large: ew.map against PPE.map(chunksize), time and RSS
+SWEEP = (1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000)  # group sweep: job sizes
+EACH_UP_TO = 100_000  # one submit per task beyond this takes minutes a contender
+
+
+def m_large(system: str, n: int, mode: str = "map") -> dict:
+    """``n`` no-op tasks from cold: ``ew.map`` with no workers running, or a pool's
+    ``map(chunksize)`` (``mode="each"``: one submit per task), its start included; the time
+    and the caller's peak RSS (``ru_maxrss``, KB) before and after. The inputs are a
+    ``range``, so that the RSS is the system's and its results' (10 000 000 ints in a list
+    would add some 360 MB to each side)."""
+    import resource
+
+    xs = range(n)
+    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if system == "ew":
+        ew, cl = _ew()
+        try:
+            t0 = pc()
+            vals = ew.map(noop, xs, on=cl, progress=False)
+            t = pc() - t0
+        finally:
+            _stop(ew)
+    else:
+        start, each, pmap, close = _pool_api(system)
+        t0 = pc()
+        p = start()
+        vals = each(p, xs) if mode == "each" else pmap(p, xs, _chunk(n))
+        t = pc() - t0
+        close(p)
+    _check(vals, n)
+    return {"t": t, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "base_kb": base_kb}
+
+
 EXECUTOR_GROUPS = ("latency", "memory")  # reported by _executors.report
+SIZE_GROUPS = ("large", "sweep")  # reported by report_sizes
 
 CHILDREN = {
+    "large": m_large,
     "ew_cold": m_ew_cold,
     "ew_warm": m_ew_warm,
     "ew_first": m_ew_first,
@@ -423,6 +468,15 @@ def plan(quick: bool, calls: int = 200_000) -> list[tuple[str, str, dict, bool]]
         m.append(("big/ew/submit", "big", {"system": "ew", "mb": 100, "variant": "submit"}, True))
         m.append(("big/ppe", "big", {"system": "ppe", "mb": 100}, False))
     m += _executors.plan(calls, 2_000)
+    for n in LARGE:  # the large-jobs lead: ew.map against PPE.map(chunksize), time and peak RSS
+        for s in ("ew", "ppe"):
+            m.append((f"large/{s}/{n}", "large", {"system": s, "n": n}, s == "ew"))
+    for n in SWEEP:  # throughput by job size, the other pools too (--quick: not at 10 M)
+        for s in ["ew", *pools]:
+            if not (n in LARGE and s in ("ew", "ppe")) and not (quick and n > 1_000_000):
+                m.append((f"sweep/{s}/{n}", "large", {"system": s, "n": n}, s == "ew"))
+        if n <= (10_000 if quick else EACH_UP_TO):
+            m.append((f"sweep/ppe-each/{n}", "large", {"system": "ppe", "n": n, "mode": "each"}, False))
     return m
 
 
@@ -475,8 +529,8 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
 
     for key in sorted(got, key=lambda k: list(got).index(k)):
         group, _, sysname = key.partition("/")
-        if group in EXECUTOR_GROUPS:
-            continue  # their own table (_executors.report)
+        if group in EXECUTOR_GROUPS + SIZE_GROUPS:
+            continue  # their own tables (_executors.report, report_sizes)
         if key == "warm10k/ew":
             for v in ("map", "map_noseed", "submit"):
                 x = t(key, v)
@@ -548,6 +602,89 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
     return figures, ratios
 
 
+SIZE_LABELS = {"ew": "ew.map", "ppe": "PPE.map(chunksize)", "mp": "mp.Pool.map(chunksize)",
+               "loky": "loky map(chunksize)", "ppe-each": "PPE, one submit per task"}  # fmt: skip
+
+
+def _sized(got: dict[str, list[dict]], system: str, n: int, field: str = "t") -> float:
+    """The median of ``field`` for ``n`` tasks on ``system`` (group large or sweep)."""
+    from _common import median
+
+    return median(r.get(field) for g in SIZE_GROUPS for r in got.get(f"{g}/{system}/{n}", []))
+
+
+def report_sizes(got: dict[str, list[dict]]) -> str:
+    """The large jobs (time and the caller's peak RSS) and the sweep (tasks per second)."""
+    from _common import fmt_rate, fmt_time, table
+
+    out = []
+    rows = []
+    for n in LARGE:
+        e_t, e_kb = _sized(got, "ew", n), _sized(got, "ew", n, "peak_kb")
+        for s in ("ew", "ppe"):
+            x, kb = _sized(got, s, n), _sized(got, s, n, "peak_kb")
+            if x == x:
+                ratios = ["", ""] if s == "ew" else [f"{x / e_t:.2f}x", f"{kb / e_kb:.2f}x"]
+                rows.append([f"{n:_}".replace("_", " "), SIZE_LABELS[s], fmt_time(x), fmt_rate(n / x),
+                             f"{kb / 1024:.0f} MB", *ratios])  # fmt: skip
+    if rows:
+        out.append(table(["tasks", "system", "time", "rate", "peak RSS (caller)", "ratio (time)", "ratio (RSS)"],
+                         rows))  # fmt: skip
+    systems = [s for s in SIZE_LABELS if any(k.startswith(f"sweep/{s}/") for k in got)]
+    if systems:
+        rows = [[f"{n:_}".replace("_", " ")] + [fmt_rate(n / _sized(got, s, n)) for s in systems] for n in SWEEP]
+        out.append("\nTasks per second, start to last result:\n")
+        out.append(table(["tasks", *(SIZE_LABELS[s] for s in systems)], rows))
+    return "\n".join(out)
+
+
+def figures_json(fig, got: dict[str, list[dict]]) -> None:
+    """The figures of the groups measured, for ``--json`` (``fig``: a ``report.Figures``)."""
+    from _common import median
+
+    def t(key: str, field: str = "t") -> float:
+        return median(r.get(field) for r in got.get(key, []))
+
+    for group, n in (("cold10k", 10_000), ("cold100k", 100_000)):
+        fig.compare(group, f"{n:_} no-op tasks from cold".replace("_", " "), ("ew.map", t(f"{group}/ew/map")),
+                    [("PPE.map(chunksize)", t(f"{group}/ppe/map")), ("PPE, one submit per task", t(f"{group}/ppe/each")),
+                     ("mp.Pool.map(chunksize)", t(f"{group}/mp/map")),
+                     ("mp.Pool, apply_async per task", t(f"{group}/mp/each")),
+                     ("loky map(chunksize)", t(f"{group}/loky/map")),
+                     ("loky, one submit per task", t(f"{group}/loky/each"))], "s",
+                    variants=[("ew.map(seed=False)", t(f"{group}/ew/map_noseed")),
+                              ("ew.submit().wait(); get()", t(f"{group}/ew/submit"))])  # fmt: skip
+    fig.compare("warm10k", "10 000 no-op tasks on warm workers", ("ew.map", t("warm10k/ew", "map")),
+                [("warm PPE.map(chunksize)", t("warm10k/ppe/map")), ("warm mp.Pool.map(chunksize)", t("warm10k/mp/map")),
+                 ("warm loky map(chunksize)", t("warm10k/loky/map"))], "s",
+                variants=[("ew.map(seed=False)", t("warm10k/ew", "map_noseed")),
+                          ("ew.submit().wait(); get()", t("warm10k/ew", "submit"))])  # fmt: skip
+    fig.compare("first", "First result from cold (a job of one task)", ("ew.map([x])", t("first/ew/map")),
+                [("dask LocalCluster, start to first result", t("first/dask")),
+                 ("PPE, start to first result", t("first/ppe"))], "s",
+                variants=[("ew.submit().wait(); results()", t("first/ew/submit")),
+                          ("ew.Executor().submit().result()", t("first/ew/executor"))])  # fmt: skip
+    cpu = median(r["bare"] / r["ew"] for r in got.get("cpu", []))  # each round's, as report() does
+    fig.compare("cpu", "20 tasks of 0.5 s of CPU each", ("ew.map", t("cpu", "ew")),
+                [("2 bare multiprocessing.Process", t("cpu", "bare"))], "s",
+                ratios={"ew.map": cpu, "2 bare multiprocessing.Process": cpu})  # fmt: skip
+    fig.compare("big", "One task with a 100 MB NumPy argument, warm workers", ("ew.map", t("big/ew/map")),
+                [("warm PPE", t("big/ppe"))], "s",
+                variants=[("ew.submit().wait(); get()", t("big/ew/submit"))])  # fmt: skip
+    for n in LARGE:
+        what = f"{n:_} no-op tasks from cold".replace("_", " ")
+        fig.compare("large", f"{what}: time", ("ew.map", _sized(got, "ew", n)),
+                    [("PPE.map(chunksize)", _sized(got, "ppe", n))], "s")  # fmt: skip
+        fig.compare("large", f"{what}: the caller's peak RSS", ("ew.map", _sized(got, "ew", n, "peak_kb") / 1024),
+                    [("PPE.map(chunksize)", _sized(got, "ppe", n, "peak_kb") / 1024)], "MB")  # fmt: skip
+    if any(k.startswith("sweep/") for k in got):
+        for n in SWEEP:
+            fig.compare("sweep", "No-op tasks from cold: tasks per second, by the job's size",
+                        ("ew.map", n / _sized(got, "ew", n)),
+                        [(SIZE_LABELS[s], n / _sized(got, s, n)) for s in ("ppe", "mp", "loky", "ppe-each")],
+                        "tasks/s", better="higher", tasks=n)  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -564,7 +701,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=None, help="rounds (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="one round, fewer variants (under a minute)")
     p.add_argument("--only", default="",
-                   help="comma-separated groups: cold10k,cold100k,warm10k,first,cpu,big,latency,memory")
+                   help="comma-separated groups: cold10k,cold100k,warm10k,first,cpu,big,latency,memory,large,"
+                        "sweep (sweep includes large)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     p.add_argument("--calls", type=int, default=None,
                    help="abs calls of the memory group's stream (default 200 000, 50 000 with --quick; "
                         "1 000 000 is the full figure, about 5 minutes per contender here)")
@@ -572,9 +711,14 @@ def main(argv: list[str]) -> int:
     calls = args.calls or (50_000 if args.quick else 200_000)
     rounds = args.rounds or (1 if args.quick else 3)
     only = {s for s in args.only.split(",") if s} or None
+    if only and "sweep" in only:
+        only.add("large")  # the sweep's points at 1 M and 10 M tasks for ew and PPE
     import platform
 
     from _common import venv_python
+    from report import Figures
+
+    record = Figures("local", argv)
 
     print(f"# bench/local.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()} ({venv_python()}), {rounds} round(s), "
@@ -582,7 +726,7 @@ def main(argv: list[str]) -> int:
     got, took = collect(rounds, args.quick, only, calls)
     print(f"\nFigures (median of {rounds} round(s), each in a fresh process; {took:.0f} s in all, "
           f"load {os.getloadavg()[0]:.2f} at end):\n")
-    if any(k.split("/")[0] not in EXECUTOR_GROUPS for k in got):
+    if any(k.split("/")[0] not in EXECUTOR_GROUPS + SIZE_GROUPS for k in got):
         figures, ratios = report(got)
         print(figures)
         print("\nRatios (alternative's time / elsewhere's: above 1, elsewhere is faster):\n")
@@ -591,6 +735,14 @@ def main(argv: list[str]) -> int:
         print("\new.Executor on ew.local(cores=2) against ProcessPoolExecutor(2) and loky (ratio: the "
               "alternative's latency, RSS or time over elsewhere's; above 1, elsewhere is ahead):\n")
         print(_executors.report(got, "local workers"))
+    if any(k.split("/")[0] in SIZE_GROUPS for k in got):
+        print("\nNo-op tasks from cold, by the job's size (ratio: the alternative's time or RSS over "
+              "elsewhere's; above 1, elsewhere is ahead):\n")
+        print(report_sizes(got))
+    if args.json:
+        figures_json(record, got)
+        _executors.figures_json(record, got)
+        record.write(args.json)
     return 0
 
 

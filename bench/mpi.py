@@ -1,6 +1,6 @@
 """Start-up of a 2-rank communicating job to its first result, against bare mpiexec.
 
-    .venv/bin/python bench/mpi.py [--rounds 5]
+    .venv/bin/python bench/mpi.py [--rounds 5] [--json FILE]
 
 Side by side in one run:
 - bare:      ``mpiexec -n 2 python -c "from mpi4py import MPI; ...allreduce..."``
@@ -69,8 +69,15 @@ print("RESULT", time.perf_counter() - t0, job.results())
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     a = p.parse_args()
     import shutil
+
+    from report import Figures
+
+    record = Figures("mpi", sys.argv[1:])
+    print(f"# bench/mpi.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, {a.rounds} round(s), "
+          f"load {os.getloadavg()[0]:.2f} at start", flush=True)
 
     if shutil.which("mpiexec") is None:
         print("no mpiexec here: apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py")
@@ -89,6 +96,13 @@ def main() -> None:
     if sl:
         rows.append(["elsewhere on SLURM (srun --mpi=pmix)", fmt_time(median(sl)), f"{median(sl) / b:.2f}", "", ""])
     print(table(["what", "median", "x bare", "target", ""], rows))
+    print(f"\nload {os.getloadavg()[0]:.2f} at end")
+    if a.json:
+        record.compare("start", "Two ranks, submit to the first result (an allreduce)",
+                       ("ew.submit_communicating on local workers", median(local)),
+                       [("bare mpiexec -n 2 python -c ...", b)], "s",
+                       variants=[("the same on SLURM (srun --mpi=pmix)", median(sl) if sl else None)])  # fmt: skip
+        record.write(a.json)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The peer network against dask.distributed and ipyparallel, side by side, on loopback.
 
-    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes,blas,...] [--calls N]
+    .venv/bin/python bench/peer.py [--rounds 3] [--quick] [--only rt,tput,big,bytes,blas,...] [--calls N] [--json FILE]
 
 Two ``elsewhere peer worker`` daemons (one slot each, a fresh group key, on
 127.0.0.1) are started once and stay warm; every measurement runs in a fresh
@@ -149,13 +149,14 @@ def m_ew_rt(port: int, key: str, n: int = 200) -> dict:
                 t0 = pc()
                 ppe.submit(noop, i).result()
                 ps.append(pc() - t0)
-    return {"t": _median(ts), "min": min(ts), "ppe": _median(ps)}
+    return {"t": _median(ts), "min": min(ts), "ppe": _median(ps), "samples": ts, "ppe_samples": ps}
 
 
 class WireClient:
     """A bare controller: the wire protocol on a blocking socket, no job folder."""
 
-    def __init__(self, port: int, key_path: str, encrypt: bool = True, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, key_path: str, encrypt: bool = True, host: str = "127.0.0.1",
+                 ciphers: tuple[str, ...] | None = None) -> None:  # fmt: skip
         import socket
 
         from elsewhere.peer.announce import new_peer_id
@@ -168,7 +169,8 @@ class WireClient:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffers = ReusableBuffers()  # warm receive buffers, as the controller keeps
         self.conn = Connection(Role.INITIATOR, load_key(key_path), Identity(new_peer_id(), "b", "b"),
-                               limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers, encrypt=encrypt)
+                               limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers, encrypt=encrypt,
+                               ciphers=ciphers)  # (ciphers: what this controller offers; default by the CPU)
         self.events: list = []
         self.n = 0
         self.sent_fns: set[str] = set()
@@ -525,95 +527,12 @@ def m_ipp_big(mb: int) -> dict:
         cluster.stop_cluster_sync()
 
 
-def _bare_peer(port: int, nbytes: int, mac: bool) -> None:
-    """The other process of the bare-socket echo: receive ``nbytes``, send them back, until
-    the socket closes."""
-    import socket
-
-    s = socket.create_connection(("127.0.0.1", port))
-    buf = bytearray(nbytes)
-    view = memoryview(buf)
-    while _recv_all(s, view, mac):
-        _send(s, view, mac)
-    s.close()
-
-
-def _gmac():
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
-    return Cipher(algorithms.AES(b"k" * 32), modes.GCM(b"n" * 12)).encryptor()
-
-
-def _send(s, view, mac: bool) -> None:
-    gmac = _gmac() if mac else None
-    for start in range(0, len(view), 1 << 20):
-        piece = view[start : start + (1 << 20)]
-        if gmac is not None:
-            gmac.authenticate_additional_data(piece)
-        s.sendall(piece)
-    if gmac is not None:
-        gmac.finalize()
-
-
-def _recv_all(s, view, mac: bool) -> bool:
-    """Fill ``view`` from ``s`` in 1 MiB reads (with a GMAC over them): False at the end."""
-    pos = 0
-    gmac = _gmac() if mac else None
-    while pos < len(view):
-        n = s.recv_into(view[pos : pos + (1 << 20)])
-        if not n:
-            return False
-        if gmac is not None:
-            gmac.authenticate_additional_data(view[pos : pos + n])
-        pos += n
-    if gmac is not None:
-        gmac.finalize()
-    return True
-
-
-class BareEcho:
-    """A 100 MB echo over a bare loopback TCP socket between two Python processes (this
-    one and a partner it starts), optionally with a GMAC over every byte each way: what
-    the peer wire is judged against, timed in the same process and minute as it."""
-
-    def __init__(self, a, mac: bool) -> None:
-        import multiprocessing
-        import socket
-
-        self.src = memoryview(a).cast("B")
-        self.back = memoryview(bytearray(len(self.src)))
-        self.mac = mac
-        lsock = socket.socket()
-        lsock.bind(("127.0.0.1", 0))
-        lsock.listen(1)
-        self.proc = multiprocessing.get_context("spawn").Process(
-            target=_bare_peer, args=(lsock.getsockname()[1], len(self.src), mac))
-        self.proc.start()
-        lsock.settimeout(60)
-        self.sock, _ = lsock.accept()
-        self.sock.settimeout(60)
-        lsock.close()
-        self.echo()  # both ends' buffers warm
-
-    def echo(self) -> float:
-        t0 = pc()
-        _send(self.sock, self.src, self.mac)
-        if not _recv_all(self.sock, self.back, self.mac):
-            raise RuntimeError("the echo partner went away")
-        return pc() - t0
-
-    def close(self) -> None:
-        self.sock.close()
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
-
-
 def m_bare(mb: int, mac: bool) -> dict:
     """A 100 MB echo over a bare loopback TCP socket between two Python processes."""
     import numpy as np
 
-    bare = BareEcho(np.random.default_rng(1).random((mb << 20) // 8), mac)
+    a = np.random.default_rng(1).random((mb << 20) // 8)
+    bare = _encrypted.Echo(memoryview(a).cast("B"), "gmac" if mac else "clear")
     try:
         return {"echo": min(bare.echo() for _ in range(3))}
     finally:
@@ -714,7 +633,8 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
         more, _, clear_key, clear_ports = start_workers(os.path.join(tmp, "clear"), n=1, args=("--no-encrypt",))
         procs += more
         plan += [("crypt", "crypt_big", {"port": tcp_ports[0], "key": key, "clear_port": clear_ports[0],
-                                         "clear_key": clear_key, "mb": mb}, False)]  # fmt: skip
+                                         "clear_key": clear_key, "mb": mb, "chacha_port": tcp_ports[1]},
+                  False)]  # fmt: skip
     if want & {"latency", "memory"}:
         one = None
         if "latency" in want:  # a worker alone in a group of its own: calls queue behind each other
@@ -843,6 +763,69 @@ PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "wire_rt"), ("rt", "dask_rt"), ("rt", "ip
 EXECUTOR_GROUPS = ("latency", "memory")  # measurements named group/system/variant, their own table
 
 
+def figures_json(fig, got: dict) -> None:
+    """The figures of the groups measured, for ``--json`` (``fig``: a ``report.Figures``)."""
+    from _common import median
+
+    def med(name: str, field: str = "t") -> float:
+        return median(r[field] for r in got.get(name, []) if r is not None and field in r)
+
+    def paired(name: str) -> float:  # each round's bare echo over its own, as report() judges
+        return median(r["bare_mac"] / r["echo"] for r in got.get(name, []) if r is not None)
+
+    def every(name: str, field: str) -> list[float] | None:
+        return [x for r in got.get(name, []) if r for x in r.get(field, [])] or None
+
+    ppe = "ProcessPoolExecutor, same process"
+    fig.compare("rt", "Round trip of one tiny task on a warm worker: submit(f, x).result(), median",
+                ("ew.Executor", med("ew_rt")),
+                [(ppe, med("ew_rt", "ppe")), ("dask client.submit", med("dask_rt")),
+                 ("ipyparallel apply_sync", med("ipp_rt"))], "s",
+                variants=[("the peer wire alone (a bare controller)", med("wire_rt"))],
+                samples={"ew.Executor": every("ew_rt", "samples"), ppe: every("ew_rt", "ppe_samples")})  # fmt: skip
+    fig.compare("tput", "10 000 no-op tasks on 2 workers", ("ew.map", med("ew_tput")),
+                [("dask client.map + gather", med("dask_tput")), ("ipyparallel map_sync", med("ipp_tput"))],
+                "s")  # fmt: skip
+    aes = "bare TCP echo + AES-256-GCM, same minute"
+    fig.compare("big", "100 MB argument and 100 MB result (the task returns its argument)",
+                ("ew.Executor", med("ew_big", "echo")),
+                [(aes, med("ew_big", "bare_mac")), ("dask submit", med("dask_big", "echo")),
+                 ("ipyparallel apply_sync", med("ipp_big", "echo"))], "s",
+                variants=[("ew.Executor, its first call (cold memory)", med("ew_big", "echo_first"))],
+                ratios={"ew.Executor": paired("ew_big"), aes: paired("ew_big")})  # fmt: skip
+    fig.compare("big", "The same through the peer wire alone (a bare controller)",
+                ("peer wire", med("wire_big", "echo")), [(aes, med("wire_big", "bare_mac"))], "s",
+                ratios={"peer wire": paired("wire_big"), aes: paired("wire_big")})  # fmt: skip
+    fig.compare("big", "A 100 MB argument only (the task returns its sum)", ("ew.Executor", med("ew_big", "arg")),
+                [], "s", variants=[("peer wire", med("wire_big", "arg"))])  # fmt: skip
+    fig.compare("big", "A new 100 MB result (the task returns a.copy())", ("ew.Executor", med("ew_big", "fresh")),
+                [], "s")  # fmt: skip
+    b = next((x for x in got.get("ew_bytes", []) if x), None)
+    if b is not None:
+        payload = b["n_big"] * b["arg_bytes"]
+        fig.add("bytes", "Bytes on the wire per byte of argument (50 tasks of 1 MB each way)", "peer wire",
+                b["big"].get("bytes_sent", 0) / payload, "x", elsewhere=True)  # fmt: skip
+        fig.add("bytes", "Bytes on the wire per byte of result (the same)", "peer wire",
+                b["big"].get("bytes_received", 0) / payload, "x", elsewhere=True)  # fmt: skip
+        fig.add("bytes", "Bytes on the wire per no-op task, both ways", "peer wire",
+                (b["tiny"].get("bytes_sent", 0) + b["tiny"].get("bytes_received", 0)) / b["n_tiny"], "B",
+                elsewhere=True)  # fmt: skip
+    fig.compare("blas", "ew.map(np.linalg.pinv, [a] * 5), a 800 x 800 matrix, on 2 workers",
+                ("ew.map", med("ew_blas", "ew")),
+                [("the same loop in the caller (BLAS on every core)", med("ew_blas", "loop")),
+                 ("ProcessPoolExecutor(2).map", med("ppe_blas")), ("dask client.map", med("dask_blas"))], "s")  # fmt: skip
+    one = max(med("crypt_big", "cipher"), med("crypt_big", "decipher"))  # the slower end sets the pace
+    fig.compare("crypt", "100 MB each way through the peer wire, encrypted (AES-256-GCM)",
+                ("peer wire, encrypted", med("crypt_big", "wire_enc")),
+                [("AES-256-GCM alone, one core, both ways", 2 * one), ("bare TCP echo + AES-256-GCM", med("crypt_big", "bare_aes")),
+                 ("bare TCP echo, clear", med("crypt_big", "bare_clear"))], "s",
+                variants=[("peer wire, --no-encrypt", med("crypt_big", "wire_clear"))])  # fmt: skip
+    fig.compare("crypt", "A 100 MB argument only through the peer wire, encrypted",
+                ("peer wire, encrypted", med("crypt_big", "arg_enc")),
+                [("AES-256-GCM alone, one core", one)], "s",
+                variants=[("peer wire, --no-encrypt", med("crypt_big", "arg_clear"))])  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     import argparse
     import tempfile
@@ -863,7 +846,11 @@ def main(argv: list[str]) -> int:
                         "1 000 000 is the full figure, about 5 minutes per contender here)")
     p.add_argument("--busy-poll", type=float, default=2.0, metavar="MS",
                    help="the workers' --busy-poll (default 2, theirs; 0 to compare without)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = p.parse_args(argv)
+    from report import Figures
+
+    record = Figures("peer", argv)
     rounds = args.rounds or (1 if args.quick else 3)
     calls = args.calls or (50_000 if args.quick else 200_000)
     only = {s for s in args.only.split(",") if s} or None
@@ -883,6 +870,10 @@ def main(argv: list[str]) -> int:
         print("\new.Executor on the loopback peer workers against ProcessPoolExecutor and loky (ratio: "
               "the alternative's latency, RSS or time over elsewhere's; above 1, elsewhere is ahead):\n")
         print(_executors.report(got, "peers"))
+    if args.json:
+        figures_json(record, got)
+        _executors.figures_json(record, got)
+        record.write(args.json)
     return 0
 
 

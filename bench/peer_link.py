@@ -1,6 +1,6 @@
 """100 MB each way over a shaped link: the peer wire encrypted and not, beside a bare socket.
 
-    .venv/bin/python bench/peer_link.py [--rate 1gbit] [--mb 100] [--rounds 3]      (as root)
+    .venv/bin/python bench/peer_link.py [--rate 1gbit] [--mb 100] [--rounds 3] [--json FILE]      (as root)
 
 Two network namespaces (``ewlink-<pid>-a``, ``-b``) joined by one veth pair, each end
 shaped by ``tc`` (tbf at ``--rate``): nothing is sent outside them, and they are removed at
@@ -129,7 +129,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rate", default="1gbit", help="tc rate of each end of the link (default 1gbit)")
     p.add_argument("--mb", type=int, default=100)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = p.parse_args(argv)
+    from report import Figures
+
+    record = Figures("peer_link", argv)
     if os.geteuid() != 0:
         print("bench/peer_link.py needs root (network namespaces, tc)", file=sys.stderr)
         return 2
@@ -191,6 +195,12 @@ def main(argv: list[str]) -> int:
         t = r[name]
         verdict = f"  (target >= 0.95x: {'PASS' if bare / t >= 0.95 else 'FAIL'})" if name == "wire_enc" else ""
         print(f"  {label:32s} {t:6.2f} s  {nbytes / t / 1e6:7.1f} MB/s  {bare / t:5.2f}x the bare echo{verdict}")
+    if args.json:
+        record.compare("link", f"{args.mb} MB each way over a link shaped to {args.rate} (two network namespaces)",
+                       ("peer wire, encrypted", r["wire_enc"]),
+                       [("bare TCP echo, clear", r["bare_clear"]), ("bare TCP echo + AES-256-GCM", r["bare_aes"])],
+                       "s", variants=[("peer wire, --no-encrypt", r["wire_clear"])])  # fmt: skip
+        record.write(args.json)
     return 0
 
 

@@ -19,7 +19,7 @@ how many task processes the peer workers started during the counted calls
 (0 when the children are reused), and one call after the module was edited
 (fresh children, the new code).
 
-    .venv/bin/python bench/peer_loop.py [--workers 3] [--slots 4] [--tasks 24] [--calls 5] [--task-ms 50]
+    .venv/bin/python bench/peer_loop.py [--workers 3] [--slots 4] [--tasks 24] [--calls 5] [--task-ms 50] [--json FILE]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--task-ms", type=float, default=50.0)
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = p.parse_args()
     if args.child:
         project, key, port, stats = args.child
@@ -108,7 +109,11 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    from report import Figures
+
     from peer import start_workers
+
+    record = Figures("peer_loop", sys.argv[1:])
 
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp) / "project"
@@ -143,6 +148,17 @@ def main() -> int:
           f"{', '.join(f'{t * 1000:.0f}' for t in res['dask'])} | {dask_t / ew_t:.2f}x |")  # fmt: skip
     print(f"| peer task processes started during the counted calls | {res['spawned']} | | |")
     print(f"| ew.map after the module was edited (fresh processes, new code) | {res['edited'] * 1000:.0f} ms | | |")
+    print(f"\nload {os.getloadavg()[0]:.2f} at the end")
+    if args.json:
+        what = (f"ew.map called in a loop: {args.tasks} tasks of {args.task_ms:g} ms a call on {args.workers} "
+                f"workers of {args.slots} slots")  # fmt: skip
+        record.compare("loop", f"{what}, the median call", ("ew.map", ew_t), [("dask client.map + gather", dask_t)],
+                       "s")  # fmt: skip
+        record.add("loop", f"{what}, the first call after the module was edited (fresh processes)", "ew.map",
+                   res["edited"], "s", elsewhere=True)  # fmt: skip
+        record.add("loop", f"{what}: task processes started during the counted calls", "peer workers",
+                   res["spawned"], "", elsewhere=True)  # fmt: skip
+        record.write(args.json)
     return 0
 
 

@@ -1,6 +1,6 @@
 """elsewhere on the real SLURM, side by side with submitit's ``map_array``.
 
-    .venv/bin/python bench/slurm.py [--n 1000] [--rounds 1] [--only elsewhere,submitit,chunked]
+    .venv/bin/python bench/slurm.py [--n 1000] [--rounds 1] [--only elsewhere,submitit,chunked] [--json FILE]
 
 For N trivial tasks (default 1 000) it measures, per contender:
 
@@ -174,7 +174,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--partition", default="debug")
     ap.add_argument("--only", default="elsewhere,submitit,chunked")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = ap.parse_args()
+    from report import Figures
+
+    record = Figures("slurm", sys.argv[1:])
     if shutil.which("sbatch") is None:
         print("no sbatch on PATH: SLURM is not here (ci/services/up.sh slurm)")
         return
@@ -232,6 +236,38 @@ def main() -> None:
                     flush=True,
                 )
     report(results, args.n)
+    if args.json:
+        figures_json(record, results, args.n)
+        record.write(args.json)
+
+
+SYSTEMS = {"elsewhere": "ew.submit (defaults)", "chunked": "ew.submit (tasks_per_element = tasks / CPUs)",
+           "submitit": "submitit map_array"}  # fmt: skip
+
+
+def figures_json(fig, results: dict[str, list[dict[str, Any]]], n: int) -> None:
+    """The figures of the contenders measured, for ``--json`` (``fig``: a ``report.Figures``)."""
+
+    def med(w: str, key: str) -> float:
+        return median(r[key] for r in results.get(w, []))
+
+    what = f"{n:_} no-op tasks".replace("_", " ")
+    variants = [(SYSTEMS["chunked"], med("chunked", "all_s"))]
+    fig.compare("all back", f"{what}: all results back", (SYSTEMS["elsewhere"], med("elsewhere", "all_s")),
+                [(SYSTEMS["submitit"], med("submitit", "all_s"))], "s", variants=variants)  # fmt: skip
+    fig.compare("submit", f"{what}: time to submit", (SYSTEMS["elsewhere"], med("elsewhere", "submit_s")),
+                [(SYSTEMS["submitit"], med("submitit", "submit_s"))], "s",
+                variants=[(SYSTEMS["chunked"], med("chunked", "submit_s"))])  # fmt: skip
+    for w, system in SYSTEMS.items():
+        rs = results.get(w, [])
+        if rs:
+            fig.add("calls", f"{what}: array elements", system, median(r["elements"] for r in rs), "",
+                    elsewhere=w != "submitit")  # fmt: skip
+            fig.add("calls", f"{what}: sbatch calls", system, median(r["calls"].get("sbatch", 0) for r in rs), "",
+                    elsewhere=w != "submitit")  # fmt: skip
+            fig.add("calls", f"{what}: status calls (squeue, sacct) while waiting", system,
+                    median(r["calls"].get("squeue", 0) + r["calls"].get("sacct", 0) for r in rs), "",
+                    elsewhere=w != "submitit")  # fmt: skip
 
 
 def report(results: dict[str, list[dict[str, Any]]], n: int) -> None:

@@ -1,6 +1,6 @@
 """The ssh backend over the loopback sshd (ci/services/sshd.sh): logins, submit, transfer.
 
-    .venv/bin/python bench/ssh.py [--rounds 3] [--only many,big]
+    .venv/bin/python bench/ssh.py [--rounds 3] [--only many,big] [--json FILE]
 
 Each measurement runs in a fresh interpreter with a fresh ``ELSEWHERE_HOME`` and its own
 remote storage; rounds are interleaved and the median is reported.
@@ -383,6 +383,26 @@ def report(got: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(out)
 
 
+def figures_json(fig, got: dict[str, list[dict[str, Any]]]) -> None:
+    """The figures of the groups measured, for ``--json`` (``fig``: a ``report.Figures``)."""
+    from _common import median
+
+    many, big, rs = got.get("many") or [], got.get("big") or [], got.get("rsync") or []
+    if many:
+        fig.add("many", "ssh logins per host and session (every command and copy multiplexed)", "ew.ssh",
+                max(r["opened"] or 0 for r in many), "", elsewhere=True)  # fmt: skip
+        fig.add("many", f"Time to submit {N_MANY} no-op tasks", "ew.submit", median(r["t_submit"] for r in many),
+                "s", elsewhere=True)  # fmt: skip
+        fig.add("many", f"Time until all {N_MANY} results are back", "ew.submit().wait(); results()",
+                median(r["t_all"] for r in many), "s", elsewhere=True)  # fmt: skip
+    if big and rs:
+        fig.compare("big", f"A {BIG_MB} MB array argument: submitted (serialised, written, copied, started)",
+                    ("ew.submit", BIG_MB / median(r["t_submit"] for r in big)),
+                    [("plain rsync -a of the same data, its login included", BIG_MB / median(r["t"] for r in rs)),
+                     ("rsync -a over an ssh connection opened beforehand", BIG_MB / median(r["t_mux"] for r in rs))],
+                    "MB/s", better="higher")  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
@@ -397,6 +417,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--only", default="", help="comma-separated: many,big")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (for bench/report.py)")
     args = p.parse_args(argv)
     only = {s for s in args.only.split(",") if s} or None
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -408,6 +429,9 @@ def main(argv: list[str]) -> int:
     if services.ssh() is None:
         print(f"bench/ssh.py: no test sshd: {services.why_no_ssh()}")
         return 0
+    from report import Figures
+
+    record = Figures("ssh", argv)
     print(f"# bench/ssh.py: {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}, {args.rounds} round(s), "
           f"load {os.getloadavg()[0]:.2f} at start", flush=True)
@@ -415,6 +439,9 @@ def main(argv: list[str]) -> int:
     print(f"\nMedian of {args.rounds} round(s), each in a fresh process; {took:.0f} s in all, "
           f"load {os.getloadavg()[0]:.2f} at end:\n")
     print(report(got))
+    if args.json:
+        figures_json(record, got)
+        record.write(args.json)
     return 0
 
 
