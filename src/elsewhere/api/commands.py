@@ -52,7 +52,7 @@ def open_job(name: str) -> Any:
                        f"purge {name}` removes it") from exc  # fmt: skip
 
 
-def _cluster(text: Any) -> dict[str, Any] | None:
+def cluster_object(text: Any) -> dict[str, Any] | None:
     """A registry row's cluster description (JSON text there) as an object; None if unreadable."""
     if isinstance(text, dict):
         return text
@@ -66,7 +66,7 @@ def _cluster(text: Any) -> dict[str, Any] | None:
 def cmd_jobs(args: argparse.Namespace) -> int:
     from .functions import jobs
 
-    rows = [{**r, "cluster": _cluster(r.get("cluster"))} for r in jobs()]
+    rows = [{**r, "cluster": cluster_object(r.get("cluster"))} for r in jobs()]
     if args.json:
         print(jsonout.dumps(rows))
         return exits.OK

@@ -52,6 +52,7 @@ from .localworkers import (
     note_spawned,
     reap_children,
     take_idle,
+    tell_to_exit,
     wake,
 )
 
@@ -268,15 +269,7 @@ class LocalCluster(Cluster):
     def shutdown(self) -> int:
         """Ask this pool's idle workers to exit now; returns how many were asked."""
         reap_children()
-        stopped = 0
-        for _wid, fd in self._take_idle(self.pool_dir()):
-            try:
-                os.write(fd, b"exit\n")
-                stopped += 1
-            except OSError:
-                pass
-            os.close(fd)
-        return stopped
+        return tell_to_exit(self._take_idle(self.pool_dir()))
 
     # -- plugin operations ----------------------------------------------------
     def _max_for(self, closed: bool, n: int) -> int:

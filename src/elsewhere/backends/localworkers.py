@@ -29,6 +29,7 @@ __all__ = [
     "reap_children",
     "stop_idle_workers",
     "take_idle",
+    "tell_to_exit",
     "wake",
 ]
 
@@ -143,16 +144,20 @@ def stop_idle_workers(home: Path) -> int:
         pools = [home / "local" / name for name in os.listdir(home / "local")]
     except (FileNotFoundError, NotADirectoryError):
         return 0
-    stopped = 0
-    for pool in pools:
-        for _wid, fd in take_idle(pool):
-            try:
-                os.write(fd, b"exit\n")
-                stopped += 1
-            except OSError:
-                pass
-            os.close(fd)
-    return stopped
+    return sum(tell_to_exit(take_idle(pool)) for pool in pools)
+
+
+def tell_to_exit(idle: list[tuple[str, int]]) -> int:
+    """Ask the idle workers ``idle`` (taken: ``[(wid, fifo fd)]``) to exit; how many were asked."""
+    asked = 0
+    for _wid, fd in idle:
+        try:
+            os.write(fd, b"exit\n")
+            asked += 1
+        except OSError:
+            pass
+        os.close(fd)
+    return asked
 
 
 def wake(fifo: str | None) -> None:

@@ -12,7 +12,6 @@ One lock: the server's threads (requests, the event loop's refresher) take turns
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from ...folder.registry import Registry
 from ...util.errors import JobNotFound
+from ..commands import cluster_object
 from .watch import JobWatch, folder_stamp
 
 __all__ = ["JobBoard", "stable"]
@@ -107,7 +107,7 @@ class JobBoard:
         if w is not None and last is not None and not self._due(w):
             return last  # done, and its folder did not change: as it was
         path = Path(row["path"])
-        base = {"name": row["name"], "id": row["id"], "state": row["state"], "cluster": _cluster(row["cluster"]),
+        base = {"name": row["name"], "id": row["id"], "state": row["state"], "cluster": cluster_object(row["cluster"]),
                 "created": row["created"], "n_tasks": row["n_tasks"], "path": row["path"], "counts": {}}  # fmt: skip
         base["kind"] = str((base["cluster"] or {}).get("kind", "?"))
         if not (path / "job.json").exists():
@@ -139,17 +139,6 @@ class JobBoard:
         if snap is None or not snap.job_state().done:
             return True
         return folder_stamp(w.path) != w.stamp or time.monotonic() - w.refreshed_at > _DONE_LOOK_S
-
-
-def _cluster(text: Any) -> dict[str, Any] | None:
-    """A registry row's cluster description (JSON text there) as an object; None if unreadable."""
-    if isinstance(text, dict):
-        return text
-    try:
-        value = json.loads(text) if text else None
-    except (TypeError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def stable(row: dict[str, Any]) -> dict[str, Any]:
