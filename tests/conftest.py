@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -103,10 +104,19 @@ _SHARED_GROUPS = {
 }  # fmt: skip
 
 
+# The tests that reach the real SLURM, Grid Engine and PBS (one 8-CPU node between them, with
+# tests that wait for an array's elements to run) take their turn one at a time, as in a run
+# of one process: side by side they waited on each other's elements past their timeouts.
+_REAL_SCHEDULER = re.compile(r"slurm|sge|pbs|torque", re.IGNORECASE)
+
+
 def pytest_collection_modifyitems(config, items):
     by_file = {f: group for group, files in _SHARED_GROUPS.items() for f in files}
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
             continue
         path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(by_file.get(path, path)))
+        group = by_file.get(path)
+        if group is None and _REAL_SCHEDULER.search(item.nodeid):
+            group = "real-schedulers"
+        item.add_marker(pytest.mark.xdist_group(group or path))
