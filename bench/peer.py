@@ -820,6 +820,11 @@ def figures_json(fig, got: dict) -> None:
                 [("AES-256-GCM alone, one core, both ways", 2 * one), ("bare TCP echo + AES-256-GCM", med("crypt_big", "bare_aes")),
                  ("bare TCP echo, clear", med("crypt_big", "bare_clear"))], "s",
                 variants=[("peer wire, --no-encrypt", med("crypt_big", "wire_clear"))])  # fmt: skip
+    chacha = max(med("crypt_big", "chacha_cipher"), med("crypt_big", "chacha_decipher"))
+    fig.compare("crypt", "100 MB each way through the peer wire, encrypted with ChaCha20-Poly1305",
+                ("peer wire, ChaCha20-Poly1305", med("crypt_big", "wire_chacha")),
+                [("ChaCha20-Poly1305 alone, one core, both ways", 2 * chacha),
+                 ("bare TCP echo + ChaCha20-Poly1305", med("crypt_big", "bare_chacha"))], "s")  # fmt: skip
     fig.compare("crypt", "A 100 MB argument only through the peer wire, encrypted",
                 ("peer wire, encrypted", med("crypt_big", "arg_enc")),
                 [("AES-256-GCM alone, one core", one)], "s",

@@ -1,6 +1,6 @@
 """The cipher of a connection: AES-256-GCM or ChaCha20-Poly1305, offered by each end in its
-order of preference, chosen in the handshake (the first of the controller's that the worker
-has), forced with ELSEWHERE_PEER_CIPHER; older peers, which name none, get AES-256-GCM.
+order of preference, chosen in the handshake (ChaCha20-Poly1305 where an end lacks AES
+instructions and both have it, else the first of the controller's that the worker has), forced with ELSEWHERE_PEER_CIPHER; older peers, which name none, get AES-256-GCM.
 
 The first part works without sockets; the last starts real workers (a job under each cipher,
 a capture of a ChaCha20-Poly1305 job, ends forced apart, ``elsewhere peer list``)."""
@@ -139,14 +139,14 @@ def test_an_end_offers_aes_first_with_aes_instructions_else_chacha(
     ("controller", "worker", "chosen"),
     [
         (BOTH, BOTH, AES_GCM),
-        ((CHACHA, AES_GCM), BOTH, CHACHA),  # the controller's order decides ...
-        (BOTH, (CHACHA, AES_GCM), AES_GCM),  # ... whatever the worker's
+        ((CHACHA, AES_GCM), BOTH, CHACHA),  # an end without AES instructions puts ChaCha
+        (BOTH, (CHACHA, AES_GCM), CHACHA),  # first: it is chosen, whichever end that is
         (BOTH, (CHACHA,), CHACHA),
         ((CHACHA,), BOTH, CHACHA),
         ((AES_GCM,), (CHACHA, AES_GCM), AES_GCM),
     ],
 )
-def test_the_worker_takes_the_first_of_the_controllers_ciphers_that_it_has(
+def test_chacha_where_an_end_lacks_aes_else_the_first_of_the_controllers_ciphers(
     key: GroupKey, controller: tuple[str, ...], worker: tuple[str, ...], chosen: str
 ) -> None:
     a = Connection(Role.INITIATOR, key, Identity("c"), ciphers=controller)

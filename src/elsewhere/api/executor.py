@@ -53,12 +53,17 @@ _JOB_OPTIONS = ("tag", "seed", "retries", "after", "files", "job_data", "env", "
 _live: weakref.WeakSet[Stream] = weakref.WeakSet()  # the streams not ended yet
 _exiting = False  # the interpreter is shutting down: no new calls
 _hooked = False
+_hooked_pid = 0  # the process that registered the exit hook (a forked child inherits it)
 
 
 def _at_exit() -> None:
     """At interpreter exit, as the standard's executors do: no new calls, and every
     executor's pending calls waited for (a detached one's job is closed and left to run)."""
     global _exiting
+    if os.getpid() != _hooked_pid:
+        # a child forked after executors started (multiprocessing's fork): it holds copies
+        # of their streams but not their threads, and joining those would wait for ever
+        return
     _exiting = True
     for stream in list(_live):
         try:
@@ -70,10 +75,10 @@ def _at_exit() -> None:
 
 
 def _hook() -> None:
-    global _hooked
+    global _hooked, _hooked_pid
     if _hooked:
         return
-    _hooked = True
+    _hooked, _hooked_pid = True, os.getpid()
     register = getattr(threading, "_register_atexit", None)  # before threads are joined
     try:
         if register is not None:

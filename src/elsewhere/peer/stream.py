@@ -41,7 +41,8 @@ _HANDSHAKE_READ = 4 << 10  # a handshake frame is at most 32 + 2048 + 16 bytes
 _MAX_PARTS = 256  # parts per sendmsg (IOV_MAX is 1024 on Linux)
 _MAX_QUEUED = 1 << 20  # bytes of parts pulled from the frames before a sendmsg
 # (a slice is sealed or MACed just before it is queued: 1 MiB ahead, it is still in cache when
-# the kernel copies it; 8 MiB ahead made 100 MiB one way 9-17 % slower, encrypted or MACed)
+# the kernel copies it; 8 MiB ahead made 100 MiB one way on loopback 8-17 % slower, encrypted
+# or MACed, on a quiet machine; without a key the same)
 _READ_BUDGET = 32 << 20  # bytes read per read() call, so one peer cannot starve the others
 
 
