@@ -160,22 +160,23 @@ class JobHandle:
         """The tasks' states now, as the job folder tells them (a backend may know more:
         ``Cluster.job_state`` is given this and returns a fresher one)."""
         reader = self.reader
-        reader.refresh()
         q = self.store.queue()
+        members = q.members
+        marked: list[tuple[int, str, float]] = []  # (task, worker, since) the workers say they run
+        for wid, m in members.items():
+            if m.get("state") == "active" and m.get("claim"):
+                idx, since, _ = self.store.read_running(wid)
+                if idx >= 0:
+                    marked.append((idx, wid, since))
+        marked += [(idx, wid, since) for wid, (idx, since) in self.given_running(skip=members).items()]
+        # The journals after the running marks: a task that ended in between is read as ended
+        # (read before, it would be neither running nor ended: shown queued for a moment).
+        reader.refresh()
         reruns = q.reruns
         if reruns:
             reader.forget(reruns)
         final = reader.final
-        running: dict[int, tuple[str, float]] = {}
-        members = q.members
-        for wid, m in members.items():
-            if m.get("state") == "active" and m.get("claim"):
-                idx, since, _ = self.store.read_running(wid)
-                if idx >= 0 and idx not in final:
-                    running[idx] = (wid, since)
-        for wid, (idx, since) in self.given_running(skip=members).items():
-            if idx not in final:
-                running[idx] = (wid, since)
+        running = {idx: (wid, since) for idx, wid, since in marked if idx not in final}
         n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
         return Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
                         cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts),
