@@ -340,7 +340,7 @@ def figures_json(fig, got: dict[str, list[dict | None]]) -> None:
     for shape, what in shapes.items():
         for field, label in (("med", "median"), ("p90", "90th percentile")):
             keys = {s: f"latency/{s}/{shape}" for s in NAMES}
-            samples = {NAMES[s]: every(k) for s, k in keys.items()} if field == "med" else None
+            samples = {NAMES[s]: every(k) for s, k in keys.items()} if field == "med" and shape == "lone" else None
             fig.compare("latency", f"{what}, {label}", (NAMES["ew"], med(keys["ew"], field)),
                         [(NAMES[s], med(keys[s], field)) for s in alts], "s", samples=samples)  # fmt: skip
     for load, what in (("small", "abs() calls"), ("mb", "calls returning 1 MB each")):

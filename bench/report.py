@@ -369,6 +369,22 @@ SECTIONS: list[tuple[str, tuple[str, ...], str]] = [
     ),
 ]
 
+#: the order of a script's groups in its table (others follow, as first recorded)
+GROUP_ORDER = {
+    "local": (
+        "cold10k",
+        "cold100k",
+        "warm10k",
+        "first",
+        "cpu",
+        "big",
+        "large",
+        "latency",
+        "memory",
+    ),
+    "peer": ("rt", "tput", "big", "bytes", "blas", "crypt", "latency", "memory"),
+}
+
 INTRO = """\
 # Benchmarks
 
@@ -393,9 +409,8 @@ alternative's time over elsewhere's (or elsewhere's rate over the alternative's)
 elsewhere is ahead. Both sides of a ratio were measured in the same run, minutes apart. The
 machine is small and shared with other work: its cores and its load during each run are given
 under each table, and absolute times move with the load (2-3x from minute to minute), the
-ratios less.
-Figures marked *carried over* could not be measured again for this page (why is said under
-the table) and keep their own date.
+ratios less. Figures marked *carried over* could not be measured again for this page (why is
+said under the table) and keep their own date.
 """
 
 
@@ -423,6 +438,11 @@ PLOTS = {
 }
 
 
+def _place(f: dict[str, Any], benches: tuple[str, ...]) -> tuple[int, int]:
+    order = GROUP_ORDER.get(f["bench"], ())
+    return benches.index(f["bench"]), order.index(f["group"]) if f["group"] in order else len(order)
+
+
 def render(docs: list[dict[str, Any]], plots: Iterable[str] = ()) -> str:
     """The README's text from the runs ``docs`` (see :func:`load`), showing ``plots`` (their
     paths relative to the README)."""
@@ -432,7 +452,7 @@ def render(docs: list[dict[str, Any]], plots: Iterable[str] = ()) -> str:
     known = {b for _, benches, _ in SECTIONS for b in benches}
     others = [(f"`bench/{b}.py`", (b,), "") for b in sorted({f["bench"] for f in figs} - known)]
     for title, benches, about in SECTIONS + others:
-        mine = [f for f in figs if f["bench"] in benches]
+        mine = sorted((f for f in figs if f["bench"] in benches), key=lambda f: _place(f, benches))
         if not mine:
             continue
         out.append(f"## {title}\n" + (f"\n{textwrap.fill(about, 96)}\n" if about else ""))
@@ -504,21 +524,28 @@ def plot_roundtrip(figs: list[dict[str, Any]], path: Path) -> bool:
     if not panels:
         return False
     plt = _pyplot()
-    cols = min(2, len(panels))
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    cols = min(3, len(panels))
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.4 * cols, 4.4 * rows), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
-    for ax, ((bench, _group, name), fs) in zip(axes.flat, panels.items()):
+    # the round trip first, then the result latency, local workers before peers
+    order = sorted(panels.items(), key=lambda kv: (kv[0][1] != "rt", kv[0][0] != "local"))
+    for ax, ((bench, _group, name), fs) in zip(axes.flat, order):
         for f in sorted(fs, key=lambda f: not f["elsewhere"]):
             xs = sorted(x * 1e3 for x in f["samples"])
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
             ax.step(xs, ys, where="post", linewidth=2.5 if f["elsewhere"] else 1.2,
                     label=f"{f['system']} (median {fmt_value(f['value'], f['unit'])})")  # fmt: skip
-        title = textwrap.fill(f"{bench}: {name.removesuffix(', median')} ({fs[0]['date']})", 70)
+        title = textwrap.fill(f"{bench}: {name.removesuffix(', median')} ({fs[0]['date']})", 60)
         ax.set(xscale="log", xlabel="ms (log scale)", ylabel="share of calls done within", ylim=(0, 1.02),
                title=title)  # fmt: skip
         ax.title.set_fontsize(9)
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
