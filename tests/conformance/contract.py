@@ -226,3 +226,12 @@ def _under_peer_worker(parents: list[int]) -> bool:
         if "peer worker" in cmd or "peer_cli" in cmd:
             return True
     return False
+
+
+def folders(tmp_path: Path, *names: str) -> list[Path]:
+    """New folders ``tmp_path/NAME``, one per name (where each job's tasks leave their marks)."""
+    out = []
+    for name in names:
+        (tmp_path / name).mkdir()
+        out.append(tmp_path / name)
+    return out

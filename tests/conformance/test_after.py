@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import elsewhere as ew
-from conformance.contract import Backend, wait_until
+from conformance.contract import Backend, folders, wait_until
 from conformance.retry_tasks import fail_on, stamp, starts
 from conformance.tasks import hold
 from elsewhere.backends.batch import BatchCluster
@@ -29,14 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 END_S = 150  # how long two jobs, one after the other, may take on a loaded batch scheduler
 #: backends whose scheduler takes a dependency but does not hold a job for it (the fakes)
 NO_HOLD = ("lsf", "flux")
-
-
-def _folders(tmp_path: Path, *names: str) -> list[Path]:
-    out = []
-    for name in names:
-        (tmp_path / name).mkdir()
-        out.append(tmp_path / name)
-    return out
 
 
 def _first_start(folder: Path, index: int) -> float:
@@ -61,7 +53,7 @@ def _submitted_with(cluster: ew.Cluster, words: list[str]) -> bool:
 
 def test_a_job_runs_once_the_jobs_it_waits_for_finished(backend: Backend, tmp_path: Path) -> None:
     cluster = backend()
-    first, second, third = _folders(tmp_path, "first", "second", "third")
+    first, second, third = folders(tmp_path, "first", "second", "third")
     a = ew.submit(
         stamp, range(2), [str(first)] * 2, [1.0] * 2, on=cluster, name=f"a-{tmp_path.name}"
     )
@@ -89,7 +81,7 @@ def test_a_job_runs_once_the_jobs_it_waits_for_finished(backend: Backend, tmp_pa
 def test_a_job_waiting_for_one_that_fails_is_cancelled_with_a_reason_naming_it(
         backend: Backend, tmp_path: Path) -> None:  # fmt: skip
     cluster = backend()
-    bad, waits, waits_too = _folders(tmp_path, "bad", "waits", "waits-too")
+    bad, waits, waits_too = folders(tmp_path, "bad", "waits", "waits-too")
     c = ew.submit(fail_on, range(2), [str(bad)] * 2, [1] * 2, on=cluster, name=f"c-{tmp_path.name}")
     e = ew.submit(hold, [str(waits)] * 2, range(2), on=cluster, after=c, name=f"e-{tmp_path.name}")
     f = ew.submit(hold, [str(waits_too)] * 2, range(2), on=cluster, after=[e])
@@ -111,7 +103,7 @@ def test_cancelling_a_job_cancels_the_jobs_that_wait_for_it(
     backend: Backend, tmp_path: Path
 ) -> None:
     cluster = backend()
-    first, second, third = _folders(tmp_path, "first", "second", "third")
+    first, second, third = folders(tmp_path, "first", "second", "third")
     g = ew.submit(hold, [str(first)] * 2, range(2), on=cluster, name=f"g-{tmp_path.name}")
     h = ew.submit(hold, [str(second)] * 2, range(2), on=cluster, after=[g])
     i = ew.submit(hold, [str(third)] * 2, range(2), on=cluster, after=[h])
@@ -153,7 +145,7 @@ def test_waiting_tasks_never_start_before_release(ew_home: Path, tmp_path: Path)
     """On local workers: while the job it waits for runs, a held job is pending, says what it
     waits for, and has no worker; it starts once that job finished."""
     cluster = ew.local(cores=2)
-    first, second = _folders(tmp_path, "first", "second")
+    first, second = folders(tmp_path, "first", "second")
     a = ew.submit(hold, [str(first)] * 2, range(2), on=cluster)
     b = ew.submit(stamp, range(2), [str(second)] * 2, on=cluster, after=a)
     st = b.check()

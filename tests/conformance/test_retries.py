@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import elsewhere as ew
-from conformance.contract import Backend, end_running_task, wait_until
+from conformance.contract import Backend, end_running_task, folders, wait_until
 from conformance.retry_tasks import fail_twice, start_times, starts
 from conformance.tasks import long_unless_marked, pid_of, starts_of
 from elsewhere.util.retry import rerun_delay
@@ -25,18 +25,10 @@ START_S = 30  # how long a task may take to start running (a batch scheduler's q
 END_S = 120  # how long a job of short tasks (and reruns 0.2 s and 0.4 s apart) may take to end
 
 
-def _folders(tmp_path: Path, *names: str) -> list[Path]:
-    out = []
-    for name in names:
-        (tmp_path / name).mkdir()
-        out.append(tmp_path / name)
-    return out
-
-
 def test_an_error_of_a_listed_type_runs_again_after_a_growing_delay_and_others_do_not(
         backend: Backend, tmp_path: Path) -> None:  # fmt: skip
     cluster = backend()
-    again, never, other, used_up = _folders(tmp_path, "again", "never", "other", "used-up")
+    again, never, other, used_up = folders(tmp_path, "again", "never", "other", "used-up")
     policy = ew.Retry(times=2, on=(OSError, TimeoutError), delay_s=0.2, backoff=2.0, max_delay_s=5)
     jobs = {
         # ConnectionResetError is an OSError: matched by its base, by name, where it ran
@@ -85,7 +77,7 @@ def test_an_error_of_a_listed_type_runs_again_after_a_growing_delay_and_others_d
 def test_a_lost_workers_task_runs_again_with_a_retry_policy_as_with_a_count(
         backend: Backend, tmp_path: Path) -> None:  # fmt: skip
     cluster = backend()
-    lost, kept = _folders(tmp_path, "lost", "kept")
+    lost, kept = folders(tmp_path, "lost", "kept")
     jobs = {
         # lost=True: a lost task runs again, as retries=1 does
         kept: ew.submit(long_unless_marked, range(2), [str(kept)] * 2, on=cluster,

@@ -10,15 +10,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from peer.peer_procs import free_port as free_port  # (the same ports as the peer tests)
+from peer.peer_procs import wait_until as wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -106,33 +107,6 @@ def stop_web(web: Web) -> None:
     web.log.unlink(missing_ok=True)
 
 
-def free_port() -> int:
-    """A port free for both UDP and TCP on 127.0.0.1 a moment ago (a peer discovery port)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = int(u.getsockname()[1])
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            try:
-                t.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port")
-
-
 def screenshots() -> bool:
     """Whether this run saves the views into docs/img (ELSEWHERE_WEB_SCREENSHOTS=1)."""
     return os.environ.get("ELSEWHERE_WEB_SCREENSHOTS") == "1"
-
-
-def wait_until(predicate, timeout: float, what: str, step: float = 0.05):
-    """Poll ``predicate`` until it is true; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import UnsupportedPlatform
+# (util.errors, and the typing it imports, only where one is raised: the worker imports this
+# module at its start, through the job folder's package, and pays for every import there)
 
 __all__ = ["missing_fcntl", "process_started", "require_fcntl", "require_proc"]
 
@@ -44,12 +45,16 @@ def require_fcntl() -> None:
     """UnsupportedPlatform, saying what to do, if this Python has no ``fcntl`` module."""
     why = missing_fcntl()
     if why is not None:
+        from .errors import UnsupportedPlatform
+
         raise UnsupportedPlatform(why)
 
 
 def require_proc(what: str, proc: str = "/proc") -> None:
     """UnsupportedPlatform if there is no ``/proc`` here (``what`` needs it: "a peer worker")."""
     if not os.path.isfile(os.path.join(proc, "self", "stat")):
+        from .errors import UnsupportedPlatform
+
         raise UnsupportedPlatform(
             f"{what} needs Linux's {proc} (its tasks' memory and the users of loopback connections "
             f"are read there), and there is none on this {_system()} system; run it on a Linux "
