@@ -28,7 +28,9 @@ def _pids_with_home(home: Path) -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if any(b"elsewhere.worker" in part for part in cmd) and any(needle.encode() in part for part in cmd):
+        if any(b"elsewhere.worker" in part for part in cmd) and any(
+            needle.encode() in part for part in cmd
+        ):
             pids.append(int(d))
     return pids
 
@@ -102,7 +104,7 @@ _SHARED_GROUPS = {
     "real-schedulers": ("tests/schedulers/test_real_slurm.py", "tests/schedulers/test_real_slurm_torque.py",
                         "tests/schedulers/test_real_sge.py"),
 }  # fmt: skip
-
+_GROUP_OF_FILE = {f: group for group, files in _SHARED_GROUPS.items() for f in files}
 
 # The tests that reach the real SLURM, Grid Engine and PBS (one 8-CPU node between them, with
 # tests that wait for an array's elements to run) take their turn one at a time, as in a run
@@ -110,13 +112,33 @@ _SHARED_GROUPS = {
 _REAL_SCHEDULER = re.compile(r"slurm|sge|pbs|torque", re.IGNORECASE)
 
 
-def pytest_collection_modifyitems(config, items):
-    by_file = {f: group for group, files in _SHARED_GROUPS.items() for f in files}
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.nodeid.split("::", 1)[0]
-        group = by_file.get(path)
-        if group is None and _REAL_SCHEDULER.search(item.nodeid):
-            group = "real-schedulers"
-        item.add_marker(pytest.mark.xdist_group(group or path))
+def test_group(nodeid: str) -> str:
+    """The group a test runs in: one process runs a whole group, one test after another."""
+    nodeid = nodeid.split("@", 1)[0]  # an xdist_group suffix, where xdist adds one
+    path = nodeid.split("::", 1)[0]
+    group = _GROUP_OF_FILE.get(path)
+    if group is None and _REAL_SCHEDULER.search(nodeid):
+        group = "real-schedulers"
+    return group or path
+
+
+test_group.__test__ = False  # not a test, despite its name
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # xdist may be absent
+def pytest_xdist_make_scheduler(config, log):
+    """Our groups, read from each test's node id by the controller.
+
+    xdist's own ``loadgroup`` reads ``xdist_group`` marks that its workers write into the node
+    ids, which pytest 9.2 no longer lets a plugin change: with it, every test went to any
+    process, and the real-scheduler tests ran side by side after all.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_group(nodeid)
+
+    return GroupScheduling(config, log)

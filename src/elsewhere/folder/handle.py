@@ -215,15 +215,19 @@ class JobHandle:
 
     def vanished(self) -> dict[int, str]:
         """Tasks whose worker, started with its tasks given on this machine, ended while it
-        ran them (killed, crashed) and left no outcome: ``{task: why}``. (Called at each poll,
+        ran them (killed, crashed) and left no outcome: ``{task: why}``; not a batch
+        scheduler's element, whose loss its backend reports with the scheduler's reason
+        (``deleted by qdel``, ``out of memory``). (Called at each poll,
         it also fails the tasks whose outcome damage took: :meth:`_write_off_damage`.)"""
         out: dict[int, str] = {}
         for wid in self._given_workers({}):
             idx, _, _ = self.store.read_running(wid)
             if idx < 0 or not self._ended_here(wid):
                 continue
-            self.reader.refresh()  # after the lock was seen free: its journal is whole
             info = self.store.worker_info(wid)
+            if info.get("element"):
+                continue  # its scheduler tells why it ended, through the backend's poll
+            self.reader.refresh()  # after the lock was seen free: its journal is whole
             earlier = float(info.get("started", 0.0)) < self.store.queue().retried_at(idx)
             if idx not in self.reader.final and not earlier:  # (an earlier attempt's worker: no news)
                 out[idx] = (f"the worker running it (pid {info.get('pid', '?')} on {info.get('host', '?')}) "

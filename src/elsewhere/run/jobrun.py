@@ -125,6 +125,10 @@ class JobRun:
         if self.fixed is not None:
             info = {"host": w.host, "pid": w.pid, "python": sys.executable, "version": _PY_VERSION,
                     "started": time.time()}  # fmt: skip
+            if os.environ.get("ELSEWHERE_SUBMISSION"):
+                # An array element of a batch scheduler: the scheduler says when and why it
+                # ended (FolderHandle.vanished leaves it to the backend's poll).
+                info["element"] = True
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
