@@ -10,7 +10,10 @@ tasks and writes their results back, which is all the client ever reads.
 What the plugin must find again later (from a new Python process too) is kept with
 ``set_job_cluster_data``: the socket, and for every tsp job its id, label and tasks. A tsp job
 that ended (finished, killed, removed from the queue) while some of the tasks it holds have no
-result lost them: ``poll`` reports them with tsp's exit status. ``cancel_job``/``cancel_task``
+result lost them: ``poll`` reports them with tsp's exit status. An open job (``ew.Executor``)
+gets workers without ``--tasks``, which claim its tasks from its queue as they are submitted;
+``poll`` lets the library write off a claiming worker that ended (``job.reap_workers()``) and
+queues a replacement while the job is open. ``cancel_job``/``cancel_task``
 remove queued tsp jobs (``tsp -r``) and kill running ones (``tsp -k``); ``delete_job`` also
 drops the job's entries from tsp's list and removes tsp's output files.
 
@@ -107,23 +110,35 @@ class TspCluster(ew.Cluster):
         return self.slots or max(1, (os.cpu_count() or 1) // self.cores_per_task)
 
     def submit_independent(self, job: ew.JobHandle) -> None:
-        """One tsp job per chunk of ``job.tasks`` (all of them, or the ones to rerun)."""
+        """One tsp job per chunk of ``job.tasks`` (all of them, or the ones to rerun); for an
+        open job (ew.Executor), as many workers as the server runs at once, which claim the
+        job's tasks from its queue as they come."""
         data = self.get_job_cluster_data(job)
         sock = data.setdefault("socket", self._socket())
         if self.slots:
             self._tsp(sock, "-S", str(self.slots), check=True)
+        at_once = self._at_once(sock)
+        tasks = list(job.tasks)
+        if tasks:
+            per = self.tasks_per_job or -(-len(tasks) // at_once)
+            parts = [tasks[k : k + per] for k in range(0, len(tasks), per)]
+        else:  # an open job: its tasks come later
+            parts = [[] for _ in range(at_once)] if job.stream else []
+        self._queue(job, data, parts)
+
+    def _at_once(self, sock: str | None) -> int:
+        """How many of this cluster's tsp jobs the server runs at once."""
         job_slots = self.additional_properties["job_slots"] or self.cores_per_task
         server_slots = int(self._tsp(sock, "-S", check=True).stdout.split()[0])
         if job_slots > server_slots:  # tsp would keep such a job queued for ever
             raise ew.ConfigError(f"a tsp job would take {job_slots} slots (tsp -N) but the tsp server "
                                  f"has {server_slots}: give slots={job_slots} or more")
-        at_once = server_slots // job_slots
-        tasks = list(job.tasks)
-        if tasks:
-            per = self.tasks_per_job or -(-len(tasks) // at_once)
-            parts = [tasks[k : k + per] for k in range(0, len(tasks), per)]
-        else:  # an open job (ew.Executor): its tasks come later; workers claim them from its queue
-            parts = [[] for _ in range(at_once)] if job.stream else []
+        return server_slots // job_slots
+
+    def _queue(self, job: ew.JobHandle, data: dict[str, Any], parts: list[list[int]]) -> None:
+        """A tsp job per part: a worker for those tasks, or one that claims ([])."""
+        sock = data["socket"]
+        job_slots = self.additional_properties["job_slots"] or self.cores_per_task
         logs = job.path / "logs"
         logs.mkdir(mode=0o700, exist_ok=True)
         entries = data.setdefault("tsp_jobs", [])
@@ -164,11 +179,20 @@ class TspCluster(ew.Cluster):
         return snapshot.but(reasons=reasons) if reasons != (snapshot.reasons or {}) else snapshot
 
     def poll(self, job: ew.JobHandle) -> None:
-        """A tsp job that ended while tasks it holds have no result lost them."""
+        """A tsp job that ended while tasks it holds have no result lost them. An open job's
+        workers claim their tasks from its queue: a claiming worker that ended is written
+        off by the library (``reap_workers``: its running task lost, the rest of its claim
+        back in the queue) and replaced while the job is open."""
         data = self.get_job_cluster_data(job)
         if not data.get("tsp_jobs"):
             return
         states = self._states(data)  # ask tsp first, then read the results: no race
+        if job.stream:
+            job.reap_workers()
+            claiming = sum(1 for e in data["tsp_jobs"] if not e["tasks"] and states.get(e["id"]) in ACTIVE)
+            missing = self._at_once(data["socket"]) - claiming
+            if missing > 0 and not job.state.done and not job.snapshot().cancelled:
+                self._queue(job, data, [[] for _ in range(missing)])
         final = job.refresh()
         cancelled = job.snapshot().cancelled_tasks
         lost: dict[int, str] = {}

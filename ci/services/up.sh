@@ -4,7 +4,7 @@
 # Idempotent: what runs already is left alone. One line per service at the end:
 #   started | already running | FAILED: reason     (a failure does not stop the others)
 #
-#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns netns-sshd chromium
+#   ci/services/up.sh                  # all: sshd (if sshd.sh exists) slurm sge torque mpi netns netns-sshd chromium podman tsp
 #   ci/services/up.sh slurm torque     # only these
 #   ci/services/up.sh --check [...]    # then run one trivial job on each (see check_* below)
 #
@@ -23,6 +23,7 @@ ALL=(slurm sge torque mpi netns)
 [ -f "$HERE/netns-sshd.sh" ] && ALL=("${ALL[@]}" netns-sshd)  # after netns: sshd inside each test host
 ALL+=(chromium)  # the web view's browser tests (tests/web)
 ALL+=(podman)  # python= through a container runtime (tests/env)
+ALL+=(tsp)  # the example scheduler plugin's real queue (tests/batch/test_tsp_plugin.py)
 
 CHECK=0
 services=()
@@ -30,7 +31,7 @@ for a in "$@"; do
   case "$a" in
     --check) CHECK=1 ;;
     -h | --help) sed -n '3,15p' "$0"; exit 0 ;;
-    sshd | slurm | sge | torque | mpi | netns | netns-sshd | chromium | podman) services+=("$a") ;;
+    sshd | slurm | sge | torque | mpi | netns | netns-sshd | chromium | podman | tsp) services+=("$a") ;;
     *) echo "up.sh: unknown service '$a' (known: ${ALL[*]})" >&2; exit 2 ;;
   esac
 done
@@ -179,6 +180,7 @@ with sync_playwright() as p:
     b.close()'
 }
 check_podman() { "$HERE/podman.sh"; }  # it starts one container itself
+check_tsp() { "$HERE/tsp.sh"; }  # it runs one job itself
 declare -A checked
 if [ $CHECK = 1 ]; then
   for s in "${services[@]}"; do

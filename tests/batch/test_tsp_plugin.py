@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 import elsewhere as ew
+from batch import tsp_server
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "examples.tsp_scheduler:TspCluster"
-TSP = shutil.which("tsp")
-
 pytestmark = [
     pytest.mark.timeout(90),
-    pytest.mark.skipif(TSP is None, reason="the task spooler (tsp) is not installed: apt-get install task-spooler"),
+    pytest.mark.skipif(tsp_server.TSP is None, reason=tsp_server.WHY_NO_TSP),
 ]
 
 
@@ -39,52 +35,12 @@ def importable_examples(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO) + (os.pathsep + old if old else ""))
 
 
-def _server_pid(sock: str, started_by: list[str]) -> int | None:
-    """The tsp server listening on ``sock``: by its socket, else by the command that started
-    it (the server is that command, forked into the background)."""
-    try:
-        for conn in psutil.net_connections(kind="unix"):
-            if conn.laddr == sock and conn.pid:
-                return conn.pid
-    except psutil.AccessDenied:
-        pass
-    for p in psutil.process_iter(["cmdline", "environ"]):
-        if p.info["cmdline"] == started_by and (p.info["environ"] or {}).get("TS_SOCKET") == sock:
-            return p.pid
-    return None
-
-
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.fixture
 def tsp(ew_home, tmp_path, monkeypatch):
     """A private tsp server (4 slots) for this test; ``tsp(*args)`` runs a tsp command on it."""
-    sock = str(tmp_path / "ts.sock")
-    assert len(sock) < 100, f"socket path too long for a unix socket: {sock}"
-    monkeypatch.setenv("TS_SOCKET", sock)
-    (tmp_path / "tmp").mkdir()
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # tsp's output files, not in /tmp
-    start = [TSP, "-S", "4"]
-    subprocess.run(start, check=True, timeout=10)
-    pid = _server_pid(sock, start)
-    assert pid is not None, "the tsp server did not start"
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([TSP, *args], capture_output=True, text=True, timeout=10)
-
-    run.socket = sock
-    yield run
-    subprocess.run([TSP, "-K"], capture_output=True, timeout=10)
-    deadline = time.monotonic() + 5
-    while not _gone(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not _gone(pid):
-        os.kill(pid, signal.SIGKILL)
+    server = tsp_server.start(tmp_path, monkeypatch)
+    yield server
+    server.stop()
 
 
 def square(x):
@@ -147,7 +103,10 @@ def test_map_results_in_order_one_tsp_job_per_chunk(tsp):
     assert [e["tasks"] for e in entries] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert cl.get_job_cluster_data(job.handle)["socket"] == tsp.socket
     # the results come before the workers exit: then tsp says each of its jobs finished well
-    _wait(lambda: all(_listed(tsp)[e["id"]][0] == "finished" for e in entries), lambda: tsp("-l").stdout)
+    _wait(
+        lambda: all(_listed(tsp)[e["id"]][0] == "finished" for e in entries),
+        lambda: tsp("-l").stdout,
+    )
     listed = _listed(tsp)
     for e in entries:
         state, rest = listed[e["id"]]
@@ -182,7 +141,7 @@ def test_tasks_show_running_while_they_run_and_cancel_stops_them(tsp):
     job.cancel()
     assert job.check().state is ew.JobState.CANCELLED
     assert [_listed(tsp)[i][0] for i in ids] == ["finished", "finished"]
-    assert all(_gone(pid) for pid in pids)
+    assert all(tsp_server.gone(pid) for pid in pids)
 
 
 def test_queued_tasks_say_so_and_cancel_removes_them_from_the_queue(tsp):
@@ -193,7 +152,10 @@ def test_queued_tasks_say_so_and_cancel_removes_them_from_the_queue(tsp):
     ids = [e["id"] for e in _entries(cl, job)]
     assert [_listed(tsp)[i][0] for i in ids] == ["running", "queued", "queued"]
     reasons = job.check().reasons  # what the plugin's job_state adds
-    assert reasons[1] == f"tsp: queued (tsp job {ids[1]})" and reasons[2] == f"tsp: queued (tsp job {ids[2]})"
+    assert (
+        reasons[1] == f"tsp: queued (tsp job {ids[1]})"
+        and reasons[2] == f"tsp: queued (tsp job {ids[2]})"
+    )
     assert 0 not in reasons
     shell = subprocess.run([sys.executable, "-m", "elsewhere", "status", job.name], capture_output=True, text=True,
                            timeout=60, env=dict(os.environ))  # fmt: skip
@@ -240,7 +202,10 @@ def test_a_killed_tsp_job_loses_its_task_with_a_reason(tsp):
     cl = ew.batch(TARGET, slots=3)
     job = ew.submit(sleepy, [0, 60, 0], on=cl)
     victim = _entries(cl, job)[1]
-    _wait(lambda: job.check().counts["finished"] == 2 and job.tasks[1].state is ew.TaskState.RUNNING, job.check)
+    _wait(
+        lambda: job.check().counts["finished"] == 2 and job.tasks[1].state is ew.TaskState.RUNNING,
+        job.check,
+    )
     tsp("-k", str(victim["id"]))
     job.wait(timeout=30)
     res = job.results()
@@ -268,7 +233,9 @@ def test_a_tsp_job_removed_from_the_queue_loses_its_tasks_with_the_plugins_reaso
 def test_a_lost_task_runs_again_while_retries_last(tsp, tmp_path):
     cl = ew.batch(TARGET, slots=1)
     job = ew.submit(sleepy_once, [str(tmp_path / "m")], on=cl, retries=1)
-    _wait(lambda: (tmp_path / "m").exists() and job.tasks[0].state is ew.TaskState.RUNNING, job.check)
+    _wait(
+        lambda: (tmp_path / "m").exists() and job.tasks[0].state is ew.TaskState.RUNNING, job.check
+    )
     first = _entries(cl, job)[0]["id"]
     tsp("-k", str(first))
     job.wait(timeout=30)
@@ -314,11 +281,17 @@ def test_submit_in_one_process_recover_in_another(tsp, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TS_SOCKET"}  # the socket is a setting
     subprocess.run([sys.executable, str(script)], check=True, timeout=30, env=env)
     out = subprocess.run(
-        [sys.executable, "-c",
-         "import elsewhere as ew; j = ew.recover('tsp-detached'); "
-         "print(type(j.cluster).__name__, j.cluster.socket, flush=True); "
-         "j.wait(timeout=30, progress=False); print(j.results())"],
-        capture_output=True, text=True, timeout=45, env=env,
+        [
+            sys.executable,
+            "-c",
+            "import elsewhere as ew; j = ew.recover('tsp-detached'); "
+            "print(type(j.cluster).__name__, j.cluster.socket, flush=True); "
+            "j.wait(timeout=30, progress=False); print(j.results())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == [f"TspCluster {tsp.socket}", "[0, -1, -2, -3]"]
@@ -330,7 +303,9 @@ def test_purge_leaves_nothing(tsp):
     done = ew.submit(square, range(4), on=cl, name="tsp-done")
     done.wait(timeout=30)
     outputs = [tsp("-o", str(e["id"])).stdout.strip() for e in _entries(cl, done)]
-    assert all(os.path.exists(o) and o.startswith(os.environ["TMPDIR"]) for o in outputs)  # tsp's own
+    assert all(
+        os.path.exists(o) and o.startswith(os.environ["TMPDIR"]) for o in outputs
+    )  # tsp's own
     tsp("-S", "1")
     busy = ew.submit(sleepy, [60, 60], on=cl, name="tsp-busy")
     _wait(lambda: busy.tasks[0].state is ew.TaskState.RUNNING, busy.check)
@@ -342,7 +317,7 @@ def test_purge_leaves_nothing(tsp):
     assert not any(f.exists() for f in folders)
     assert _listed(tsp) == {}
     assert not any(os.path.exists(o) for o in outputs)
-    assert _gone(pid)
+    assert tsp_server.gone(pid)
     assert not {"tsp-done", "tsp-busy"} & {j.name for j in ew.jobs()}
     with pytest.raises(ew.JobNotFound):
         ew.recover("tsp-done")
@@ -380,11 +355,13 @@ def test_a_submission_tsp_refuses_half_way_leaves_nothing_queued(tsp, tmp_path):
         f'  if [ -e {tmp_path}/once ]; then echo "queue full" >&2; exit 2; fi\n'
         f"  touch {tmp_path}/once\n"
         "fi\n"
-        f'exec {TSP} "$@"\n'
+        f'exec {tsp_server.TSP} "$@"\n'
     )
     fake.chmod(0o755)
     with pytest.raises(ew.SchedulerError, match="did not queue") as err:
-        ew.submit(sleepy, [60, 60, 60], on=ew.batch(TARGET, slots=2, command=str(fake)), name="tsp-half")
+        ew.submit(
+            sleepy, [60, 60, 60], on=ew.batch(TARGET, slots=2, command=str(fake)), name="tsp-half"
+        )
     assert "queue full" in err.value.stderr
     assert (tmp_path / "once").exists()
     assert all(state == "finished" for state, _ in _listed(tsp).values())  # taken back

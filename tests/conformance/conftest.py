@@ -17,6 +17,8 @@ htcondor ``ew.batch("htcondor")``, the same
 flux     ``ew.batch("flux")``, the same
 peers    ``ew.peers`` with a group key, on real worker daemons on loopback (one set a module)
 nohup    the user plugin ``examples/nohup_scheduler.py:NohupCluster`` by module path
+tsp      the user plugin ``examples/tsp_scheduler.py:TspCluster`` on a real Task Spooler server
+         of its own (ci/services/tsp.sh installs it)
 ======== ====================================================================================
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import pytest
 
 import services
+from batch import tsp_server
 from conformance.contract import Backend
 from elsewhere.peer.keys import write_key
 from fakes.conftest import make_fake
@@ -37,7 +40,19 @@ from peer.peer_procs import Workers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fakes"
-BACKENDS = ("local", "ssh", "slurm", "sge", "pbs", "lsf", "htcondor", "flux", "peers", "nohup")
+BACKENDS = (
+    "local",
+    "ssh",
+    "slurm",
+    "sge",
+    "pbs",
+    "lsf",
+    "htcondor",
+    "flux",
+    "peers",
+    "nohup",
+    "tsp",
+)
 STATUS_INTERVAL_S = 0.5  # batch schedulers: a status command at most this often
 
 
@@ -119,19 +134,31 @@ def _peers(request: pytest.FixtureRequest) -> Backend:
     )
 
 
-def _nohup(request: pytest.FixtureRequest) -> Backend:
-    # examples/ importable here and in the processes a test starts (workers, a new client)
+def _examples_importable(request: pytest.FixtureRequest) -> pytest.MonkeyPatch:
+    """examples/ importable here and in the processes a test starts (workers, a new client)."""
     monkeypatch = request.getfixturevalue("monkeypatch")
     monkeypatch.syspath_prepend(str(REPO))
     old = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", str(REPO) + (os.pathsep + old if old else ""))
+    return monkeypatch
+
+
+def _nohup(request: pytest.FixtureRequest) -> Backend:
+    _examples_importable(request)
     return Backend("nohup", "batch", ("examples.nohup_scheduler:NohupCluster",), {"slots": 2})
+
+
+def _tsp(request: pytest.FixtureRequest) -> Backend:
+    monkeypatch = _examples_importable(request)
+    server = tsp_server.start(request.getfixturevalue("tmp_path"), monkeypatch)
+    request.addfinalizer(server.stop)  # after the jobs are cancelled
+    return Backend("tsp", "batch", ("examples.tsp_scheduler:TspCluster",), {"slots": 2})
 
 
 _MAKERS = {
     "local": _local, "ssh": _ssh, "slurm": _slurm, "sge": _sge, "pbs": _pbs,
     "lsf": _fake("lsf"), "htcondor": _fake("htcondor"), "flux": _fake("flux"),
-    "peers": _peers, "nohup": _nohup,
+    "peers": _peers, "nohup": _nohup, "tsp": _tsp,
 }  # fmt: skip
 
 
