@@ -172,6 +172,7 @@ class Executor(cf.Executor):
         )
         limit = None if max_workers is None or _caps_itself(cluster, max_workers) else max_workers
         self._stream = Stream(job, keep=keep, detach=detach, max_calls=limit, wrap=wrap)
+        self._pid = os.getpid()  # a child forked later holds a copy, not the executor
         _live.add(self._stream)
         _hook()
         # Dropped without shutdown: closed as shutdown(wait=False) would (its calls go on,
@@ -214,7 +215,11 @@ class Executor(cf.Executor):
 
         ``cancel_futures``: cancel the calls no worker has taken (running ones go on);
         ``kill``: stop every unfinished call, running ones included. Unless ``keep=True``,
-        the job is purged once its last result is in (with ``wait=False`` too)."""
+        the job is purged once its last result is in (with ``wait=False`` too). In a child
+        forked from the process that made the executor, nothing: the executor is the
+        parent's, and its threads are not in the child."""
+        if os.getpid() != self._pid:
+            return
         self._stream.close(cancel_futures=cancel_futures, kill=kill)
         if wait:
             self._stream.join()
