@@ -259,3 +259,45 @@ def test_recover_running_job_from_new_process(ew_home, sge_info, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["sge", "[0, -1, -2, -3]"]
+
+
+PACKED_AFTER = """
+import sys
+import elsewhere as ew
+sys.path.insert(0, {tests!r})
+from batch.test_sge import fails, touch
+cl = ew.batch("sge", status_interval_s=0.5, max_elements=1)
+bad = ew.submit(fails, range(2), on=cl, name="sge-bad")
+after = ew.submit(touch, {marks!r}, on=cl, after=bad, name="sge-after")
+ids = [cl.get_job_cluster_data(j)["submissions"][0]["native_id"] for j in (bad, after)]
+print(*ids, cl.get_job_cluster_data(after)["submissions"][0]["elements"], flush=True)
+"""
+
+
+def fails(x):
+    raise RuntimeError(f"task {x} fails")
+
+
+def touch(path):
+    Path(path).touch()
+    return path
+
+
+def test_packed_elements_after_a_failed_job_run_nothing(ew_home, sge_info, tmp_path):
+    # Grid Engine's -hold_jid waits for the jobs to end, however they end: the workers of the
+    # job check that they finished well, unwatched by any client. Elements that claim their
+    # tasks (packed: fewer elements than tasks) check too, before their first claim.
+    marks = [str(tmp_path / f"ran-{i}") for i in range(3)]
+    code = PACKED_AFTER.format(tests=str(Path(__file__).resolve().parents[1]), marks=marks)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ), check=True).stdout.split()  # fmt: skip
+    assert out[2] == "1", out  # one element, claiming the three tasks
+    deadline = time.monotonic() + 90
+    while _in_qstat(out[0]) or _in_qstat(out[1]):  # both ran (or were dropped) unwatched
+        assert time.monotonic() < deadline, (_in_qstat(out[0]), _in_qstat(out[1]))
+        time.sleep(0.3)
+    assert not any(os.path.exists(m) for m in marks)
+    bad, after = ew.recover("sge-bad"), ew.recover("sge-after")
+    assert bad.state is ew.JobState.FAILED
+    assert after.state is ew.JobState.CANCELLED, after.check()
+    assert f"job {bad.name!r}, which it waits for, failed" in after.check().note

@@ -205,9 +205,9 @@ class JobRun:
             _say(f"elsewhere worker {self.w.wid}: could not leave job {self.store.dir}: {why}")
 
     def _loop(self, claim: Any) -> None:
+        if self.after and self._gated():  # given its tasks, or claiming them (a packed element)
+            return
         if self.fixed is not None:
-            if self.after and self._gated():
-                return
             self._run_batch(self.claims.fixed_attempts(self.fixed))
             self._run_deferred()
             return
