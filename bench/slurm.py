@@ -12,7 +12,8 @@ For N trivial tasks (default 1 000) it measures, per contender:
   made inside the jobs (submitit's job script runs ``srun``) are counted apart.
 
 Contenders: ``elsewhere`` (``ew.submit(f, range(N), on=ew.slurm(partition=...))``, defaults:
-one task per array element), ``submitit`` (``AutoExecutor.map_array``, one array element per
+the tasks packed into as many array elements as the partition's usable CPUs, which claim them;
+the elements are counted from the job's submissions), ``submitit`` (``AutoExecutor.map_array``, one array element per
 task as well) and, for information, ``chunked`` (elsewhere with ``tasks_per_element`` so the
 array has as many elements as the partition has CPUs). Each measurement runs in a fresh
 interpreter (``_common.run_child``); rounds are interleaved; the median is reported.

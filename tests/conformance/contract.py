@@ -137,12 +137,15 @@ def element_of(cluster: BatchCluster, job: ew.Job, index: int) -> str:
     for sub in reversed(cluster.get_job_cluster_data(job.handle).get("submissions", [])):
         chunks = json.loads((job.path / "submissions" / f"{sub['name']}.json").read_text())
         for k, chunk in enumerate(chunks):
+            if not chunk:  # a packed element claims its tasks: which, only its worker knows
+                continue
             tasks = chunk[1:] if chunk[0] == -1 else range(chunk[0], chunk[1])
             if index in tasks:
                 return cluster.syntax.element_id(
                     sub["native_id"], k + cluster.syntax.array_index_base
                 )
-    raise AssertionError(f"no submission of job {job.name!r} holds task {index}")
+    raise AssertionError(f"no submission of job {job.name!r} is given task {index} (elements that claim "
+                         "their tasks hold none of them in advance: give tasks_per_element=1)")
 
 
 def recorded_worker(job: ew.Job, index: int, task_pid: int, timeout: float = 5.0) -> str:
