@@ -226,3 +226,18 @@ def test_nasty_file_names_in_transfers(
     t.sync_down(str(remote), back)
     assert {p.name: p.read_text() for p in back.iterdir()} == {n: n for n in names}
     assert no_marker(marker, src, remote, remote.parent, back)
+
+
+def test_cipher_choice_from_ssh_config_dumps() -> None:
+    from elsewhere.hosts.openssh import choose_ciphers, parse_ssh_config_dump
+
+    default = parse_ssh_config_dump("user root\nciphers chacha20-poly1305@openssh.com,aes128-gcm@openssh.com\n")
+    preferred = {"ciphers": "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com"}
+    assert default["ciphers"].startswith("chacha20")
+    assert choose_ciphers(default, preferred, default) == "Ciphers=aes128-gcm@openssh.com,chacha20-poly1305@openssh.com"
+    assert choose_ciphers(default, preferred, {"ciphers": "aes256-ctr"}) is None  # the user chose
+    assert choose_ciphers(default, None, default) is None  # a client too old for "^"
+    assert choose_ciphers(None, preferred, default) is None  # ssh -G failed
+    assert choose_ciphers(preferred, preferred, preferred) is None  # AES first already
+    dump = parse_ssh_config_dump("identityfile ~/.ssh/a\nidentityfile ~/.ssh/b\nCiphers x\n")
+    assert dump == {"identityfile": "~/.ssh/a", "ciphers": "x"}

@@ -27,10 +27,13 @@ from elsewhere.util.errors import (
 )
 
 __all__ = [
+    "AES_FIRST",
     "build_remote_command",
     "build_rsync_rsh",
     "check_destination",
+    "choose_ciphers",
     "describe_ssh_failure",
+    "parse_ssh_config_dump",
     "parse_ssh_failure",
 ]
 
@@ -208,6 +211,40 @@ def describe_ssh_failure(
             "(MaxStartups), may refuse this client, or the network dropped it",
         }[kind]
     return cls, message
+
+
+#: The ciphers an ssh connection puts first where the CPU has AES instructions (``ssh -o
+#: Ciphers=^...``: ahead of the client's defaults, the rest kept). OpenSSH's first default,
+#: ChaCha20-Poly1305, has no hardware help: over the CI machine's loopback sshd, 100 MB
+#: took 17 s with it and 7.8 s with AES-128-GCM (loaded; the ratio is the point).
+AES_FIRST = "^aes128-gcm@openssh.com,aes256-gcm@openssh.com"
+
+
+def parse_ssh_config_dump(text: str) -> dict[str, str]:
+    """``ssh -G``'s output (one ``keyword value`` a line) as ``{keyword: value}``; a keyword
+    given more than once (``identityfile``) keeps its first value."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key:
+            out.setdefault(key.lower(), value.strip())
+    return out
+
+
+def choose_ciphers(default: Mapping[str, str] | None, preferred: Mapping[str, str] | None,
+                   effective: Mapping[str, str] | None) -> str | None:  # fmt: skip
+    """The ``Ciphers=`` option a master connection adds, from three ``ssh -G`` dumps: the
+    client's defaults (``-F /dev/null``), the same with :data:`AES_FIRST` (None where the
+    client refused it: too old for ``^``), and what the user's configuration gives for the
+    destination. None (nothing added) where any is missing or the user chose ciphers: a
+    ``Ciphers`` line of theirs is kept as it is. The list is the client's own expansion,
+    so the running ssh needs no ``^``."""
+    if not default or not preferred or not effective:
+        return None
+    mine, theirs = preferred.get("ciphers"), effective.get("ciphers")
+    if not mine or theirs != default.get("ciphers") or mine == theirs:
+        return None
+    return f"Ciphers={mine}"
 
 
 def _check_option(option: str) -> str:

@@ -48,14 +48,17 @@ from elsewhere.hosts.openssh import (
     _NO_MASTER,
     _SAFE_DIR,
     _SOCKET_PATH_MAX,
+    AES_FIRST,
     _check_option,
     _no_program,
     build_remote_command,
     build_rsync_rsh,
     check_destination,
+    choose_ciphers,
     default_control_dir,
     describe_ssh_failure,
     ensure_private_dir,
+    parse_ssh_config_dump,
     parse_ssh_failure,
 )
 from elsewhere.hosts.sshcopy import SSHCopies
@@ -68,6 +71,7 @@ from elsewhere.hosts.transport import (
     run_process,
 )
 from elsewhere.util.errors import CommandNotFound, ConfigError, HostUnreachable, TransportError
+from elsewhere.util.system import aes_in_hardware
 
 __all__ = [
     "SSHTransport",
@@ -81,6 +85,20 @@ logger = logging.getLogger(__name__)
 # the Debian package that brings a program we run here
 _PACKAGES = {"ssh": "openssh-client", "rsync": "rsync"}
 
+
+
+_CIPHERS: dict[str, str | None] = {}  # SSHTransport._cipher_option's answers, by configuration
+
+
+def _dump_config(args: list[str]) -> dict[str, str] | None:
+    """``ssh -G ARGS``: the configuration ssh would use, without connecting; None if ssh
+    refuses (an option it does not know) or cannot run."""
+    try:
+        out = subprocess.run(["ssh", "-G", *args], capture_output=True, text=True, timeout=10,
+                             stdin=subprocess.DEVNULL)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_ssh_config_dump(out.stdout) if out.returncode == 0 else None
 
 class SSHTransport(SSHCopies, BaseTransport):
     """Commands and files on a host reached with the OpenSSH client.
@@ -196,6 +214,10 @@ class SSHTransport(SSHCopies, BaseTransport):
         else:
             opts += ["ControlMaster=no", f"ProxyCommand={_MUX_ONLY_PROXY}"]
         opts += self.ssh_options
+        if master:
+            ciphers = self._cipher_option()
+            if ciphers:
+                opts.append(ciphers)
         opts += [
             f"ConnectTimeout={max(1, math.ceil(self.connect_timeout_s))}",
             "ServerAliveInterval=15",
@@ -207,6 +229,25 @@ class SSHTransport(SSHCopies, BaseTransport):
         if self.port:
             argv += ["-p", str(self.port)]
         return argv
+
+    def _cipher_option(self) -> str | None:
+        """``Ciphers=`` with AES-GCM first for the master connection, where the CPU has AES
+        instructions and neither the user's options nor their ssh configuration name
+        ciphers (``openssh.choose_ciphers``); asked of ``ssh -G`` once per process."""
+        if not aes_in_hardware() or any(o.lower().startswith("ciphers") for o in self.ssh_options):
+            return None
+        user = ["-F", self.ssh_config] if self.ssh_config else []
+        for opt in self.ssh_options:
+            user += ["-o", opt]
+        if self.port:
+            user += ["-p", str(self.port)]
+        key = json.dumps([user, self.destination])
+        if key not in _CIPHERS:
+            bare = ["-F", os.devnull]
+            _CIPHERS[key] = choose_ciphers(_dump_config([*bare, "x"]),
+                                           _dump_config([*bare, "-o", f"Ciphers={AES_FIRST}", "x"]),
+                                           _dump_config([*user, "--", self.destination]))  # fmt: skip
+        return _CIPHERS[key]
 
     def _run_ssh(
         self,

@@ -22,7 +22,6 @@ the one-call :class:`~cryptography.hazmat.primitives.ciphers.aead.ChaCha20Poly13
 
 from __future__ import annotations
 
-import functools
 import hmac
 import os
 import struct
@@ -34,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from ..util.errors import PeerError
+from ..util.system import aes_in_hardware, parse_aes_flag
 
 __all__ = [
     "AES_GCM",
@@ -63,28 +63,6 @@ _NAMES = {"aes": AES_GCM, "aes-gcm": AES_GCM, "aes256gcm": AES_GCM, AES_GCM: AES
           "chacha": CHACHA, "chacha20": CHACHA, "chacha20poly1305": CHACHA, CHACHA: CHACHA}  # fmt: skip
 _LENGTHS = struct.Struct("<QQ")
 _ZEROS = bytes(16)
-
-
-def parse_aes_flag(cpuinfo: str) -> bool:
-    """Whether ``/proc/cpuinfo`` text says the CPU has AES instructions: the ``aes`` flag of
-    x86 (``flags``) or the ``aes`` feature of ARM (``Features``)."""
-    for line in cpuinfo.splitlines():
-        name, sep, value = line.partition(":")
-        if sep and name.strip().lower() in ("flags", "features") and "aes" in value.split():
-            return True
-    return False
-
-
-@functools.cache
-def aes_in_hardware() -> bool:
-    """Whether this machine's CPU has AES instructions (read once from ``/proc/cpuinfo``;
-    where there is none to read, yes: every x86 CPU since about 2010 and every 64-bit ARM of
-    a desktop or server has them)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            return parse_aes_flag(f.read())
-    except OSError:
-        return True
 
 
 def offered_ciphers(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

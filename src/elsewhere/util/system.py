@@ -21,7 +21,7 @@ import sys
 # (util.errors, and the typing it imports, only where one is raised: the worker imports this
 # module at its start, through the job folder's package, and pays for every import there)
 
-__all__ = ["missing_fcntl", "process_started", "require_fcntl", "require_proc"]
+__all__ = ["aes_in_hardware", "missing_fcntl", "parse_aes_flag", "process_started", "require_fcntl", "require_proc"]
 
 _SUPPORTED = "it runs on Linux (see the README's Platforms)"
 
@@ -74,3 +74,30 @@ def process_started(pid: int) -> float | None:
         if proc.status() != psutil.STATUS_ZOMBIE:
             return float(proc.create_time())
     return None
+
+
+def parse_aes_flag(cpuinfo: str) -> bool:
+    """Whether ``/proc/cpuinfo`` text says the CPU has AES instructions: the ``aes`` flag of
+    x86 (``flags``) or the ``aes`` feature of ARM (``Features``)."""
+    for line in cpuinfo.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() in ("flags", "features") and "aes" in value.split():
+            return True
+    return False
+
+
+_AES: list[bool] = []
+
+
+def aes_in_hardware() -> bool:
+    """Whether this machine's CPU has AES instructions (read once from ``/proc/cpuinfo``;
+    where there is none to read, yes: every x86 CPU since about 2010 and every 64-bit ARM of
+    a desktop or server has them). The peer network and ssh connections choose their
+    cipher by it: AES-GCM where the CPU has AES, ChaCha20-Poly1305 where it has not."""
+    if not _AES:
+        try:
+            with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+                _AES.append(parse_aes_flag(f.read()))
+        except OSError:
+            _AES.append(True)
+    return _AES[0]
