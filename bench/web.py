@@ -1,40 +1,46 @@
 """What the web view costs: the page's first render and its updates for a job of 100 000 tasks,
-and the server's CPU while a job of 10 000 tasks runs.
+and the server's CPU while a job of 10 000 tasks runs, each beside what a user without the
+page runs instead: ``elsewhere status`` (the same counts, as text, from a fresh process).
 
     .venv/bin/python bench/web.py [--tasks 100000] [--cpu-tasks 10000] [--updates 5] [--rounds 3] [--json FILE]
 
 Needs the web extra and a browser: ``pip install -e '.[web,test]'`` (Playwright) and Debian's
 Chromium (``ci/services/chromium.sh``). Every measurement runs in a fresh ``ELSEWHERE_HOME``;
-``elsewhere web`` is a real process, the page a real headless Chromium.
+``elsewhere web`` is a real process, the page a real headless Chromium. A wait that times out
+is reported as such (n/a) and the run goes on to its end.
 
 1. **First render, 100 000 tasks.** A job of ``--tasks`` no-op tasks is run for real on two
    local workers; the fast tasks run in batches, so the journal holds a few dozen range
    records (``batches``). The same job is then rewritten through the folder layer with one
    record per task (``single records``, the worst case: 100 000 timeline entries), its tasks
-   spread over the batches' times. For each, the time from opening the job's page to the
-   Gantt, the plots and the first page of the task table drawn (median of ``--rounds`` fresh
-   pages; the first one also pays the server's first read of the job), and the share of it
-   the page spends drawing.
+   spread over the batches' times. For each: the time from opening the job's page to the
+   Gantt, the plots and the first page of the task table drawn (the first page after the
+   server started, which also pays the server's first read of the job; then the median of
+   ``--rounds`` fresh pages), the page's own share of it (decoding and drawing), and one
+   redraw of the whole Gantt; beside it, ``elsewhere status JOB`` (median of ``--rounds``).
 2. **Updates, 100 000 tasks.** The last tasks' records are held back, and written to the
    journal in ``--updates`` steps while the page is open: the time from each write to the
    page showing the new counts (pushed: the server looks every 0.25 s) and to the Gantt
-   redrawn with them (fetched and drawn again).
-3. **Server CPU, 10 000 tasks.** A job of ``--cpu-tasks`` tasks of 2 ms each runs twice on
-   two local workers: alone, then with ``elsewhere web`` serving a page open on it. The
-   server's CPU time while the job ran, as a share of one core (its CPU over the job's wall
-   time), and the job's wall time with the page open over without (the slowdown); then the
-   server's CPU over 5 s of a page open on the finished job (idle).
+   redrawn with them (fetched and drawn again); beside it, ``elsewhere status JOB`` run
+   after each write.
+3. **Server CPU, 10 000 tasks.** A job of ``--cpu-tasks`` tasks of 2 ms each runs on two
+   local workers, in turns: alone; with ``elsewhere web`` serving a page open on it; and with
+   ``elsewhere status JOB`` run every second (as ``watch -n 1`` would) instead. The CPU each
+   took while the job ran, as a share of one core, and the job's wall time over its time
+   alone; then the server's CPU over 5 s of a page open on the finished job (idle).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,6 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt_time, median, proc_cpu_s, stop_workers, table, venv_python
+
+NAN = float("nan")
+SHOWN_JS = (
+    "n => document.querySelector('#counts [data-state=\"finished\"] .n').textContent === String(n)"
+)
+DRAWN_JS = ("([n, b]) => +document.querySelector('#gantt').dataset.tasks === n "
+            "&& +document.querySelector('#gantt').dataset.loads > b")  # fmt: skip
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -108,8 +121,9 @@ def web_server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
 def open_job_page(
     browser: Any, url: str, job_id: str, want_tasks: int
 ) -> tuple[Any, dict[str, float]]:
-    """A new page on the job's view; (page, times in seconds: until everything is drawn, and
-    the page's own drawing time)."""
+    """A new page on the job's view; (page, times in seconds: until everything is drawn, the
+    page's own share of it (decoding the timeline, drawing the Gantt and the plots), and one
+    redraw of the whole Gantt (the median of 5: what a zoom or a pan costs))."""
     page = browser.new_page(viewport=VIEWPORT)
     page.set_default_timeout(120_000)
     page.on("pageerror", lambda exc: print(f"  page error: {exc}", flush=True))
@@ -124,11 +138,34 @@ def open_job_page(
     )
     wall = time.perf_counter() - t
     d = page.eval_on_selector("#gantt", "c => ({...c.dataset})")
-    return page, {
-        "first": wall,
-        "render": float(d["renderMs"]) / 1e3,
-        "draw": float(d["drawMs"]) / 1e3,
-    }
+    redraw = page.evaluate("""() => { const g = S.view.gantt, ms = [];
+        for (let i = 0; i < 5; i++) { const t = performance.now(); g.fit(); g.draw(); ms.push(performance.now() - t); }
+        return ms.sort((a, b) => a - b)[2]; }""")  # fmt: skip
+    return page, {"first": wall, "render": float(d["renderMs"]) / 1e3, "redraw": redraw / 1e3,
+                  "grouped": int(d["grouped"]), "buckets": int(d["buckets"])}  # fmt: skip
+
+
+def status_s(job_id: str) -> float:
+    """The wall time of ``elsewhere status JOB`` in a fresh process (what a user without the
+    page runs to see the counts)."""
+    t = time.perf_counter()
+    subprocess.run([venv_python(), "-m", "elsewhere", "status", job_id], check=True, capture_output=True,
+                   timeout=300)  # fmt: skip
+    return time.perf_counter() - t
+
+
+def waited(what: str, wait: Any, *args: Any, **kwargs: Any) -> float:
+    """Seconds until ``wait(*args, **kwargs)`` returned, or NaN (said) if it timed out: the run
+    goes on."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    t = time.perf_counter()
+    try:
+        wait(*args, **kwargs)
+    except PlaywrightTimeout:
+        print(f"  timed out waiting for {what}", flush=True)
+        return NAN
+    return time.perf_counter() - t
 
 
 # -- the 100 000-task job ----------------------------------------------------------------------
@@ -219,10 +256,9 @@ def append(job: Any, held: list[tuple[str, list[Any]]], part: int, parts: int) -
     return tasks
 
 
-def bench_big(browser: Any, n: int, updates: int, rounds: int,
-              raw: dict[str, dict[str, float]] | None = None) -> list[list[str]]:  # fmt: skip
-    """The table's rows; ``raw`` gets each journal's figures in seconds (for ``--json``)."""
-    rows = []
+def bench_big(browser: Any, n: int, updates: int, rounds: int) -> dict[str, dict[str, Any]]:
+    """Per journal (``batches``, ``single records``): its figures in seconds (NaN: timed out)."""
+    out: dict[str, dict[str, Any]] = {}
     for singles in (False, True):
         with fresh_home():
             job, run_s = make_big_job(n)
@@ -231,37 +267,46 @@ def bench_big(browser: Any, n: int, updates: int, rounds: int,
             what = "single records" if singles else "batches"
             print(f"  {what}: {n} no-op tasks ran in {fmt_time(run_s)}; {n_records} records; holding "
                   f"back {n - shown} tasks for the updates", flush=True)  # fmt: skip
+            status = [status_s(job.id) for _ in range(rounds)]
             with web_server() as (_proc, url):
-                firsts, renders = [], []
+                pages: list[dict[str, float]] = []
                 page = None
-                for _ in range(rounds):
+                for _ in range(rounds + 1):  # the first page also pays the server's first read
                     if page is not None:
                         page.close()
                     page, times = open_job_page(browser, url, job.id, shown)
-                    firsts.append(times["first"])
-                    renders.append(times["render"])
-                counts_s, gantt_s = [], []
+                    pages.append(times)
+                counts_s, gantt_s, status_after = [], [], []
                 for part in range(updates):
                     before = page.eval_on_selector("#gantt", "c => +c.dataset.loads")
                     t = time.perf_counter()
                     shown += append(job, held, part, updates)
-                    page.wait_for_function(f"() => document.querySelector('#counts [data-state=\"finished\"] .n')"
-                                           f".textContent === '{shown}'")  # fmt: skip
-                    counts_s.append(time.perf_counter() - t)
-                    page.wait_for_function(f"() => +document.querySelector('#gantt').dataset.tasks === {shown} "
-                                           f"&& +document.querySelector('#gantt').dataset.loads > {before}")  # fmt: skip
-                    gantt_s.append(time.perf_counter() - t)
+                    counts = waited(
+                        "the new counts",
+                        page.wait_for_function,
+                        SHOWN_JS,
+                        arg=shown,
+                        timeout=30_000,
+                    )
+                    gantt = waited("the Gantt redrawn", page.wait_for_function, DRAWN_JS, arg=[shown, before],
+                                   timeout=30_000)  # fmt: skip
+                    counts_s.append(counts)
+                    gantt_s.append(time.perf_counter() - t if gantt == gantt else NAN)
+                    status_after.append(status_s(job.id))
                 update_render = (
                     float(page.eval_on_selector("#gantt", "c => c.dataset.renderMs")) / 1e3
                 )
                 page.close()
-            rows.append([what, str(n_records), fmt_time(firsts[0]), fmt_time(median(firsts[1:] or firsts)),
-                         fmt_time(median(renders)), fmt_time(median(counts_s)), fmt_time(max(counts_s)),
-                         fmt_time(median(gantt_s)), fmt_time(update_render)])  # fmt: skip
-            if raw is not None:
-                raw[what] = {"records": n_records, "first_cold": firsts[0], "first": median(firsts[1:] or firsts),
-                             "counts": median(counts_s), "gantt": median(gantt_s)}  # fmt: skip
-    return rows
+            warm = pages[1:]
+            out[what] = {
+                "records": n_records, "status": median(status), "first_cold": pages[0]["first"],
+                "first": median(p["first"] for p in warm), "render": median(p["render"] for p in warm),
+                "redraw": median(p["redraw"] for p in warm), "grouped": pages[-1]["grouped"],
+                "buckets": pages[-1]["buckets"], "counts": median(counts_s), "counts_max": max(counts_s),
+                "gantt": median(gantt_s), "gantt_max": max(gantt_s), "update_render": update_render,
+                "status_after": median(status_after), "timeouts": sum(x != x for x in counts_s + gantt_s),
+            }  # fmt: skip
+    return out
 
 
 # -- server CPU while a job runs ---------------------------------------------------------------------
@@ -286,19 +331,42 @@ def browser_cpu_s() -> float:
     return total
 
 
-def bench_cpu(browser: Any, n: int, rounds: int) -> tuple[list[list[str]], dict[str, float]]:
-    """The job alone and with a page open on it, in turns, ``rounds`` times each."""
+def children_cpu_s() -> float:
+    """CPU-seconds of this process's children that ended (``elsewhere status`` runs)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def status_every_second(job_id: str, done: threading.Event, runs: list[int]) -> None:
+    """``elsewhere status JOB`` every second until ``done`` (as ``watch -n 1``); how many ran
+    goes to ``runs``."""
+    n = 0
+    while not done.is_set():
+        t = time.monotonic()
+        subprocess.run(
+            [venv_python(), "-m", "elsewhere", "status", job_id], capture_output=True, timeout=300
+        )
+        n += 1
+        done.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+    runs.append(n)
+
+
+def bench_cpu(browser: Any, n: int, rounds: int) -> dict[str, float]:
+    """The job alone, with a page open on it, and watched by ``elsewhere status`` every second,
+    in turns, ``rounds`` times each; medians."""
     import elsewhere as ew
 
-    alone, watched, server, chrome, loads = [], [], [], [], []
-    idle = 0.0
+    alone, paged, polled = [], [], []
+    server, chrome, status_cpu, loads, runs = [], [], [], [], []
+    idle = NAN
     with fresh_home():
         ew.map(noop, range(4), on=ew.local(cores=2))  # warm workers for every run
         with web_server() as (proc, url):
-            for _ in range(rounds):
+            for r in range(rounds):
                 t = time.perf_counter()
                 run_cpu_job(n).wait(timeout=600)
                 alone.append(time.perf_counter() - t)
+
                 page = browser.new_page(viewport=VIEWPORT)
                 page.goto(url)
                 page.wait_for_selector("#jobs tbody tr")
@@ -307,29 +375,38 @@ def bench_cpu(browser: Any, n: int, rounds: int) -> tuple[list[list[str]], dict[
                 job = run_cpu_job(n)
                 page.goto(f"{url}#/job/{job.id}")
                 job.wait(timeout=600)
-                watched.append(time.perf_counter() - t)
+                paged.append(time.perf_counter() - t)
                 server.append(proc_cpu_s(proc.pid) - cpu0)
                 chrome.append(browser_cpu_s() - chrome0)
-                page.wait_for_selector('#job[data-state="finished"]')
+                waited(
+                    "the finished job on the page",
+                    page.wait_for_selector,
+                    '#job[data-state="finished"]',
+                )
                 loads.append(page.eval_on_selector("#gantt", "c => +c.dataset.loads"))
-                if len(alone) == rounds:
+                if r == rounds - 1:
                     time.sleep(1.0)
                     idle0 = proc_cpu_s(proc.pid)
                     time.sleep(5.0)
                     idle = (proc_cpu_s(proc.pid) - idle0) / 5.0
                 page.close()
-    w, s, c = median(watched), median(server), median(chrome)
-    rows = [
-        ["job alone", fmt_time(median(alone)), "", "", ""],
-        ["job with a page open on it", fmt_time(w), f"{s:.2f} s", f"{s / w:.1%}", f"{c:.2f} s"],
-        ["a page open on the finished job, 5 s", "", f"{idle * 5:.2f} s", f"{idle:.1%}", ""],
-    ]
-    return rows, {
-        "slowdown": w / median(alone),
-        "loads": median(loads),
-        "server": s / w,
-        "idle": idle,
-    }
+
+                done = threading.Event()
+                cpu0 = children_cpu_s()
+                t = time.perf_counter()
+                job = run_cpu_job(n)
+                watcher = threading.Thread(target=status_every_second, args=(job.id, done, runs))
+                watcher.start()
+                job.wait(timeout=600)
+                polled.append(time.perf_counter() - t)
+                done.set()
+                watcher.join(300)
+                status_cpu.append(children_cpu_s() - cpu0)
+    w, p = median(paged), median(polled)
+    return {"alone": median(alone), "paged": w, "polled": p, "server": median(server), "chrome": median(chrome),
+            "status": median(status_cpu), "server_share": median(server) / w, "status_share": median(status_cpu) / p,
+            "slowdown": w / median(alone), "status_slowdown": p / median(alone), "idle": idle,
+            "loads": median(loads), "runs": median(runs)}  # fmt: skip
 
 
 def main() -> None:
@@ -345,7 +422,6 @@ def main() -> None:
     from report import Figures
 
     record = Figures("web", sys.argv[1:])
-    raw: dict[str, dict[str, float]] = {}
     print(f"load {os.getloadavg()[0]:.2f} at the start", flush=True)
     try:
         from playwright.sync_api import sync_playwright
@@ -359,49 +435,61 @@ def main() -> None:
             f"1, 2. a job of {args.tasks} tasks: first render, then {args.updates} updates",
             flush=True,
         )
-        big = bench_big(browser, args.tasks, args.updates, args.rounds, raw)
-        print(f"3. server CPU while a job of {args.cpu_tasks} tasks of 2 ms runs", flush=True)
-        cpu_rows, figures = bench_cpu(browser, args.cpu_tasks, args.rounds)
+        big = bench_big(browser, args.tasks, args.updates, args.rounds)
+        print(f"3. CPU while a job of {args.cpu_tasks} tasks of 2 ms runs", flush=True)
+        cpu = bench_cpu(browser, args.cpu_tasks, args.rounds)
         browser.close()
+    tasks = f"{args.tasks:_}".replace("_", " ")
     print()
-    print(table(["journal", "records", "first render (cold server)", f"first render (median of {args.rounds - 1 or 1})",
-                 "of which drawing", "update: counts shown (median)", "(max)", "update: Gantt redrawn (median)",
-                 "drawing an update"], big))  # fmt: skip
-    print()
-    print(
-        table(
-            ["run (medians)", "job wall time", "server CPU", "server CPU / wall", "browser CPU"],
-            cpu_rows,
+    print(f"A job of {tasks} tasks (the page: elsewhere web and a headless Chromium; beside it, "
+          "`elsewhere status JOB` in a fresh process):")  # fmt: skip
+    rows = []
+    for what, r in big.items():
+        rows.append([f"{what} ({r['records']} records)", fmt_time(r["first_cold"]), fmt_time(r["first"]),
+                     fmt_time(r["render"]), fmt_time(r["redraw"]), fmt_time(r["status"]),
+                     f"{fmt_time(r['counts'])} (max {fmt_time(r['counts_max'])})",
+                     f"{fmt_time(r['gantt'])} (max {fmt_time(r['gantt_max'])})", fmt_time(r["status_after"])])  # fmt: skip
+    print(table(["journal", "first render, server's first read", f"first render (median of {args.rounds})",
+                 "of which the page's own", "a Gantt redraw", "elsewhere status",
+                 f"update: counts shown (median of {args.updates})", "update: Gantt redrawn",
+                 "elsewhere status after an update"], rows))  # fmt: skip
+    for what, r in big.items():
+        print(
+            f"  {what}: the Gantt drew {r['grouped']} tasks in {r['buckets']} aggregated bars"
+            + (f"; {r['timeouts']} waits timed out" if r["timeouts"] else "")
         )
-    )
     print()
-    print(
-        f"ratio: the job's wall time with the page open / alone = {figures['slowdown']:.2f} "
-        f"(the page fetched the Gantt {figures['loads']:.0f} times while the job ran)"
-    )
+    cpus = f"{args.cpu_tasks:_}".replace("_", " ")
+    print(f"A job of {cpus} tasks of 2 ms on two local workers (medians of {args.rounds}):")
+    print(table(["watched by", "job wall time", "its CPU", "share of one core", "job time / alone", "browser CPU"], [
+        ["nothing", fmt_time(cpu["alone"]), "", "", "", ""],
+        ["a page of elsewhere web", fmt_time(cpu["paged"]), f"{cpu['server']:.2f} s (server)",
+         f"{cpu['server_share']:.1%}", f"{cpu['slowdown']:.2f}", f"{cpu['chrome']:.2f} s"],
+        ["elsewhere status every second", fmt_time(cpu["polled"]), f"{cpu['status']:.2f} s ({cpu['runs']:.0f} runs)",
+         f"{cpu['status_share']:.1%}", f"{cpu['status_slowdown']:.2f}", ""],
+        ["a page open on the finished job, 5 s", "", f"{cpu['idle'] * 5:.2f} s (server)", f"{cpu['idle']:.1%}", "", ""],
+    ]))  # fmt: skip
+    print(f"(the page fetched the Gantt {cpu['loads']:.0f} times while the job ran)")
     print(f"load {os.getloadavg()[0]:.2f} at the end")
     if args.json:
-        tasks = f"{args.tasks:_} tasks".replace("_", " ")
-        for what, r in raw.items():
-            journal = f"a job of {tasks} ({r['records']:.0f} journal records: {what})"
-            for key, label in (("first_cold", "first render, the server's first read"), ("first", "first render"),
-                               ("counts", "a journal update to the counts shown"),
-                               ("gantt", "a journal update to the Gantt redrawn")):  # fmt: skip
-                record.add(
-                    "page",
-                    f"{label.capitalize()}, {journal}",
-                    "elsewhere web",
-                    r[key],
-                    "s",
-                    elsewhere=True,
-                )
-        cpu = f"a job of {args.cpu_tasks:_} tasks of 2 ms on 2 local workers".replace("_", " ")
-        record.add("cpu", f"The server's CPU while a page is open on {cpu}, share of one core", "elsewhere web",
-                   100 * figures["server"], "%", elsewhere=True)  # fmt: skip
-        record.add("cpu", f"The job's wall time with the page open over alone, {cpu}", "elsewhere web",
-                   figures["slowdown"], "x", elsewhere=True)  # fmt: skip
+        status = "elsewhere status"
+        for what, r in big.items():
+            job = f"a job of {tasks} tasks ({r['records']} journal records: {what})"
+            record.compare("page", f"First render, {job}", ("elsewhere web", r["first"]), [(status, r["status"])], "s",
+                           variants=[("elsewhere web, the server's first read", r["first_cold"])])  # fmt: skip
+            record.add("page", f"A redraw of the whole Gantt, {job}", "elsewhere web", r["redraw"], "s",
+                       elsewhere=True)  # fmt: skip
+            record.compare("page", f"A journal update to the counts shown, {job}", ("elsewhere web", r["counts"]),
+                           [(f"{status}, run after it", r["status_after"])], "s")  # fmt: skip
+            record.add("page", f"A journal update to the Gantt redrawn, {job}", "elsewhere web", r["gantt"], "s",
+                       elsewhere=True)  # fmt: skip
+        job = f"a job of {cpus} tasks of 2 ms on 2 local workers".replace("_", " ")
+        record.compare("cpu", f"CPU of what watches {job}, share of one core", ("elsewhere web", 100 * cpu["server_share"]),
+                       [(f"{status} every second", 100 * cpu["status_share"])], "%")  # fmt: skip
+        record.compare("cpu", f"The job's wall time while watched over alone, {job}", ("elsewhere web", cpu["slowdown"]),
+                       [(f"{status} every second", cpu["status_slowdown"])], "x")  # fmt: skip
         record.add("cpu", "The server's CPU with a page open on a finished job, share of one core", "elsewhere web",
-                   100 * figures["idle"], "%", elsewhere=True)  # fmt: skip
+                   100 * cpu["idle"], "%", elsewhere=True)  # fmt: skip
         record.write(args.json)
 
 

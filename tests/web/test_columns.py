@@ -107,3 +107,54 @@ def test_spans_are_the_outcomes_in_runs():
     final[2] = final[4] = ("w2", make_record(Kind.OK, 2, attempt=1))
     spans = sorted((first, end, entry[0]) for first, end, entry in final.spans())
     assert spans == [(0, 2, "w1"), (2, 3, "w2"), (3, 4, "w1"), (4, 5, "w2"), (5, 6, "w1")]
+
+
+def _same(a: C.TaskColumns, b: C.TaskColumns) -> None:
+    """Two layouts of one job agree, task by task and entry by entry (in any order)."""
+    for name in ("state", "lane", "attempt", "start", "end", "batch"):
+        assert list(getattr(a, name)) == list(getattr(b, name)), name
+
+    def entries(c):
+        return sorted(
+            zip(c.e_first, c.e_count, c.e_lane, c.e_start, c.e_end, c.e_kind, c.e_attempt)
+        )
+
+    assert entries(a) == entries(b)
+
+
+def test_the_builder_lays_out_only_what_is_new_and_agrees_with_a_full_layout():
+    final = Outcomes()
+    lanes, lane_of = _lanes()
+    builder = C.ColumnsBuilder()
+    final.add_range(0, 3, ("w1", make_record(Kind.OK, 0, count=3, t_start=10.0, t_end=13.0)))
+    cols = builder.update(
+        _snap(8, final, running={3: ("w2", 11.0), 4: ("w1", 13.0)}), final.spans(), lane_of
+    )
+    assert _states(cols)[:5] == ["finished"] * 3 + ["running"] * 2
+    # task 3 ended (task 4 still runs), task 5 started: only the new outcome is laid out
+    final[3] = ("w2", make_record(Kind.ERROR, 3, t_start=11.0, t_end=14.0))
+    snap = _snap(8, final, running={4: ("w1", 13.0), 5: ("w2", 14.0)})
+    same = builder.update(snap, final.spans(), lane_of)
+    assert same is cols and builder.full_builds == 1
+    assert _states(cols)[:6] == ["finished"] * 3 + ["failed", "running", "running"]
+    assert list(cols.e_kind).count(C.RUNNING_KIND) == 2  # the old running entry of task 3 is gone
+    _same(cols, C.build_columns(snap, final.spans(), lane_of))
+    # task 4 ended, nothing runs: a running mark is undone where no outcome replaced it
+    final[4] = ("w1", make_record(Kind.OK, 4, t_start=13.0, t_end=15.0))
+    snap = _snap(8, final)
+    builder.update(snap, final.spans(), lane_of)
+    assert builder.full_builds == 1 and _states(cols)[3:6] == ["failed", "finished", "queued"]
+    assert cols.lane[5] == -1 and cols.start[5] == 0.0
+    _same(cols, C.build_columns(snap, final.spans(), lane_of))
+    # a retry overtook a task of the batch: the batch is cut in two, so all is laid out again
+    final[1] = ("w2", make_record(Kind.OK, 1, attempt=1, t_start=20.0, t_end=21.0))
+    snap = _snap(8, final)
+    cols = builder.update(snap, final.spans(), lane_of)
+    assert builder.full_builds == 2 and list(cols.attempt[:3]) == [0, 1, 0]
+    _same(cols, C.build_columns(snap, final.spans(), lane_of))
+    # a task cancelled: laid out again too
+    snap = _snap(8, final, cancelled_tasks={7})
+    cols = builder.update(snap, final.spans(), lane_of)
+    assert builder.full_builds == 3 and _states(cols)[7] == "cancelled"
+    tl = C.read_timeline(C.timeline_bytes(cols, [{"id": w} for w in lanes], now=30.0))
+    assert tl["t0"] == 10.0 and sum(tl["count"]) == 5 and min(tl["start"]) == 0.0

@@ -2,9 +2,10 @@
 
 A page, served on this machine, that shows the jobs of the registry, one job in detail (its
 progress, a Gantt of its tasks per worker, its task table with each task's output and
-traceback, its cluster and job scripts, plots of its throughput and task durations) and
-the peer network, pushed live to the page (server-sent events), and acts on jobs (cancel,
-retry, purge) only for whoever holds the access token printed with its URL::
+traceback, its cluster and job scripts, plots of its throughput and task durations), the
+peer network and the benchmark figures of a source checkout, pushed live to the page
+(server-sent events), and acts on jobs (cancel, retry, purge) only for whoever holds the
+access token printed with its URL::
 
     browser --GET page, data------------> app.py (Starlette) --> board.py --> watch.py --+
        ^   --GET /api/events (stream)-->     |  access.py: token,       jobs of the      |  open_job,
@@ -12,6 +13,7 @@ retry, purge) only for whoever holds the access token printed with its URL::
        +---- events: jobs, job, peers <------+                                            |  journal reader
        |   --POST cancel/retry/purge------> actions.py --> core.control (the only writes)  |
        |                                     peers.py --> peer.discovery Listener          |
+       |                                     benchfigures.py --> bench/figures/*.json       |
        +--- static/: index.html, app.js, gantt.js, charts.js (canvas, no CDN) <-- columns.py
 
 Needs Starlette and uvicorn: ``pip install 'elsewhere[web]'``. docs/web.md is the user's page.
@@ -19,6 +21,7 @@ Needs Starlette and uvicorn: ``pip install 'elsewhere[web]'``. docs/web.md is th
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from ...util.errors import ConfigError
@@ -42,7 +45,8 @@ def require() -> None:
 
 
 def web(port: int | None = None, host: str = "127.0.0.1", *, read_only: bool = False,
-        block: bool = False, token: str | None = None, peer_port: int | None = None) -> WebServer:  # fmt: skip
+        block: bool = False, token: str | None = None, peer_port: int | None = None,
+        bench_figures: str | os.PathLike[str] | None = None) -> WebServer:  # fmt: skip
     """Serve the live web view of jobs, tasks and peers; print its URL (with its access
     token) and return the server.
 
@@ -56,6 +60,9 @@ def web(port: int | None = None, host: str = "127.0.0.1", *, read_only: bool = F
             process.
         token: the access token (default: a random one).
         peer_port: the peer network's discovery port (default 17700), for the peers view.
+        bench_figures: a folder of benchmark figures (``bench/figures/*.json``) for the
+            benchmarks view; by default ``$ELSEWHERE_BENCH_FIGURES``, else those of the source
+            checkout this package runs from, if any.
 
     Returns:
         The :class:`~elsewhere.api.web.server.WebServer`: ``.url``, ``.port``, ``.stop()``.
@@ -63,7 +70,8 @@ def web(port: int | None = None, host: str = "127.0.0.1", *, read_only: bool = F
     require()
     from .server import WebServer
 
-    server = WebServer(host, port, read_only=read_only, token=token, peer_port=peer_port)
+    server = WebServer(host, port, read_only=read_only, token=token, peer_port=peer_port,
+                       bench_figures=bench_figures)  # fmt: skip
     print(server.url, flush=True)
     if block:
         server.serve_forever()

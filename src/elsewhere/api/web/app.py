@@ -17,6 +17,7 @@ stream of server-sent events.
 ``POST /api/jobs/{id}/{verb}``              cancel, retry, purge (``actions.py``)
 ``POST /api/jobs/{id}/tasks/{i}/{verb}``    cancel-task, retry-task
 ``GET /api/peers``                          the peers view (``peers.py``)
+``GET /api/bench``                          the benchmark figures (``benchfigures.py``)
 ``GET /api/events?job={id}&peers=1``        server-sent events: ``jobs`` (the table), ``job``
                                             (the summary of the job followed), ``peers``
 ==========================================  ====================================================
@@ -29,7 +30,6 @@ change within a second without polling, and a server that no page follows reads 
 
 from __future__ import annotations
 
-import gzip
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,6 +46,7 @@ from ...util.errors import ConfigError, ElsewhereError, JobNotFound, NoSuchTask,
 from .. import jsonout
 from . import actions
 from .access import AccessMiddleware, Rules
+from .benchfigures import BenchFigures
 from .board import JobBoard, stable
 from .columns import SORTS
 from .peers import PeerBoard
@@ -81,12 +82,12 @@ class WebApp:
     """The application: its boards, its access rules and its routes (``.asgi``: what the
     server runs)."""
 
-    def __init__(
-        self, rules: Rules, *, board: JobBoard | None = None, peers: PeerBoard | None = None
-    ) -> None:
+    def __init__(self, rules: Rules, *, board: JobBoard | None = None, peers: PeerBoard | None = None,
+                 bench: BenchFigures | None = None) -> None:  # fmt: skip
         self.rules = rules
         self.board = board or JobBoard()
         self.peers = peers or PeerBoard()
+        self.bench = bench or BenchFigures()
         self.stopping = False
         self._jobs_json: tuple[int, str] = (-1, "")
         routes = [
@@ -100,6 +101,7 @@ class WebApp:
             Route("/api/jobs/{job}/tasks/{task:int}/{verb}", self.act_task, methods=["POST"]),
             Route("/api/jobs/{job}/{verb}", self.act, methods=["POST"]),
             Route("/api/peers", self.peer_table),
+            Route("/api/bench", self.bench_figures),
             Route("/api/events", self.events),
             Mount("/static", StaticFiles(directory=STATIC), name="static"),
         ]
@@ -134,14 +136,19 @@ class WebApp:
             return _error(exc)
 
     def timeline(self, request: Request) -> Response:
+        packed = "gzip" in request.headers.get("accept-encoding", "")
         try:
             with self.board.lock:
-                body = self.board.watch(request.path_params["job"]).timeline()
+                w = self.board.watch(request.path_params["job"])
+                body = w.timeline()
+                if packed and len(body) > 4096:
+                    body = w.timeline(gzipped=True)
+                else:
+                    packed = False
         except Exception as exc:
             return _error(exc)
         headers = {"cache-control": "no-store"}
-        if len(body) > 4096 and "gzip" in request.headers.get("accept-encoding", ""):
-            body = gzip.compress(body, compresslevel=1)
+        if packed:
             headers["content-encoding"] = "gzip"
         return Response(body, media_type="application/octet-stream", headers=headers)
 
@@ -203,6 +210,13 @@ class WebApp:
     def peer_table(self, request: Request) -> Response:
         try:
             return _json(self.peers.table())
+        except Exception as exc:
+            return _error(exc)
+
+    # -- benchmarks -----------------------------------------------------------------------------------
+    def bench_figures(self, request: Request) -> Response:
+        try:
+            return _json(self.bench.table())
         except Exception as exc:
             return _error(exc)
 

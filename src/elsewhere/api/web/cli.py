@@ -33,6 +33,9 @@ def add_web_command(subparsers: Any) -> argparse.ArgumentParser:
     )
     s.add_argument("--peer-port", type=port, default=None, metavar="PORT",
                    help="the peer network's discovery port, as `elsewhere peer list --port` (default 17700)")  # fmt: skip
+    s.add_argument("--bench-figures", default=None, metavar="DIR",
+                   help="a folder of benchmark figures (bench/figures/*.json) for the benchmarks view "
+                   "(default: $ELSEWHERE_BENCH_FIGURES, else those of the source checkout elsewhere runs from)")  # fmt: skip
     s.set_defaults(func=cmd_web)
     return s
 
@@ -43,7 +46,8 @@ def cmd_web(args: argparse.Namespace) -> int:
     require()
     from .server import WebServer
 
-    server = WebServer(args.host, args.port, read_only=args.read_only, peer_port=args.peer_port)
+    server = WebServer(args.host, args.port, read_only=args.read_only, peer_port=args.peer_port,
+                       bench_figures=args.bench_figures)  # fmt: skip
     print(server.url, flush=True)
     mode = "read-only; " if args.read_only else ""
     print(

@@ -6,22 +6,32 @@ without a Python object per task: a range record (fast tasks run as one batch) f
 tasks with slice assignments, so a job of 100 000 tasks is a few dozen records and a few
 arrays. Pure: no files are read here (which worker ran a record, its lane, the caller says).
 
+While a job moves, :class:`ColumnsBuilder` keeps its columns up to date: the spans already
+laid out are recognised (the same record object over the same tasks) and only the new ones
+are added, so a job of 100 000 single records costs a look at its spans per update, not a
+new layout; anything else (a retry that overtook an outcome, a cancel) lays the job out
+again.
+
 The timeline sent to the page has one entry per span, not per task (a batch's tasks are
 shown as equal shares of the batch's time: only its start and end are known), in a compact
-binary form the page reads into typed arrays without parsing (:func:`timeline_bytes`)::
+binary form the page reads into typed arrays without parsing (:func:`timeline_bytes`); the
+columns are sent as they are kept, so making it copies memory and computes nothing::
 
     offset       size     field (little-endian)
-    0            4        magic b"EWT1"
+    0            4        magic b"EWT2"
     4            4        H: the length of the header
     8            H        the header, JSON: {"t0", "now", "n", "lanes", "entries": E}
     8 + H        0-7      zero bytes, to a multiple of 8
-    a            8 x E    start, float64: seconds after t0
-    a + 8E       8 x E    end, float64: seconds after t0; -1 while the task runs
+    a            8 x E    start, float64: unix time
+    a + 8E       8 x E    end, float64: unix time; -1 while the task runs
     a + 16E      4 x E    first task, int32
     a + 20E      4 x E    count of tasks, int32 (first .. first + count - 1)
     a + 24E      4 x E    lane, int32 (an index into the header's lanes: a worker)
     a + 28E      4 x E    attempt, int32
     a + 32E      1 x E    kind, uint8: 0 running, 1 finished, 2 failed, 3 lost, 4 cancelled
+
+Entries come in no set order (the page sorts each lane's by start); ``t0`` is when the
+first task started, ``now`` the server's clock (the page draws running tasks up to it).
 """
 
 from __future__ import annotations
@@ -47,19 +57,20 @@ _KIND_CODES = [0] * 8  # a record's kind -> the state code of its tasks (as a li
 for _kind, _code in _KIND_CODE.items():
     _KIND_CODES[_kind] = _code
 RUNNING_KIND = 0  # a timeline entry of a task still running (records' kinds are 1 to 4)
-MAGIC = b"EWT1"
+MAGIC = b"EWT2"
 
 #: The task table's sort keys.
 SORTS = ("task", "state", "host", "attempt", "started", "seconds")
 
 Span = tuple[int, int, tuple[str, Any]]  # first task, end, (worker id, record)
+LaneOf = Callable[[str, int], int]
 
 
 class TaskColumns:
     """Per-task arrays of one job at one moment (``state`` holds codes of :data:`STATES`;
     ``lane`` -1 for a task that never ran; ``start``/``end`` unix times, 0 where unknown;
     ``batch`` how many tasks ran in the same batch), and the timeline's entries as columns
-    (``e_*``: one per span of tasks that ran as one record, or per running task)."""
+    (``e_*``: one per span of tasks that ran as one record, then one per running task)."""
 
     __slots__ = ("attempt", "batch", "e_attempt", "e_count", "e_end", "e_first", "e_kind", "e_lane",
                  "e_start", "end", "lane", "n", "start", "state")  # fmt: skip
@@ -87,6 +98,12 @@ class TaskColumns:
         self.e_kind.append(kind)
         self.e_attempt.append(attempt)
 
+    def cut_entries(self, keep: int) -> None:
+        """Drop the entries after the first ``keep``."""
+        for col in (self.e_lane, self.e_first, self.e_count, self.e_start, self.e_end, self.e_kind,
+                    self.e_attempt):  # fmt: skip
+            del col[keep:]
+
     # -- what the job overview shows ------------------------------------------------------
     def started(self) -> float | None:
         """When the first task started (None before any did)."""
@@ -94,13 +111,79 @@ class TaskColumns:
 
     def ended(self) -> float | None:
         """When the last task that ran ended (None if none has)."""
-        return max(self.e_end) if self.e_end and max(self.e_end) > 0 else None
+        last = max(self.e_end) if self.e_end else 0.0
+        return last if last > 0 else None
 
 
-def build_columns(snap: Snapshot, spans: Iterable[Span],
-                  lane_of: Callable[[str, int], int]) -> TaskColumns:  # fmt: skip
+def build_columns(snap: Snapshot, spans: Iterable[Span], lane_of: LaneOf) -> TaskColumns:
     """The columns of a job from its snapshot and its outcomes as spans
     (``Outcomes.spans()``); ``lane_of(worker id, task)`` gives a record's lane."""
+    return ColumnsBuilder().update(snap, spans, lane_of)
+
+
+class ColumnsBuilder:
+    """A job's columns kept up to date from snapshot to snapshot (see the module doc):
+    :meth:`update` lays out only the spans that are new since the last call when it can.
+    ``full_builds`` counts the complete layouts (for tests)."""
+
+    def __init__(self) -> None:
+        self.cols: TaskColumns | None = None
+        self.full_builds = 0
+        self._laid: dict[int, tuple[int, tuple[str, Any]]] = {}  # first task -> (end, entry)
+        self._key: tuple[Any, ...] = ()
+        self._final_entries = 0  # entries of ended spans; the running tasks' follow
+        self._running: list[int] = []
+        self._lanes: dict[str, int] = {}  # lane_of's answers (but for records written off)
+
+    def update(self, snap: Snapshot, spans: Iterable[Span], lane_of: LaneOf) -> TaskColumns:
+        """The columns as of ``snap`` (the same object as before, changed, when only new spans
+        came)."""
+        key = (snap.n, snap.submitted, snap.cancelled, frozenset(snap.cancelled_tasks))
+        cols, laid = self.cols, self._laid
+        new: list[Span] = []
+        if cols is not None and key == self._key:
+            kept = 0
+            get = laid.get
+            for span in spans:
+                was = get(span[0])
+                if was is None:
+                    new.append(span)
+                elif was[0] == span[1] and was[1] is span[2]:
+                    kept += 1
+                else:  # an outcome overtaken (a retry), a batch cut in two: lay out again
+                    cols = None
+                    break
+            if kept != len(laid):  # an outcome forgotten (a retry of a failed task)
+                cols = None
+        else:
+            cols = None
+        if cols is None:
+            self.full_builds += 1
+            self._key = key
+            cols = self.cols = _empty(snap)
+            laid.clear()
+            self._lanes.clear()
+            self._running = []
+            self._final_entries = 0
+            new = list(spans)
+        else:
+            cols.cut_entries(self._final_entries)
+            base = _CODE[TaskState.QUEUED if snap.submitted else TaskState.PENDING]
+            running = _CODE[TaskState.RUNNING]
+            for t in self._running:  # as if they never ran: the new spans and marks say now
+                if cols.state[t] == running:
+                    cols.state[t] = base
+                    cols.lane[t] = -1
+                    cols.start[t] = 0.0
+        _lay_out(cols, new, self._lanes, lane_of)
+        for first, end, entry in new:
+            laid[first] = (end, entry)
+        self._final_entries = len(cols.e_first)
+        self._running = _mark_running(cols, snap, lane_of)
+        return cols
+
+
+def _empty(snap: Snapshot) -> TaskColumns:
     n = snap.n
     cols = TaskColumns(n)
     base = _CODE[TaskState.QUEUED if snap.submitted else TaskState.PENDING]
@@ -114,8 +197,15 @@ def build_columns(snap: Snapshot, spans: Iterable[Span],
         for t in snap.cancelled_tasks:
             if 0 <= t < n:
                 state[t] = cancelled
-    lanes: dict[str, int] = {}  # lane_of's answers (but for records written off, by task)
-    lane_col, attempt_col, batch_col = cols.lane, cols.attempt, cols.batch
+    return cols
+
+
+def _lay_out(
+    cols: TaskColumns, spans: Iterable[Span], lanes: dict[str, int], lane_of: LaneOf
+) -> None:
+    """Fill the columns of the tasks of ``spans`` and add their entries."""
+    n = cols.n
+    state, lane_col, attempt_col, batch_col = cols.state, cols.lane, cols.attempt, cols.batch
     start_col, end_col = cols.start, cols.end
     # the entries' columns, appended to by bound methods: a slow job has one per task
     e_lane, e_first, e_count = cols.e_lane.append, cols.e_first.append, cols.e_count.append
@@ -160,27 +250,32 @@ def build_columns(snap: Snapshot, spans: Iterable[Span],
             cols.add_entry(lane, first, count, offset, offset + count * step, kind, attempt)
         else:
             end_col[first:end] = array("d", [t_end]) * count
-    running = _CODE[TaskState.RUNNING]
+
+
+def _mark_running(cols: TaskColumns, snap: Snapshot, lane_of: LaneOf) -> list[int]:
+    """Mark the snapshot's running tasks (and add their entries); returns them."""
+    n, state = cols.n, cols.state
+    running, cancelled = _CODE[TaskState.RUNNING], _CODE[TaskState.CANCELLED]
+    marked = []
     for t, (wid, since) in snap.running.items():
         if 0 <= t < n and state[t] != cancelled and t not in snap.final:
             state[t] = running
             lane = lane_of(wid, t)
-            lane_col[t] = lane
-            start_col[t] = since
+            cols.lane[t] = lane
+            cols.start[t] = since
+            marked.append(t)
             if since > 0:
-                cols.add_entry(lane, t, 1, since, -1.0, RUNNING_KIND, attempt_col[t])
-    return cols
+                cols.add_entry(lane, t, 1, since, -1.0, RUNNING_KIND, cols.attempt[t])
+    return marked
 
 
 def timeline_bytes(cols: TaskColumns, lanes: list[dict[str, Any]], now: float) -> bytes:
     """The timeline in the binary form of the module's table."""
-    t0 = cols.started() or now
-    head = json.dumps({"t0": t0, "now": now, "n": cols.n, "lanes": lanes, "entries": len(cols.e_first)},
-                      separators=(",", ":")).encode()  # fmt: skip
+    head = json.dumps({"t0": cols.started() or now, "now": now, "n": cols.n, "lanes": lanes,
+                       "entries": len(cols.e_first)}, separators=(",", ":")).encode()  # fmt: skip
     pad = b"\0" * (-(8 + len(head)) % 8)
-    start = array("d", [t - t0 for t in cols.e_start])
-    end = array("d", [t - t0 if t >= 0 else -1.0 for t in cols.e_end])
-    parts: list[array[Any]] = [start, end, cols.e_first, cols.e_count, cols.e_lane, cols.e_attempt]
+    parts: list[array[Any]] = [cols.e_start, cols.e_end, cols.e_first, cols.e_count, cols.e_lane,
+                               cols.e_attempt]  # fmt: skip
     if sys.byteorder != "little":
         parts = [array(p.typecode, p) for p in parts]
         for p in parts:
@@ -191,9 +286,10 @@ def timeline_bytes(cols: TaskColumns, lanes: list[dict[str, Any]], now: float) -
 
 def read_timeline(data: bytes) -> dict[str, Any]:
     """The timeline back from :func:`timeline_bytes` (for tests and scripts): the header's
-    fields and one list per column."""
+    fields and one list per column, ``start`` and ``end`` in seconds after ``t0`` (``end``
+    -1 while the task runs)."""
     if data[:4] != MAGIC:
-        raise ValueError("not a timeline (its magic is not EWT1)")
+        raise ValueError(f"not a timeline (its magic is not {MAGIC.decode()})")
     (h,) = struct.unpack_from("<I", data, 4)
     out: dict[str, Any] = json.loads(data[8 : 8 + h])
     e = out["entries"]
@@ -206,6 +302,9 @@ def read_timeline(data: bytes) -> dict[str, Any]:
             col.byteswap()
         out[name] = col.tolist()
         pos += size * e
+    t0 = out["t0"]
+    out["start"] = [t - t0 for t in out["start"]]
+    out["end"] = [t - t0 if t >= 0 else -1.0 for t in out["end"]]
     return out
 
 

@@ -2,7 +2,8 @@
 
 The table is what ``elsewhere peer list`` shows: the same keys (every group this user has a
 key for, and this user's loopback-only peers), the same discovery settings and the same
-announcement fields. Unlike ``peer list``, which listens for a few seconds, the listeners
+announcement fields, and for each peer the cipher a connection from here would use
+(:func:`wire_of`). Unlike ``peer list``, which listens for a few seconds, the listeners
 run while a page looks at the peers, and stop :data:`_IDLE_S` after the last look.
 
 Fair share: a worker keeps, per controller, a decayed sum of the run time that controller's
@@ -107,8 +108,7 @@ class PeerBoard:
                     "host": a.host, "user": a.user, "group": ",".join(groups), "groups": groups,
                     "state": a.state.name.lower(), "slots": a.slots, "free": a.slots_free,
                     "memory": a.mem_bytes, "time": a.time_s if a.time_s != float("inf") else None,
-                    "task": a.task or "", "encrypt": a.encrypt,
-                    "wire": "encrypted" if a.encrypt else "clear (--no-encrypt)" if a.group else "loopback",
+                    "task": a.task or "", "encrypt": a.encrypt, **wire_of(a.encrypt, a.group, a.ciphers),
                     "address": f"{p.connect_address[0]}:{p.connect_address[1]}", "peer_id": a.peer_id,
                     "seen_s_ago": round(now - p.last_seen),  # (whole seconds: an event a second at most)
                 })  # fmt: skip
@@ -143,6 +143,27 @@ class PeerBoard:
                         "series": {f"{self._who.get(c, '?')} ({c[:8]})": [use.get(c, 0.0) for _, use in samples]
                                    for c in names}})  # fmt: skip
         return out
+
+
+#: The ciphers' names as people write them (the protocol's are lower-case ids).
+CIPHER_NAMES = {"aes-256-gcm": "AES-256-GCM", "chacha20-poly1305": "ChaCha20-Poly1305"}
+
+
+def wire_of(encrypt: bool, group: str, ciphers: tuple[str, ...]) -> dict[str, str]:
+    """How a peer talks, as the page shows it: ``wire`` (``encrypted: AES-256-GCM``, ``not
+    encrypted (--no-encrypt)``, ``not encrypted (loopback only)``) and ``cipher``, the id of the
+    cipher a connection from here would use, as ``elsewhere peer list --json`` gives it (its
+    choice between the two ends' offers: ``peer.ciphers.cipher_towards``)."""
+    if encrypt:
+        from ...peer.ciphers import cipher_towards
+
+        cipher = cipher_towards(ciphers)
+        if cipher in CIPHER_NAMES:
+            return {"wire": f"encrypted: {CIPHER_NAMES[cipher]}", "cipher": cipher}
+        return {"wire": "encrypted, but with no cipher in common with this machine", "cipher": ""}
+    if group:
+        return {"wire": "not encrypted (--no-encrypt)", "cipher": ""}
+    return {"wire": "not encrypted (loopback only)", "cipher": ""}
 
 
 def _worker_stats() -> list[tuple[int, dict[str, Any]]]:

@@ -4,6 +4,7 @@ said), uvicorn on it, in the foreground (``elsewhere web``) or in a thread (``ew
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 from typing import Any
@@ -26,8 +27,10 @@ class WebServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int | None = None, *, read_only: bool = False,
-                 token: str | None = None, peer_port: int | None = None) -> None:  # fmt: skip
+                 token: str | None = None, peer_port: int | None = None,
+                 bench_figures: str | os.PathLike[str] | None = None) -> None:  # fmt: skip
         from .app import WebApp
+        from .benchfigures import BenchFigures
         from .peers import PeerBoard
 
         self.host = host
@@ -36,7 +39,8 @@ class WebServer:
         self.token = token or new_token()
         self.read_only = read_only
         self.rules = Rules(self.token, loopback=is_loopback(host), read_only=read_only)
-        self.app = WebApp(self.rules, peers=PeerBoard({"port": peer_port} if peer_port else None))
+        self.app = WebApp(self.rules, peers=PeerBoard({"port": peer_port} if peer_port else None),
+                          bench=BenchFigures(bench_figures))  # fmt: skip
         config = uvicorn.Config(self.app.asgi, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=1, server_header=False)  # fmt: skip
         self._server = _Server(config, self.app)

@@ -1,7 +1,8 @@
-// elsewhere web view: the page. Three views by the address's #fragment:
+// elsewhere web view: the page. Four views by the address's #fragment:
 //   #/            the jobs table (sortable, filterable)
 //   #/job/ID      one job: progress by state, Gantt, plots, task table, task panel, cluster (job.js)
 //   #/peers       the peer network and fair share
+//   #/bench       the benchmark figures of a source checkout, where the server finds them (bench.js)
 // Live: one EventSource (api/events) per view pushes what changed; the Gantt and the task table
 // are fetched again when their job moved, at most as often as they take to draw. Actions send
 // the access token from the page's URL (?token=...) in a header; without it the server refuses.
@@ -262,7 +263,7 @@ class PeersView {
     this.tbody = el("tbody");
     this.note = el("p", { class: "muted", id: "peers-note" });
     this.fair = el("div", { id: "fair-share" });
-    const cols = ["host", "user", "group", "state", "slots free", "memory offered", "time offered", "working for", "wire", "address", "seen"];
+    const cols = ["host", "user", "group", "state", "slots free", "memory offered", "time offered", "working for", "encryption", "address", "seen"];
     root.append(
       el("section", { class: "card" }, el("h2", { text: "Peers" }), this.note,
         el("div", { class: "scroll" }, el("table", { class: "grid", id: "peers" }, el("thead", {}, el("tr", {}, cols.map((c) => el("th", { text: c })))), this.tbody))),
@@ -284,7 +285,7 @@ class PeersView {
       el("td", { text: p.state === "controller" ? "" : `${p.free}/${p.slots}` }),
       el("td", { text: p.state === "controller" ? "" : fmtSize(p.memory) }),
       el("td", { text: p.state === "controller" ? "" : p.time == null ? "no limit" : fmtDur(p.time) }),
-      el("td", { text: p.task || "" }), el("td", { text: p.wire }), el("td", { text: p.address }),
+      el("td", { text: p.task || "" }), el("td", { class: "wire", "data-cipher": p.cipher || "", "data-encrypt": p.encrypt ? "1" : "0", text: p.wire }), el("td", { text: p.address }),
       el("td", { text: `${p.seen_s_ago} s ago` }))));
     const charts = d.fair_share.map((w) => {
       const c = el("canvas", { class: "plot", "data-worker": w.worker });
@@ -314,6 +315,9 @@ function route() {
   if ((m = h.match(/^#\/job\/(.+)$/))) {
     S.view = new JobView(main, decodeURIComponent(m[1]));
     $("#nav-jobs").dataset.active = "1";
+  } else if ((m = h.match(/^#\/bench(?:\/(.+))?$/))) {
+    S.view = new BenchView(main, m[1] ? decodeURIComponent(m[1]) : "");
+    $("#nav-bench").dataset.active = "1";
   } else if (h === "#/peers") {
     document.title = "peers · elsewhere";
     S.view = new PeersView(main);

@@ -2,8 +2,12 @@
 //
 //   Charts.bars(canvas, {values, x0, dx, xFormat, yFormat, color, xLabel, yLabel})
 //       a histogram or a series of counts: bar i covers [x0 + i*dx, x0 + (i+1)*dx)
-//   Charts.lines(canvas, {x, series: {name: [y...]}, xFormat, yFormat, xLabel, yLabel})
-//       one line per series over shared x values, with a legend
+//   Charts.lines(canvas, {x, series: {name: [y...]}, xFormat, yFormat, xLabel, yLabel, logX, logY})
+//       one line per series over shared x values (null: no point there), with a legend;
+//       logX, logY: that axis on a logarithmic scale (whole decades)
+//   Charts.hbars(canvas, {labels, values, strong, format, color, strongColor})
+//       one horizontal bar per label, its value written after it (strong[i]: drawn in strongColor);
+//       sets the canvas's CSS height to fit its rows
 //   Charts.niceStep(span, target)   a 1-2-5 step that cuts span into about target parts
 //   Charts.fmtDuration(seconds)     "850 ms", "12.5 s", "3 min 20 s", "2 h 5 min"
 //
@@ -66,14 +70,17 @@ const Charts = (() => {
     canvas.dataset.points = "0";
   }
 
-  // The y axis (0 to yMax, nice ticks) and its grid; returns the y scale.
-  function yAxis(ctx, box, yMax, yFormat) {
-    const step = niceStep(yMax, 4);
-    const top = Math.max(step, Math.ceil(yMax / step) * step);
-    const sy = (v) => box.y + box.h - (v / top) * box.h;
+  // The y axis (yMin, default 0, to yMax, nice ticks; whole decades for a log scale, its
+  // values given as log10) and its grid; returns the y scale.
+  function yAxis(ctx, box, yMax, yFormat, yMin, log) {
+    const lo = yMin || 0;
+    const step = log ? Math.max(1, Math.ceil((yMax - lo) / 4)) : niceStep(yMax - lo, 4);
+    const top = Math.max(lo + step, lo + Math.ceil((yMax - lo) / step) * step);
+    const sy = (v) => box.y + box.h - ((v - lo) / (top - lo)) * box.h;
+    const label = log ? (v) => (yFormat || fmtNumber)(Math.pow(10, v)) : yFormat || fmtNumber;
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (let v = 0; v <= top + step / 2; v += step) {
+    for (let v = lo; v <= top + step / 2; v += step) {
       const y = Math.round(sy(v)) + 0.5;
       ctx.strokeStyle = GRID;
       ctx.beginPath();
@@ -81,15 +88,16 @@ const Charts = (() => {
       ctx.lineTo(box.x + box.w, y);
       ctx.stroke();
       ctx.fillStyle = MUTED;
-      ctx.fillText((yFormat || fmtNumber)(v), box.x - 4, y);
+      ctx.fillText(label(v), box.x - 4, y);
     }
     return sy;
   }
 
-  // The x axis under box from x0 to x1 (nice ticks); returns the x scale.
-  function xAxis(ctx, box, x0, x1, xFormat) {
+  // The x axis under box from x0 to x1 (nice ticks; whole ones where whole: a log scale's
+  // decades); returns the x scale.
+  function xAxis(ctx, box, x0, x1, xFormat, whole) {
     const sx = (v) => box.x + ((v - x0) / (x1 - x0 || 1)) * box.w;
-    const step = niceStep(x1 - x0, Math.max(2, Math.floor(box.w / 90)));
+    const step = whole ? Math.max(1, niceStep(x1 - x0, Math.max(2, Math.floor(box.w / 90)))) : niceStep(x1 - x0, Math.max(2, Math.floor(box.w / 90)));
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
     ctx.fillStyle = MUTED;
@@ -146,27 +154,44 @@ const Charts = (() => {
   }
 
   function lines(canvas, o) {
-    const x = o.x || [];
+    const x = (o.x || []).map((v) => (o.logX ? Math.log10(v) : v));
     const names = Object.keys(o.series || {});
     if (x.length < 1 || !names.length) return empty(canvas, o.emptyText || "no data yet");
     const { ctx, w, h } = setup(canvas);
     const legendW = Math.min(220, Math.max(...names.map((n) => ctx.measureText(n).width)) + 24);
-    const box = { x: 46, y: 16, w: w - 56 - legendW, h: h - 38 };
-    let yMax = 0;
-    for (const n of names) for (const v of o.series[n]) if (v > yMax) yMax = v;
-    const sy = yAxis(ctx, box, yMax || 1, o.yFormat);
+    const ty = o.logY ? (v) => (v > 0 ? Math.log10(v) : null) : (v) => v;
+    let yMax = o.logY ? -Infinity : 0, yMin = Infinity;
+    for (const n of names) {
+      for (const v of o.series[n]) {
+        if (v == null || ty(v) == null) continue;
+        yMax = Math.max(yMax, ty(v));
+        yMin = Math.min(yMin, ty(v));
+      }
+    }
+    if (o.logY && !(yMax > -Infinity)) return empty(canvas, o.emptyText || "no data yet");
+    const widest = ctx.measureText((o.yFormat || fmtNumber)(o.logY ? Math.pow(10, Math.ceil(yMax)) : yMax * 1.25)).width;
+    const left = Math.max(46, Math.ceil(widest) + 8);
+    const box = { x: left, y: 16, w: w - left - 10 - legendW, h: h - 38 };
+    const sy = o.logY ? yAxis(ctx, box, Math.ceil(yMax), o.yFormat, Math.floor(yMin), true) : yAxis(ctx, box, yMax || 1, o.yFormat);
     const x0 = x[0], x1 = x.length > 1 ? x[x.length - 1] : x[0] + 1;
-    const sx = xAxis(ctx, box, x0, x1, o.xFormat);
+    const xf = o.logX ? (v) => (o.xFormat || fmtNumber)(Math.pow(10, v)) : o.xFormat;
+    const sx = xAxis(ctx, box, x0, x1, xf, o.logX);
     let points = 0;
     names.forEach((n, k) => {
       const ys = o.series[n];
       ctx.strokeStyle = PALETTE[k % PALETTE.length];
+      ctx.fillStyle = ctx.strokeStyle;
       ctx.lineWidth = 1.5;
       ctx.beginPath();
+      let pen = false;
       for (let i = 0; i < x.length; i++) {
-        const px = sx(x[i]), py = sy(ys[i] || 0);
-        if (i) ctx.lineTo(px, py);
+        const yv = ys[i] == null ? null : ty(ys[i]);
+        if (yv == null) { pen = false; continue; }
+        const px = sx(x[i]), py = sy(yv);
+        if (pen) ctx.lineTo(px, py);
         else ctx.moveTo(px, py);
+        if (o.logX || o.logY) ctx.fillRect(px - 2, py - 2, 4, 4);
+        pen = true;
         points++;
       }
       ctx.stroke();
@@ -182,5 +207,37 @@ const Charts = (() => {
     canvas.dataset.points = String(points);
   }
 
-  return { bars, lines, niceStep, fmtDuration, fmtNumber, PALETTE };
+  function hbars(canvas, o) {
+    const labels = o.labels || [], values = o.values || [];
+    const rowH = 22;
+    canvas.style.height = `${Math.max(40, labels.length * rowH + 12)}px`;
+    if (!labels.length) return empty(canvas, o.emptyText || "no data");
+    const { ctx, w } = setup(canvas);
+    const fmt = o.format || fmtNumber;
+    const labelW = Math.min(w * 0.45, Math.max(...labels.map((t) => ctx.measureText(t).width)) + 12);
+    const valueW = Math.max(...values.map((v) => ctx.measureText(fmt(v)).width)) + 10;
+    const barW = Math.max(10, w - labelW - valueW - 8);
+    const top = Math.max(...values, 0) || 1;
+    let drawn = 0;
+    ctx.textBaseline = "middle";
+    labels.forEach((label, i) => {
+      const y = 6 + i * rowH, v = values[i];
+      ctx.fillStyle = o.strong && o.strong[i] ? INK : MUTED;
+      ctx.textAlign = "right";
+      ctx.font = `${o.strong && o.strong[i] ? "600 " : ""}11px system-ui, sans-serif`;
+      ctx.fillText(label, labelW - 8, y + rowH / 2 - 2, labelW - 10);
+      if (!(v >= 0)) return;
+      const bw = Math.max(1, (v / top) * barW);
+      ctx.fillStyle = o.strong && o.strong[i] ? o.strongColor || PALETTE[0] : o.color || "#b8c2d0";
+      ctx.fillRect(labelW, y + 3, bw, rowH - 10);
+      ctx.fillStyle = INK;
+      ctx.textAlign = "left";
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.fillText(fmt(v), labelW + bw + 5, y + rowH / 2 - 2);
+      drawn++;
+    });
+    canvas.dataset.points = String(drawn);
+  }
+
+  return { bars, hbars, lines, niceStep, fmtDuration, fmtNumber, PALETTE };
 })();
