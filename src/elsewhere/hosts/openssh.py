@@ -27,13 +27,10 @@ from elsewhere.util.errors import (
 )
 
 __all__ = [
-    "AES_FIRST",
     "build_remote_command",
     "build_rsync_rsh",
     "check_destination",
-    "choose_ciphers",
     "describe_ssh_failure",
-    "parse_ssh_config_dump",
     "parse_ssh_failure",
 ]
 
