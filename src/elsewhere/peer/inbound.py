@@ -178,7 +178,11 @@ class Inbound(WorkerState):
             return  # it never proved the key: it held no ASK, no buffer, no slot
         if peer.controller and self.by_controller.get(peer.controller) is peer:
             del self.by_controller[peer.controller]
-            self.gone_since[peer.controller] = time.monotonic()
+            # remembered only while it has runs here that may be orphaned (see PeerWorker._tick):
+            # one that ran nothing would stay for 2 * orphan_s, and a controller per job, or a
+            # key holder reconnecting in a loop, would fill the table
+            if any(r.controller == peer.controller for r in (*self.running.values(), *self.queued)):
+                self.gone_since[peer.controller] = time.monotonic()
         self.admission.forget(peer)
         self.pool.reclaim(peer)  # buffers of a frame that never became a task
         self._announce_due = True

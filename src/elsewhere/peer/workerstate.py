@@ -9,7 +9,7 @@ its own: see :mod:`.daemon`), all made by its constructor from the
   read again when a rotation changes them), ``peer_id``, ``identity``, ``mem_total``;
 - its connections: ``peers`` (all), ``handshaking`` (those still in their
   handshake, oldest first), ``by_controller`` (the live connection of each
-  controller), ``gone_since`` (when one left);
+  controller), ``gone_since`` (when one that left still had runs here);
 - the work: ``admission`` (held ASKs, and admissions until their TASK),
   ``fair`` (use per controller), ``queued`` (TASKs waiting for a child),
   ``running`` (runs on children), ``children``, ``pool`` (the shared memory
