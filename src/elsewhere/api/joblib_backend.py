@@ -286,8 +286,8 @@ class _StreamRunner:
     def abort(self) -> None:
         with self.lock:
             executor, self.shared = self.executor, {}
-        if executor is not None:
-            executor.shutdown(wait=False, kill=True)
+        if executor is not None:  # as loky, which kills its workers before it returns
+            executor.shutdown(wait=True, kill=True)
 
     def close(self) -> None:
         with self.lock:
