@@ -17,15 +17,14 @@ from elsewhere.peer.announce import (
     Announcement,
     AnnouncementDecoder,
     ClockSkew,
-    PeerFilter,
     PeerState,
-    PeerTable,
     announce_key,
     encode_announcement,
     new_peer_id,
     with_fields,
 )
 from elsewhere.peer.keys import GroupKey
+from elsewhere.peer.peertable import PeerFilter, PeerTable
 from elsewhere.util.errors import ProtocolError
 
 NOW = 1_800_000_000.0

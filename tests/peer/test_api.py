@@ -9,7 +9,16 @@ import pytest
 
 import elsewhere.peer
 
-MODULES = ["keys", "messages", "frames", "wire", "announce", "discovery"]
+MODULES = [
+    "keys",
+    "messages",
+    "frames",
+    "wire",
+    "announce",
+    "peertable",
+    "discoveryconfig",
+    "discovery",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -16,9 +16,10 @@ from contextlib import ExitStack
 import pytest
 from peer_testing import free_udp_port
 
-from elsewhere.peer.announce import Announcement, PeerFilter, PeerInfo, PeerState, new_peer_id
+from elsewhere.peer.announce import Announcement, PeerState, new_peer_id
 from elsewhere.peer.discovery import Announcer, DiscoveryConfig, Listener
 from elsewhere.peer.keys import GroupKey
+from elsewhere.peer.peertable import PeerFilter, PeerInfo
 from elsewhere.util.errors import ConfigError, PeerError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -286,7 +287,7 @@ def test_announcement_of_another_group_is_refused(key: GroupKey) -> None:
 def test_an_interface_that_is_not_here_is_named_as_the_cause() -> None:
     import errno
 
-    from elsewhere.peer.discovery import DiscoveryConfig, _not_here
+    from elsewhere.peer.discoveryconfig import DiscoveryConfig, _not_here
 
     cfg = DiscoveryConfig(port=17700, interface="192.0.2.7")  # (nothing is bound or sent here)
     for code, text in ((errno.ENODEV, "No such device"), (errno.EADDRNOTAVAIL, "Cannot assign requested address")):

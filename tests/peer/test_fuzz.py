@@ -417,6 +417,8 @@ def _datagrams(rng: random.Random, key: GroupKey | None, now: float) -> Iterator
                 d[rng.randrange(len(d))] ^= 1 << rng.randrange(8)
             if rng.random() < 0.3:
                 del d[rng.randrange(len(d)) :]
+            if d == valid:  # the flips undid each other: damage it for real
+                d[-1] ^= 1
             yield "damaged", bytes(d)
         elif kind == 3:  # a key holder sending nonsense bodies: reaches the parser
             body = msgpack.packb(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from elsewhere.peer.announce import Announcement, PeerInfo, PeerState
+from elsewhere.peer.announce import Announcement, PeerState
+from elsewhere.peer.peertable import PeerInfo
 from elsewhere.peer.placement import BATCH_BYTES, ControllerSettings, Worker, batch_size
 
 

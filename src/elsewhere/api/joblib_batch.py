@@ -303,7 +303,7 @@ class BatchRunner:
                 s.polled_at, s.poll_s = now, min(s.poll_s * 1.5, _POLL_MAX_S)
                 s.job.check()
             for i in sorted(s.left):
-                task = Task(s.job, i)
+                task: Task[Any] = Task(s.job, i)
                 if not task.state.done:
                     continue
                 value = task.result

@@ -13,12 +13,12 @@ Modules, from the bottom up. The protocol, sans-IO (bytes in, events out):
   of frames stage by stage;
 - :mod:`.wire`: one TCP connection (:class:`Connection`): what it sends, its
   admission rules, and the protocol's description;
-- :mod:`.announce`: the signed UDP announcement and the table of known peers
-  (:class:`AnnouncementDecoder`, :class:`PeerTable`).
+- :mod:`.announce`: the signed UDP announcement (:class:`AnnouncementDecoder`) and
+  :mod:`.peertable`, the table of known peers (:class:`PeerTable`).
 
 On real sockets: :mod:`.net` (opening them; the selector loops' waker),
 :mod:`.stream` (a connection on a socket, received buffers), :mod:`.discovery`
-(the announcer and listener threads).
+(the announcer and listener threads) with :mod:`.discoveryconfig` (where and how often).
 
 The controller (one job's tasks on the peers): :mod:`.controller`, its state
 (:mod:`.controlstate`) and parts (:mod:`.links`, :mod:`.batching`,
@@ -37,10 +37,7 @@ from __future__ import annotations
 from .announce import (
     Announcement,
     AnnouncementDecoder,
-    PeerFilter,
-    PeerInfo,
     PeerState,
-    PeerTable,
     encode_announcement,
     new_peer_id,
 )
@@ -79,6 +76,7 @@ from .messages import (
     Result,
     Task,
 )
+from .peertable import PeerFilter, PeerInfo, PeerTable
 from .wire import Connection, ConnectionState, Event, HandshakeComplete, Limits, Received, Role
 
 __all__ = [

@@ -1,8 +1,8 @@
-"""UDP announcements and the table of known peers, sans-IO.
+"""UDP announcements, sans-IO: the datagram, its checks, and when a peer sends the next.
 
-Every peer sends an announcement about once a second (see ``discovery.py``);
-receivers check it and keep a :class:`PeerTable`. Datagram layout (all
-integers big-endian)::
+Every peer announces itself about once a second, less often in a large group (see
+:class:`AnnounceTimer`; the sockets are in ``discovery.py``); receivers check each datagram and
+keep a :class:`~.peertable.PeerTable`. Datagram layout (all integers big-endian)::
 
     offset  size  field
     ------  ----  ---------------------------------------------------------
@@ -18,8 +18,10 @@ integers big-endian)::
                                  time on offer (s), current task or nil (always
                                  nil from a peer that encrypts), encrypts (a
                                  bool; absent: false), the ciphers it offers,
-                                 best first (absent: AES-256-GCM only) (a newer
-                                 version may append fields)
+                                 best first (absent: AES-256-GCM only), its
+                                 announcement interval now in ms (absent: a peer
+                                 of the previous version, which announces every
+                                 second) (a newer version may append fields)
     40+n     32   tag            HMAC-SHA256 of bytes 0..40+n, under a key
                                  derived from the group key with HKDF
 
@@ -35,13 +37,14 @@ with a group key never accepts them (their tag is wrong under its key).
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
-import ipaddress
 import math
+import operator
+import random
 import secrets
 import struct
-from dataclasses import dataclass, field, replace
+from collections import OrderedDict
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import msgpack
@@ -56,13 +59,11 @@ __all__ = [
     "ANNOUNCE_VERSION",
     "FLAG_LEAVING",
     "MAX_DATAGRAM",
+    "AnnounceTimer",
     "Announcement",
     "AnnouncementDecoder",
     "ClockSkew",
-    "PeerFilter",
-    "PeerInfo",
     "PeerState",
-    "PeerTable",
     "announce_key",
     "encode_announcement",
     "new_peer_id",
@@ -113,7 +114,7 @@ def _int(value: object, name: str, high: int = 2**63) -> None:
         raise ValueError(f"{name} must be an int in 0..{high - 1}, got {value!r:.80}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Announcement:
     """What one peer says about itself in one datagram.
 
@@ -142,6 +143,10 @@ class Announcement:
     ciphers: tuple[str, ...] = ()
     """The ciphers the peer offers, best first (absent, from an older peer: AES-256-GCM only);
     ``elsewhere peer list`` shows the one a connection from this machine would use."""
+    interval_s: float = 0.0
+    """How often the peer announces itself now, on average (set by its :class:`AnnounceTimer`
+    for each datagram); receivers expire it after a multiple of that. 0: not said (a peer of
+    the previous version, which announces every second)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.peer_id, str) or len(self.peer_id) != 32:
@@ -162,7 +167,7 @@ class Announcement:
         _int(self.slots_free, "slots_free", 2**31)
         _int(self.mem_bytes, "mem_bytes")
         _int(self.counter, "counter", 2**64)
-        for name in ("time_s", "timestamp"):
+        for name in ("time_s", "timestamp", "interval_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"{name} must be a number, got {value!r:.80}")
@@ -171,6 +176,8 @@ class Announcement:
             object.__setattr__(self, name, float(value))
         if not 0 <= self.timestamp < 2**63 / 1000:
             raise ValueError(f"timestamp out of range: {self.timestamp!r}")
+        if not self.interval_s < 2**32 / 1000:
+            raise ValueError(f"interval_s out of range: {self.interval_s!r}")
         if self.task is not None:
             _text(self.task, "task")
         for name in ("leaving", "encrypt"):
@@ -182,6 +189,15 @@ class Announcement:
             _text(name, "a cipher", empty=False)
         object.__setattr__(self, "ciphers", tuple(self.ciphers))
 
+    def says_the_same(self, other: Announcement) -> bool:
+        """Whether ``other`` says what this one says (timestamp and counter aside)."""
+        return _content(self) == _content(other)
+
+
+_content = operator.attrgetter(
+    *(f.name for f in fields(Announcement) if f.name not in ("timestamp", "counter"))
+)
+
 
 def announce_key(key: GroupKey | None) -> bytes:
     """The HMAC key that signs announcements (derived; never the group key itself)."""
@@ -191,12 +207,17 @@ def announce_key(key: GroupKey | None) -> bytes:
     return hkdf.derive(secret)
 
 
-def encode_announcement(announcement: Announcement, key: GroupKey | None) -> bytes:
-    """The signed datagram for ``announcement``; raises ValueError if over MAX_DATAGRAM."""
+def encode_announcement(
+    announcement: Announcement, key: GroupKey | None, *, signing_key: bytes | None = None
+) -> bytes:
+    """The signed datagram for ``announcement``; raises ValueError if over MAX_DATAGRAM.
+
+    ``signing_key``: ``announce_key(key)``, when the caller keeps it (it is derived anew
+    otherwise)."""
     a = announcement
     body = msgpack.packb(
         [a.group, a.address, a.port, a.user, a.host, int(a.state), a.slots, a.slots_free,
-         a.mem_bytes, a.time_s, a.task, a.encrypt, list(a.ciphers)],
+         a.mem_bytes, a.time_s, a.task, a.encrypt, list(a.ciphers), round(a.interval_s * 1000)],
         use_bin_type=True,
     )  # fmt: skip
     size = _PREFIX_SIZE + len(body) + _TAG_SIZE
@@ -207,7 +228,8 @@ def encode_announcement(announcement: Announcement, key: GroupKey | None) -> byt
         round(a.timestamp * 1000), a.counter, bytes.fromhex(a.peer_id),
     )  # fmt: skip
     signed = prefix + body
-    return signed + hmac.new(announce_key(key), signed, hashlib.sha256).digest()
+    mac_key = signing_key if signing_key is not None else announce_key(key)
+    return signed + hmac.digest(mac_key, signed, "sha256")
 
 
 class ClockSkew(ProtocolError):
@@ -223,21 +245,30 @@ class AnnouncementDecoder:
     """
 
     def __init__(
-        self, key: GroupKey | None, *, window_s: float = 30.0, max_peers: int = 4096
+        self, key: GroupKey | None, *, window_s: float = 30.0, max_peers: int = 65536
     ) -> None:
         self.group = key.group if key is not None else ""
         self.window_s = window_s
         self.max_peers = max_peers
+        """The most peer ids whose counters are remembered (a member of the group could
+        invent ids; the least recently heard is forgotten first)."""
         self.rekey(key)
-        self._last: dict[bytes, tuple[int, float]] = {}  # peer id -> (counter, its timestamp)
-        self._last_prune = 0.0
+        # peer id -> (counter, its timestamp, the id), least recently heard first; that str of
+        # the id is the one every announcement of the peer then holds (and so does the table)
+        self._last: OrderedDict[str, tuple[int, float, str]] = OrderedDict()
+        # strings and cipher lists that many peers send alike (group, user): one object each
+        self._shared: dict[Any, Any] = {}
 
     def rekey(self, key: GroupKey | None) -> None:
         """Take ``key`` (of the same group: its file read again after a rotation); the memory
         of counters stays."""
         self._key = announce_key(key)
         # after a rotation: the previous keys, accepted until their overlap ends (sent: the current one)
-        self._previous = [(announce_key(GroupKey(key.group, s)), until) for s, until in key.previous] if key else []
+        self._previous = (
+            [(announce_key(GroupKey(key.group, s)), until) for s, until in key.previous]
+            if key
+            else []
+        )
 
     def decode(self, datagram: bytes | bytearray | memoryview, now: float) -> Announcement:
         """Check ``datagram`` and return its announcement, or raise ProtocolError."""
@@ -259,12 +290,11 @@ class AnnouncementDecoder:
         if _PREFIX_SIZE + body_len + _TAG_SIZE != size:
             raise ProtocolError("announcement body length does not match the datagram")
         signed_end = size - _TAG_SIZE
-        expected = hmac.new(self._key, data[:signed_end], hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, data[signed_end:]) and not any(
-            until > now and hmac.compare_digest(hmac.new(k, data[:signed_end], hashlib.sha256).digest(),
-                                                data[signed_end:])
+        signed, tag = memoryview(data)[:signed_end], data[signed_end:]
+        if not hmac.compare_digest(hmac.digest(self._key, signed, "sha256"), tag) and not any(
+            until > now and hmac.compare_digest(hmac.digest(k, signed, "sha256"), tag)
             for k, until in self._previous
-        ):  # fmt: skip
+        ):
             raise ProtocolError("announcement failed authentication (another group key?)")
         stamp = stamp_ms / 1000
         if abs(stamp - now) > self.window_s:
@@ -273,7 +303,8 @@ class AnnouncementDecoder:
             replay = "" if off > 0 else " (or an old announcement was replayed)"
             raise ClockSkew(f"its clock is {abs(off):.0f} s {where} this machine's, more than the "
                             f"{self.window_s:.0f} s allowed{replay}: synchronise the clocks (NTP)")  # fmt: skip
-        last = self._last.get(pid)
+        peer_id = pid.hex()
+        last = self._last.get(peer_id)
         if last is not None and counter <= last[0]:
             raise ProtocolError("announcement replayed (counter not increasing)")
         try:
@@ -283,163 +314,142 @@ class AnnouncementDecoder:
         if not isinstance(fields_, list) or len(fields_) < 11:
             raise ProtocolError("announcement body is not an array of 11 fields")
         group, address, port, user, host, state, slots, free, mem, time_s, task = fields_[:11]
+        more = len(fields_)
+        interval_ms = fields_[13] if more > 13 else 0  # absent: a peer of the previous version
+        if (
+            not isinstance(interval_ms, int)
+            or isinstance(interval_ms, bool)
+            or not 0 <= interval_ms < 2**32
+        ):
+            raise ProtocolError(f"invalid announcement: interval {interval_ms!r:.80} (ms)")
+        ciphers = fields_[12] if more > 12 else ()
+        if isinstance(ciphers, list):
+            ciphers = tuple(ciphers)
+        if last is not None:
+            peer_id = last[2]
         try:
             ann = Announcement(
-                pid.hex(), group, address, port, user, host, state, slots, free, mem, time_s,
-                task, stamp, counter, bool(flags & FLAG_LEAVING), fields_[11] if len(fields_) > 11 else False,
-                fields_[12] if len(fields_) > 12 else (),
+                peer_id, self._share(group), address, port, self._share(user), host, state, slots,
+                free, mem, time_s, task, stamp, counter, bool(flags & FLAG_LEAVING),
+                fields_[11] if more > 11 else False, self._share(ciphers), interval_ms / 1000,
             )  # fmt: skip
         except (TypeError, ValueError) as exc:
             raise ProtocolError(f"invalid announcement: {exc}") from None
         if ann.group != self.group:
             raise ProtocolError(f"announcement of group {ann.group!r}, not {self.group!r}")
-        self._remember(pid, counter, stamp, now)
+        self._remember(ann.peer_id, counter, stamp, now)
         return ann
 
-    def _remember(self, pid: bytes, counter: int, stamp: float, now: float) -> None:
-        self._last[pid] = (counter, stamp)
-        if len(self._last) > self.max_peers or now - self._last_prune > self.window_s:
-            # a counter older than the window is refused by the time check anyway
-            self._last = {p: v for p, v in self._last.items() if now - v[1] <= self.window_s}
-            self._last_prune = now
-            while len(self._last) > self.max_peers:
-                oldest = min(self._last, key=lambda p: self._last[p][1])
-                del self._last[oldest]
+    def _share(self, value: Any) -> Any:
+        """``value``, or an equal object already made (hashable values only)."""
+        try:
+            return self._shared.setdefault(value, value)
+        except TypeError:  # unhashable: a bad field, which the checks that follow name
+            return value
+        finally:
+            if len(self._shared) > 1024:  # a member sending many names: start again
+                self._shared.clear()
+
+    def _remember(self, pid: str, counter: int, stamp: float, now: float) -> None:
+        last = self._last
+        last[pid] = (counter, stamp, pid)
+        last.move_to_end(pid)
+        # forget the least recently heard: over the bound, or older than the window (whose
+        # datagrams the time check refuses anyway); each datagram costs the same in any group
+        while last and (
+            len(last) > self.max_peers or now - next(iter(last.values()))[1] > self.window_s
+        ):
+            last.popitem(last=False)
 
 
 def _no_ext(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not allowed")
 
 
-# ---------------------------------------------------------------- the table
+class AnnounceTimer:
+    """When a peer sends its next announcement: sans-IO (``now`` is a monotonic clock).
 
+    The group as a whole sends about ``group_rate`` announcements a second, whatever its size,
+    the way RTCP scales its report interval with the session (RFC 3550, section 6.2): a peer
+    that hears ``n`` peers in its group announces every ``T = max(interval_s, n / group_rate)``
+    seconds on average, each interval drawn from ``T * (1 +- jitter)`` so that peers started
+    together drift apart. Up to ``interval_s * group_rate`` peers (200 by default) nothing
+    changes: a datagram every second.
 
-@dataclass(frozen=True)
-class PeerFilter:
-    """Which peers to list: by the datagram's real source address, and by user.
+    A change (``changed()``: a new state, free slots, a new controller heard) is announced at
+    once out of the share of the rate that periodic announcements leave: a peer gets
+    ``group_rate / n`` datagrams a second, the periodic ones use ``1 / T``, and the rest fills a
+    one-datagram credit. In a small group that is at once (a group of 2 has 99 a second to
+    spare); where the periodic ones use it all, a change waits for the next one.
 
-    Empty ``allow_*`` means everyone. ``refuse_*`` wins over ``allow_*``.
-    Addresses are IP addresses or networks ("10.1.2.0/24"). Users are what the
-    peers claim: meaningful only among members of the group, who could lie.
-    """
-
-    allow_addresses: tuple[str, ...] = ()
-    refuse_addresses: tuple[str, ...] = ()
-    allow_users: tuple[str, ...] = ()
-    refuse_users: tuple[str, ...] = ()
-    _allow_nets: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
-    _refuse_nets: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        for name in ("allow_addresses", "refuse_addresses"):
-            nets = []
-            for text in getattr(self, name):
-                try:
-                    nets.append(ipaddress.ip_network(text, strict=False))
-                except ValueError:
-                    raise ValueError(f"PeerFilter.{name}: {text!r} is not an address or network")
-            object.__setattr__(self, "_" + name.replace("addresses", "nets"), tuple(nets))
-
-    def allows(self, announcement: Announcement, source_ip: str) -> bool:
-        """Whether a peer announcing ``announcement`` from ``source_ip`` is listed."""
-        try:
-            ip = ipaddress.ip_address(source_ip)
-        except ValueError:
-            return False
-        if any(ip in net for net in self._refuse_nets):
-            return False
-        if self._allow_nets and not any(ip in net for net in self._allow_nets):
-            return False
-        if announcement.user in self.refuse_users:
-            return False
-        return not self.allow_users or announcement.user in self.allow_users
-
-
-@dataclass(frozen=True)
-class PeerInfo:
-    """A peer as the table knows it.
-
-    ``source`` is where its datagrams really come from; connect to
-    :attr:`connect_address` (the source IP, the announced port), not to the
-    address it claims.
-    """
-
-    announcement: Announcement
-    source: tuple[str, int]
-    first_seen: float
-    last_seen: float
-
-    @property
-    def peer_id(self) -> str:
-        """The peer's random id."""
-        return self.announcement.peer_id
-
-    @property
-    def connect_address(self) -> tuple[str, int]:
-        """(source IP of its datagrams, announced TCP port)."""
-        return (self.source[0], self.announcement.port)
-
-
-class PeerTable:
-    """Known peers, kept from announcements; sans-IO (``now`` is a monotonic clock).
-
-    Not thread-safe: the listener guards it with its lock.
+    Receivers expire a peer after a multiple of the interval its last datagram announced
+    (:meth:`sent` returns it), so that interval is a promise: when the group grows, the next
+    datagram still comes within it (and announces the longer one); when the group shrinks, the
+    next comes sooner (the time is reconsidered with the group's size at every look).
     """
 
     def __init__(
-        self, *, expire_after_s: float = 3.5, peer_filter: PeerFilter | None = None
+        self,
+        interval_s: float = 1.0,
+        jitter: float = 0.2,
+        group_rate: float = 200.0,
+        rng: random.Random | None = None,
     ) -> None:
-        self.expire_after_s = expire_after_s
-        self.peer_filter = peer_filter if peer_filter is not None else PeerFilter()
-        self._peers: dict[str, PeerInfo] = {}
-        self._groups: dict[str, dict[str, float]] = {}  # peer id -> group -> last heard in it
+        if not interval_s > 0 or not 0 <= jitter < 1 or not group_rate > 0:
+            raise ValueError(f"need interval_s > 0, jitter in [0, 1), group_rate > 0; got "
+                             f"{interval_s}, {jitter}, {group_rate}")  # fmt: skip
+        self.interval_s = interval_s
+        self.jitter = jitter
+        self.group_rate = group_rate
+        self._rng = rng if rng is not None else random.Random()
+        self._last: float | None = None  # when the last datagram went
+        self._promised = interval_s  # the interval it announced
+        self._factor = 1.0  # this interval's random part
+        self._credit = 1.0  # datagrams that a change may send at once (at most one)
+        self._credit_at = 0.0
+        self._change = False
 
-    def update(
-        self, announcement: Announcement, source: tuple[str, int], now: float
-    ) -> PeerInfo | None:
-        """Record an announcement from ``source``; return the entry, or None if not listed.
+    def interval(self, group_size: int) -> float:
+        """The mean interval in a group of ``group_size`` peers."""
+        return max(self.interval_s, group_size / self.group_rate)
 
-        A LEAVING announcement, or one the filter refuses, removes the peer.
-        """
-        pid = announcement.peer_id
-        if announcement.leaving or not self.peer_filter.allows(announcement, source[0]):
-            self._peers.pop(pid, None)
-            self._groups.pop(pid, None)
-            return None
-        old = self._peers.get(pid)
-        info = PeerInfo(announcement, (source[0], source[1]),
-                        old.first_seen if old is not None else now, now)  # fmt: skip
-        self._peers[pid] = info
-        self._groups.setdefault(pid, {})[announcement.group] = now
-        return info
+    def changed(self) -> None:
+        """Something changed: announce it as soon as the pace allows."""
+        self._change = True
 
-    def expire(self, now: float) -> list[PeerInfo]:
-        """Drop and return peers silent for more than ``expire_after_s``."""
-        gone = [p for p in self._peers.values() if now - p.last_seen > self.expire_after_s]
-        for p in gone:
-            del self._peers[p.peer_id]
-            self._groups.pop(p.peer_id, None)
-        return gone
+    def due(self, now: float, group_size: int) -> float:
+        """When the next datagram is due (at or before ``now``: send it)."""
+        if self._last is None:
+            return -math.inf
+        periodic = self._last + min(self.interval(group_size), self._promised) * self._factor
+        if not self._change:
+            return periodic
+        spare = self._spare(group_size)
+        credit = self._credit_now(now, spare)
+        if credit >= 1:
+            return now
+        return periodic if spare <= 0 else min(periodic, now + (1 - credit) / spare)
 
-    def groups(self, peer_id: str, now: float) -> list[str]:
-        """The groups ``peer_id`` was heard in lately (a worker may serve several); "" is
-        loopback-only mode."""
-        heard = self._groups.get(peer_id, {})
-        return sorted(g for g, t in heard.items() if now - t <= self.expire_after_s)
+    def sent(self, now: float, group_size: int) -> float:
+        """A datagram goes at ``now``: returns the interval it announces."""
+        spare = self._spare(group_size)
+        credit = self._credit_now(now, spare)
+        if self._last is not None and self._change:  # sent before it was due: a change's
+            periodic = self._last + min(self.interval(group_size), self._promised) * self._factor
+            if now < periodic:
+                credit = max(0.0, credit - 1)
+        self._credit, self._credit_at = credit, now
+        self._last, self._change = now, False
+        self._promised = self.interval(group_size)
+        self._factor = 1 + self._rng.uniform(-self.jitter, self.jitter)
+        return self._promised
 
-    def peers(self) -> list[PeerInfo]:
-        """The listed peers, by peer id."""
-        return sorted(self._peers.values(), key=lambda p: p.peer_id)
+    def _spare(self, group_size: int) -> float:
+        """Datagrams a second left to this peer beyond its periodic ones."""
+        return max(0.0, self.group_rate / max(1, group_size) - 1 / self.interval(group_size))
 
-    def get(self, peer_id: str) -> PeerInfo | None:
-        """The entry of ``peer_id``, if listed."""
-        return self._peers.get(peer_id)
-
-    def __len__(self) -> int:
-        return len(self._peers)
-
-    def __contains__(self, peer_id: object) -> bool:
-        return peer_id in self._peers
+    def _credit_now(self, now: float, spare: float) -> float:
+        return min(1.0, self._credit + max(0.0, now - self._credit_at) * spare)
 
 
 def with_fields(announcement: Announcement, changes: dict[str, Any]) -> Announcement:
@@ -448,3 +458,4 @@ def with_fields(announcement: Announcement, changes: dict[str, Any]) -> Announce
     if unknown:
         raise ValueError(f"Announcement has no field(s) {', '.join(sorted(unknown))}")
     return replace(announcement, **changes)
+

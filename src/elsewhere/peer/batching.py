@@ -1,7 +1,7 @@
 """The controller's placing of tasks: batches asked for, admitted, sent, taken back.
 
 Pending tasks go to workers in batches (:meth:`~Batching._place`): the best
-worker (:func:`~.placement.choose_worker`) is asked for as many tasks as one
+worker (:class:`~.placement.Candidates`) is asked for as many tasks as one
 batch holds (:func:`~.placement.batch_size`, about 100 ms of work), and only
 once it ACCEPTs does the TASK go, its pickles made by the
 :class:`~.encoder.TaskEncoder` (a TASK too large for one frame is halved
@@ -25,7 +25,7 @@ from typing import Any
 from ..util.errors import PeerError
 from .controlstate import ControllerState
 from .messages import Ask, Cancel, Refuse, RefuseReason, Task
-from .placement import Batch, Standing, Worker, batch_size, choose_standing, choose_worker
+from .placement import Batch, Candidates, Standing, Worker, batch_size, choose_standing
 from .wire import Limits
 
 __all__ = ["Batching"]
@@ -47,26 +47,21 @@ class Batching(ControllerState):
     def _place(self, now: float) -> None:
         if self.recorder is not None and self.recorder.backlog_bytes > RECORD_BACKLOG_BYTES:
             return  # results come faster than the disk takes them: no new tasks until it has
-        for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
-            if self.pending:
-                # admitted: the tasks go now; not yet answered: they ride on that ASK
-                self._fill_standing(b, send=bool(b.accepted))
+        if self.stream:  # (only an open stream job asks ahead)
+            for b in [b for b in self.batches.values() if b.standing and not b.withdrawn]:
+                if self.pending:
+                    # admitted: the tasks go now; not yet answered: they ride on that ASK
+                    self._fill_standing(b, send=bool(b.accepted))
         if not self.pending:
             self._stand(now)
             return
-        ready = [w for w in self.workers.values() if w.state == "ready" and w.usable(self.settings)]
-        if not ready:
-            return
         s = self.settings
-        total_slots = sum(max(1, w.info.announcement.slots // s.cores) for w in ready)
-        # While other workers are still connecting, hold no more than fits at once here:
-        # queueing behind a busy slot would be a loss if a free worker appears a moment later.
-        depth = 1 if any(w.state in ("connecting", "handshake") for w in self.workers.values()) else 2
+        pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending))
         while self.pending:
-            best = choose_worker(ready, s, self.local_addresses, depth, now)
+            best = pick.take()
             if best is None:
                 return
-            k = batch_size(s, best, total_slots, len(self.pending), self.mean_s, self.n_measured,
+            k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
                            self.result_bytes_per_task)  # fmt: skip
             self._ask(best, k, now)
 

@@ -51,7 +51,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .announce import Announcement, PeerInfo, PeerState
+from .announce import Announcement, PeerState
 from .batching import Batching
 from .ciphers import offered_ciphers
 from .controlstate import ControllerState
@@ -59,6 +59,7 @@ from .discovery import Announcer, Listener
 from .links import Links
 from .messages import Bye, Cancel
 from .notes import RUNNING_FILE, Notes
+from .peertable import PeerInfo
 from .placement import ControllerSettings, local_addresses
 from .recorder import Recorder
 from .results import _ACK_S, Results

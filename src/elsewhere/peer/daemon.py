@@ -120,10 +120,13 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
             self.announcers.append(Announcer(ann, key, opts.discovery).start())
         if opts.listen_for_controllers:  # one listener for every group served
             try:
-                self.listener = Listener(self.key, opts.discovery, more_keys=opts.more_keys).start()
+                self.listener = Listener(self.key, opts.discovery, more_keys=opts.more_keys,
+                                         only_states=(PeerState.CONTROLLER,)).start()  # fmt: skip
             except OSError as exc:  # e.g. static peers on a port another peer here holds
                 log.warning("not listening for controllers (%s); announcing anyway", exc)
             else:
+                for announcer in self.announcers:  # less often in a large group (see AnnounceTimer)
+                    announcer.pace_by(self.listener.pace_for(announcer.announcement.group))
                 self._watch_thread = threading.Thread(target=self._watch_controllers,
                                                       name="elsewhere-peer-watch", daemon=True)  # fmt: skip
                 self._watch_thread.start()

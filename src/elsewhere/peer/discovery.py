@@ -4,12 +4,19 @@
 
     Announcer thread                          Listener thread
     ----------------                          ---------------
-    every interval_s (+- jitter),             select() on the multicast socket,
-    and at once on update_state():            the unicast socket and a wake-up pipe
-      encode_announcement() --sendto-->         --> AnnouncementDecoder.decode()
-        multicast group:port                    --> PeerTable.update(source address)
-        each static peer                        every 0.2 s: PeerTable.expire()
-                                                callers: peers(), wait_for()
+    when AnnounceTimer says (every            select() on the multicast socket,
+    interval_s +- jitter, longer in a         the unicast socket and a wake-up pipe
+    large group), and on update_state():        --> AnnouncementDecoder.decode()
+      encode_announcement() --sendto-->         --> PeerTable.update(source address)
+        multicast group:port                    tick(): held wake-ups (20 a second at
+        each static peer                          most), every 0.2 s PeerTable.expire()
+      <-- group size: Listener.pace_for()       callers: peers(), wait_for(), group_size()
+
+The group's announcements are paced (:class:`~.announce.AnnounceTimer`): a peer whose
+announcer is paced by a listener (``pace_by(listener.pace_for(group))``) announces less often
+as the group grows, so the whole group sends about ``group_rate`` datagrams a second. Both
+threads' work is sans-IO underneath (:meth:`Announcer.datagram`, :meth:`Listener.receive`,
+:meth:`Listener.tick`), which ``bench/peer_sim.py`` drives with a simulated clock.
 
 Multicast goes to a scoped group (239.255.77.77 by default) on a
 configurable port; where multicast is not allowed, list the peers in
@@ -22,21 +29,21 @@ datagrams leave by the default route), and datagrams from other sources are
 dropped.
 
 Both classes are context managers; ``stop()`` closes every socket, and every
-wait has a timeout. The sockets are opened by :mod:`.net`.
+wait has a timeout. The sockets are opened by :mod:`.net`
+(through :mod:`.discoveryconfig`, which names the cause when they cannot be).
 """
 
 from __future__ import annotations
 
-import errno
-import ipaddress
 import logging
+import math
 import random
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -45,15 +52,26 @@ from .announce import (
     MAX_DATAGRAM,
     Announcement,
     AnnouncementDecoder,
+    AnnounceTimer,
     ClockSkew,
-    PeerFilter,
-    PeerInfo,
-    PeerTable,
+    PeerState,
+    announce_key,
     encode_announcement,
     with_fields,
 )
-from .keys import LOOPBACK_HOST, GroupKey
-from .net import Waker, udp_receivers, udp_sender
+from .discoveryconfig import (
+    DEFAULT_MULTICAST_GROUP,
+    DEFAULT_PORT,
+    DiscoveryConfig,
+    _is_loopback,
+    parse_peer,
+    receiver_sockets,
+    resolve_static_peer,
+    sender_socket,
+)
+from .keys import GroupKey
+from .net import Waker
+from .peertable import PeerFilter, PeerInfo, PeerTable
 
 __all__ = [
     "DEFAULT_MULTICAST_GROUP",
@@ -66,115 +84,19 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MULTICAST_GROUP = "239.255.77.77"
-DEFAULT_PORT = 17700
 _POLL_S = 0.2
+_WAKE_S = 0.05  # waiters wake at most this often (20 a second), however busy the group
 _MAX_REFUSED = 64  # sources of refused announcements remembered (for `peer list`, notes)
 
 
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
-@dataclass(frozen=True)
-class DiscoveryConfig:
-    """Where and how often peers announce themselves.
-
-    ``multicast_group`` None turns multicast off (then ``static_peers`` is the
-    only way). ``interface`` is the local IPv4 address to send multicast from,
-    join the group on, and bind unicast to; None lets the kernel choose (its
-    default route). ``ttl`` bounds how many routers multicast crosses (1: the
-    local network). Peers silent for ``expire_after_s`` are dropped.
-    """
-
-    port: int = DEFAULT_PORT
-    multicast_group: str | None = DEFAULT_MULTICAST_GROUP
-    interface: str | None = None
-    static_peers: tuple[tuple[str, int], ...] = ()
-    ttl: int = 1
-    interval_s: float = 1.0
-    jitter: float = 0.2
-    expire_after_s: float = 3.5
-    window_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
-            raise ConfigError(f"discovery port must be 1..65535, got {self.port!r}")
-        if self.multicast_group is not None:
-            try:
-                group = ipaddress.IPv4Address(self.multicast_group)
-            except ValueError:
-                raise ConfigError(
-                    f"multicast_group {self.multicast_group!r} is not an IPv4 address"
-                )
-            if not group.is_multicast:
-                raise ConfigError(
-                    f"multicast_group {self.multicast_group} is not a multicast address"
-                )
-        if self.interface is not None:
-            try:
-                ipaddress.IPv4Address(self.interface)
-            except ValueError:
-                raise ConfigError(f"interface must be a local IPv4 address, got {self.interface!r}")
-        peers = []
-        for entry in self.static_peers:
-            try:
-                host, port = entry
-            except (TypeError, ValueError):
-                raise ConfigError(f"a static peer is (host, port), got {entry!r}")
-            if not isinstance(host, str) or not isinstance(port, int) or not 1 <= port <= 65535:
-                raise ConfigError(f"static peer {entry!r}: need (host name, port 1..65535)")
-            peers.append((host, port))
-        object.__setattr__(self, "static_peers", tuple(peers))
-        if not isinstance(self.ttl, int) or not 0 <= self.ttl <= 255:
-            raise ConfigError(f"ttl must be 0..255, got {self.ttl!r}")
-        if not self.interval_s > 0 or not 0 <= self.jitter < 1:
-            raise ConfigError("interval_s must be > 0 and jitter in [0, 1)")
-        if not self.expire_after_s > self.interval_s * (1 + self.jitter):
-            raise ConfigError("expire_after_s must be longer than one announcement interval")
-        if self.multicast_group is None and not self.static_peers:
-            raise ConfigError("discovery needs a multicast group or a list of static peers")
-
-    def for_key(self, key: GroupKey | None) -> DiscoveryConfig:
-        """This configuration as it applies with ``key``: without one, loopback only."""
-        if key is not None:
-            return self
-        if self.interface not in (None, LOOPBACK_HOST):
-            raise ConfigError(
-                f"without a group key peers talk on {LOOPBACK_HOST} only, not on {self.interface}"
-                " (make a group key with `elsewhere peer keygen GROUP` and give it with --key or group=)"
-            )
-        peers = []
-        for host, port in self.static_peers:
-            if not _is_loopback(host):
-                raise ConfigError(
-                    f"without a group key, static peer {host} must be a loopback address"
-                )
-            peers.append((LOOPBACK_HOST if host == "localhost" else host, port))
-        return replace(self, interface=LOOPBACK_HOST, ttl=0, static_peers=tuple(peers))
-
-
-def _resolve(host: str, port: int) -> tuple[str, int] | None:
-    try:
-        infos = socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_DGRAM)
-    except OSError as exc:
-        log.warning("static peer %s:%d cannot be resolved: %s", host, port, exc)
-        return None
-    if not infos:
-        return None
-    addr = infos[0][4]
-    return (str(addr[0]), int(addr[1]))
-
-
 class Announcer:
-    """Sends ``announcement`` about every ``interval_s``, and at once on a change.
+    """Sends ``announcement`` when its :class:`~.announce.AnnounceTimer` says: about every
+    ``interval_s``, less often in a large group, and soon after a change.
 
-    Each datagram gets a fresh timestamp and counter. ``stop()`` sends a last
-    LEAVING datagram (unless ``goodbye=False``) so listeners drop the peer at
-    once instead of waiting for it to expire.
+    Each datagram gets a fresh timestamp and counter, and the interval it promises. Without
+    :meth:`pace_by` it announces as in a group of one (every ``interval_s``). ``stop()`` sends
+    a last LEAVING datagram (unless ``goodbye=False``) so listeners drop the peer at once
+    instead of waiting for it to expire.
     """
 
     def __init__(
@@ -184,6 +106,7 @@ class Announcer:
         config: DiscoveryConfig | None = None,
         *,
         rng: random.Random | None = None,
+        group_size: Callable[[], int] | None = None,
     ) -> None:
         self.key = key
         self.config = (config if config is not None else DiscoveryConfig()).for_key(key)
@@ -192,9 +115,13 @@ class Announcer:
             raise ConfigError(
                 f"announcement of group {announcement.group!r} with a key of {group!r}"
             )
-        encode_announcement(announcement, key)  # too large? fail here, not in the thread
+        self._signing_key = announce_key(key)
+        # too large? fail here, not in the thread
+        encode_announcement(announcement, key, signing_key=self._signing_key)
         self._announcement = announcement
-        self._rng = rng if rng is not None else random.Random()
+        cfg = self.config
+        self.timer = AnnounceTimer(cfg.interval_s, cfg.jitter, cfg.group_rate, rng)
+        self._group_size = group_size
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -211,17 +138,28 @@ class Announcer:
         with self._lock:
             return self._announcement
 
+    def pace_by(self, group_size: Callable[[], int]) -> None:
+        """Pace the announcements by ``group_size()``, the peers heard in the group now
+        (:meth:`Listener.pace_for`); it is asked at every look at the timer."""
+        self._group_size = group_size
+        self._wake.set()
+
+    def group_size(self) -> int:
+        """The size of the group the pace follows (1 when not paced)."""
+        size = self._group_size
+        return max(1, size()) if size is not None else 1
+
     def start(self) -> Announcer:
         """Open the socket and start the thread; returns self."""
         if self._thread is not None:
             raise PeerError("announcer already started")
         cfg = self.config
-        self._sock = _sender_socket(cfg)
+        self._sock = sender_socket(cfg)
         dests: list[tuple[str, int]] = []
         if cfg.multicast_group is not None:
             dests.append((cfg.multicast_group, cfg.port))
         for host, port in cfg.static_peers:
-            resolved = _resolve(host, port)
+            resolved = resolve_static_peer(host, port)
             if resolved is not None:
                 dests.append(resolved)
         self._destinations = dests
@@ -230,7 +168,8 @@ class Announcer:
         return self
 
     def update_state(self, **changes: Any) -> Announcement:
-        """Change fields of the announcement (state, slots_free, task, ...) and announce now."""
+        """Change fields of the announcement (state, slots_free, task, ...) and announce soon
+        (at once, unless a large group's pace holds it to the next datagram due)."""
         with self._lock:
             updated = with_fields(self._announcement, changes)
             if (
@@ -238,10 +177,26 @@ class Announcer:
                 or updated.group != self._announcement.group
             ):
                 raise ConfigError("peer_id and group of a running announcer cannot change")
-            encode_announcement(updated, self.key)
+            encode_announcement(updated, self.key, signing_key=self._signing_key)
             self._announcement = updated
+            self.timer.changed()
         self._wake.set()
         return updated
+
+    def due(self, now: float, group_size: int) -> float:
+        """When the next datagram is due, on the monotonic clock ``now``."""
+        with self._lock:
+            return self.timer.due(now, group_size)
+
+    def datagram(self, now: float, wall: float, group_size: int, *, leaving: bool = False) -> bytes:
+        """The next datagram, stamped with the wall clock ``wall``; the timer counts it as
+        sent at ``now`` (monotonic). Sans-IO: what the thread sends."""
+        with self._lock:
+            self._counter += 1
+            interval = self.timer.sent(now, group_size)
+            ann = replace(self._announcement, timestamp=wall, counter=self._counter,
+                          leaving=leaving, interval_s=interval)  # fmt: skip
+            return encode_announcement(ann, self.key, signing_key=self._signing_key)
 
     def stop(self, *, goodbye: bool = True, timeout: float = 2.0) -> None:
         """Stop the thread, send a LEAVING datagram (if ``goodbye``), close the socket."""
@@ -269,19 +224,19 @@ class Announcer:
         self.stop()
 
     def _run(self) -> None:
-        cfg = self.config
+        look_s = self.config.interval_s  # the group's size is looked at again at least this often
         while not self._stop.is_set():
-            self._send()
-            delay = cfg.interval_s * (1 + self._rng.uniform(-cfg.jitter, cfg.jitter))
-            self._wake.wait(delay)
+            now = time.monotonic()
+            due = self.due(now, self.group_size())
+            if due <= now:
+                self._send()
+                continue
+            self._wake.wait(min(due - now, look_s))
             self._wake.clear()
 
     def _send(self, *, leaving: bool = False) -> None:
+        data = self.datagram(time.monotonic(), time.time(), self.group_size(), leaving=leaving)
         with self._lock:
-            self._counter += 1
-            ann = replace(self._announcement, timestamp=time.time(), counter=self._counter,
-                          leaving=leaving)  # fmt: skip
-            data = encode_announcement(ann, self.key)
             sock = self._sock
             if sock is None:
                 return
@@ -293,33 +248,15 @@ class Announcer:
             self.sent += 1
 
 
-def _sender_socket(cfg: DiscoveryConfig) -> socket.socket:
-    try:
-        return udp_sender(cfg.ttl, cfg.interface)
-    except OSError as exc:
-        _not_here(exc, cfg, "announce")
-        raise
-
-
-def _not_here(exc: OSError, cfg: DiscoveryConfig, what: str) -> None:
-    """Raise a ConfigError that names the cause when ``exc`` says ``cfg.interface`` is not
-    an address of this machine (the usual reason a socket cannot be set up on it)."""
-    if cfg.interface is not None and exc.errno in (errno.ENODEV, errno.EADDRNOTAVAIL):
-        raise ConfigError(f"cannot {what} on interface {cfg.interface} ({exc.strerror}): it must be an "
-                          "IPv4 address of this machine (`ip -4 addr` lists them)") from exc  # fmt: skip
-
-
-def _receiver_sockets(cfg: DiscoveryConfig) -> list[socket.socket]:
-    try:
-        return udp_receivers(cfg.multicast_group, cfg.port, cfg.interface, bool(cfg.static_peers))
-    except OSError as exc:
-        _not_here(exc, cfg, "listen for peers")
-        raise
-
-
 class Listener:
     """Receives announcements and keeps a :class:`PeerTable` of the group's peers (of each
-    group, with ``more_keys``: a worker that serves several)."""
+    group, with ``more_keys``: a worker that serves several).
+
+    ``only_states``: list only peers in these states and count the others (a worker daemon
+    needs the controllers alone; the count still paces its announcers). Waiters
+    (:meth:`wait_for`) wake when the listing changes, not at every repeated announcement, and
+    at most 20 times a second: a change within 50 ms of the last wake-up waits for the next.
+    """
 
     def __init__(
         self,
@@ -328,6 +265,7 @@ class Listener:
         *,
         peer_filter: PeerFilter | None = None,
         more_keys: Sequence[GroupKey] = (),
+        only_states: Collection[PeerState] | None = None,
     ) -> None:
         if more_keys and key is None:
             raise PeerError("more_keys are for a keyed listener")
@@ -335,8 +273,14 @@ class Listener:
         self.loopback_only = key is None
         # one decoder per group heard (a worker of several groups: one socket for them all,
         # so that a unicast datagram, which reaches one socket of a port, is never lost)
-        self._decoders = [AnnouncementDecoder(k, window_s=self.config.window_s) for k in (key, *more_keys)]
-        self._table = PeerTable(expire_after_s=self.config.expire_after_s, peer_filter=peer_filter)
+        self._decoders = [
+            AnnouncementDecoder(k, window_s=self.config.window_s) for k in (key, *more_keys)
+        ]
+        self._table = PeerTable(expire_after_s=self.config.expire_after_s, peer_filter=peer_filter,
+                                interval_s=self.config.interval_s, only_states=only_states)  # fmt: skip
+        self._expired_at = -math.inf
+        self._woke_at = -math.inf
+        self._wake_held = False  # a change waiters have not been woken for yet
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -344,7 +288,8 @@ class Listener:
         self._waker: Waker | None = None  # stop() wakes the thread
         self.dropped = 0
         """Datagrams dropped: not authentic, stale, replayed, malformed, or not from loopback."""
-        self._refused: dict[str, tuple[int, str, float, bool]] = {}  # source -> (count, why, when, authentic)
+        # source -> (count, why, when, authentic)
+        self._refused: dict[str, tuple[int, str, float, bool]] = {}
         self.received = 0
         """Datagrams accepted."""
 
@@ -352,7 +297,7 @@ class Listener:
         """Bind the sockets and start the thread; returns self."""
         if self._thread is not None:
             raise PeerError("listener already started")
-        self._socks = _receiver_sockets(self.config)
+        self._socks = receiver_sockets(self.config)
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="elsewhere-listener", daemon=True)
         self._thread.start()
@@ -363,12 +308,34 @@ class Listener:
         with self._cond:
             return self._table.peers()
 
-    def _note_refusal(self, source: str, why: ProtocolError | None) -> None:
+    def group_size(self, group: str) -> int:
+        """How many peers are heard in ``group`` now, listed or not."""
+        with self._cond:
+            return self._table.group_size(group)
+
+    def pace_for(self, group: str) -> Callable[[], int]:
+        """What paces an :class:`Announcer` of ``group`` (:meth:`Announcer.pace_by`): the
+        group's size as heard here, or 1 (no slower than ``interval_s``) while a peer of the
+        previous protocol version is heard in it, which expires peers after a fixed time."""
+
+        def size() -> int:
+            with self._cond:
+                if self._table.previous_version(group):
+                    return 1
+                return self._table.group_size(group)
+
+        return size
+
+    def _note_refusal(
+        self, source: str, why: ProtocolError | None, now: float | None = None
+    ) -> None:
+        now = time.monotonic() if now is None else now
         with self._cond:
             count = self._refused.get(source, (0, "", 0.0, False))[0]
             if count == 0 and len(self._refused) >= _MAX_REFUSED:  # bounded: sources can be forged
                 del self._refused[min(self._refused, key=lambda s: self._refused[s][2])]
-            self._refused[source] = (count + 1, str(why or "dropped"), time.monotonic(), isinstance(why, ClockSkew))
+            authentic = isinstance(why, ClockSkew)
+            self._refused[source] = (count + 1, str(why or "dropped"), now, authentic)
 
     def refusals(self, *, within_s: float = 10.0) -> dict[str, tuple[int, str, bool]]:
         """Sources whose announcements were refused lately: address -> (how many, why the
@@ -431,12 +398,35 @@ class Listener:
             wake = self._waker.reader
             sel.register(wake, selectors.EVENT_READ)
             while not self._stop.is_set():
-                for sk, _ in sel.select(timeout=_POLL_S):
+                for sk, _ in sel.select(timeout=_WAKE_S if self._wake_held else _POLL_S):
                     if sk.fileobj is not wake:
                         self._drain(sk.fileobj)  # type: ignore[arg-type]
-                with self._cond:
-                    if self._table.expire(time.monotonic()):
-                        self._cond.notify_all()
+                self.tick(time.monotonic())
+
+    def tick(self, now: float) -> None:
+        """What the thread does after every batch of datagrams (``now``: the monotonic clock):
+        wake the waiters of a change held back, and every 0.2 s drop the peers that fell
+        silent. Sans-IO."""
+        with self._cond:
+            if self._wake_held and now - self._woke_at >= _WAKE_S:
+                self._wake(now)
+            if now - self._expired_at < _POLL_S:
+                return
+            self._expired_at = now
+            if self._table.expire(now):
+                self._wake(now)
+
+    def _wake(self, now: float) -> None:
+        """Wake the waiters (under the lock)."""
+        self._woke_at, self._wake_held = now, False
+        self._cond.notify_all()
+
+    @property
+    def changes(self) -> int:
+        """How many times the listing has changed: a waiter that only needs to know whether
+        something changed since it last looked compares this, without reading the table."""
+        with self._cond:
+            return self._table.changes
 
     def _drain(self, sock: socket.socket) -> None:
         for _ in range(64):  # bounded, so expiry and stop are never starved
@@ -450,14 +440,19 @@ class Listener:
             self._handle(data, source)
 
     def _handle(self, data: bytes, source: tuple[str, int]) -> None:
+        self.receive(data, source, time.time(), time.monotonic())
+
+    def receive(self, data: bytes, source: tuple[str, int], wall: float, now: float) -> None:
+        """One datagram from ``source``, received at ``wall`` (the wall clock, which its
+        timestamp must be near) and ``now`` (monotonic). Sans-IO: what the thread does with
+        each datagram."""
         if self.loopback_only and not _is_loopback(source[0]):
             self.dropped += 1
             return
-        now = time.time()
         why: ProtocolError | None = None
         for decoder in self._decoders:
             try:
-                ann = decoder.decode(data, now)
+                ann = decoder.decode(data, wall)
                 break
             except ClockSkew as exc:
                 why = exc  # authentic, of this group: the reason that matters
@@ -470,26 +465,14 @@ class Listener:
         else:
             self.dropped += 1
             log.debug("dropped announcement from %s: %s", source[0], why)
-            self._note_refusal(source[0], why)
+            self._note_refusal(source[0], why, now)
             return
         with self._cond:
             self.received += 1
-            self._table.update(ann, source, time.monotonic())
-            self._cond.notify_all()
-
-
-def parse_peer(entry: str | tuple[str, int] | list[Any], default_port: int) -> tuple[str, int]:
-    """``"host"``, ``"host:port"`` or ``(host, port)`` -> ``(host, port)``."""
-    if isinstance(entry, (tuple, list)):
-        if len(entry) != 2:
-            raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
-        return str(entry[0]), int(entry[1])
-    if not isinstance(entry, str) or not entry:
-        raise ConfigError(f"a peer is 'host', 'host:port' or (host, port), not {entry!r}")
-    host, sep, port = entry.rpartition(":")
-    if not sep:
-        return entry, default_port
-    try:
-        return host, int(port)
-    except ValueError:
-        raise ConfigError(f"peer {entry!r}: the port must be a number")
+            changes = self._table.changes
+            self._table.update(ann, source, now)
+            if self._table.changes != changes:
+                if now - self._woke_at >= _WAKE_S:
+                    self._wake(now)
+                else:
+                    self._wake_held = True

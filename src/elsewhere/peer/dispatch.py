@@ -31,7 +31,7 @@ from .net import watch_after_flush
 from .runs import Run, build_run_message, fill_unfinished, take_results
 from .workerstate import WorkerState
 
-__all__ = ["Dispatch"]
+__all__ = ["Dispatch", "subtree_rss"]
 
 log = logging.getLogger("elsewhere.peer.daemon")  # the daemon's log, whichever part writes
 
@@ -39,6 +39,42 @@ _MEM_CHECK_S = 0.25
 _MAX_STARTING = max(1, usable_cores() // 2)
 """Children started at once to replace others (each start keeps a core busy a while)."""
 _CHILD_FNS = 16  # function and job parts a child keeps unpickled (the daemon says which go)
+
+
+def subtree_rss(pids: list[int]) -> dict[int, int]:
+    """The resident memory, in bytes, of each of ``pids`` with all its descendants (0 for a
+    process that is gone), found down each tree through ``/proc/PID/task/TID/children``: a
+    few reads a task process, where :func:`~.children.tree_rss` reads a file of every
+    process of the machine (a millisecond or more for each check, four times a second while
+    a task runs). That pass is the fallback where the kernel keeps no ``children`` files."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    out = {}
+    for root in pids:
+        total, stack, seen = 0, [root], set()
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as f:
+                    resident = int(f.read().split()[1]) * page
+                threads = os.listdir(f"/proc/{pid}/task")
+            except (OSError, ValueError, IndexError):  # gone meanwhile
+                continue
+            total += resident
+            for tid in threads:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                        stack.extend(int(x) for x in f.read().split())
+                except FileNotFoundError:
+                    if not os.path.exists(f"/proc/{pid}/task/{tid}"):
+                        continue  # the thread ended meanwhile
+                    return tree_rss(pids)  # a kernel without the children files
+                except (OSError, ValueError):
+                    continue
+        out[root] = total
+    return out
 
 
 class Dispatch(WorkerState):
@@ -266,7 +302,7 @@ class Dispatch(WorkerState):
         if not measure or now - self._last_mem_check < _MEM_CHECK_S:
             return
         self._last_mem_check = now
-        rss = tree_rss([c.pid for _, c, _ in measure])  # one pass over /proc for all
+        rss = subtree_rss([c.pid for _, c, _ in measure])
         declared = sum(r.ask.mem_bytes for r in self.running.values())
         for run, child, idx in measure:
             mem = run.ask.mem_bytes

@@ -37,6 +37,12 @@ __all__ = ["Links"]
 
 log = logging.getLogger("elsewhere.peer.controller")
 
+_OPENING = 8
+"""Connections in their handshake at once: a controller that found 32 workers and opened
+them all at once did each handshake's steps in turn, and on a busy machine every one ran
+past the workers' deadline (``HANDSHAKE_DEADLINE_S``), was cut and opened again, over and
+over; a few at a time, each is done in milliseconds and the next ones follow."""
+
 
 class Links(ControllerState):
     """The connections of :class:`~.controller.Controller` to its workers (see the module doc)."""
@@ -44,6 +50,7 @@ class Links(ControllerState):
     def _refresh_workers(self, now: float) -> None:
         assert self.listener is not None
         listed: set[str] = set()
+        opening = sum(1 for w in self.workers.values() if w.state in ("connecting", "handshake"))
         for info in self.listener.peers():
             a = info.announcement
             if a.state is PeerState.CONTROLLER or a.peer_id == self.peer_id:
@@ -59,8 +66,10 @@ class Links(ControllerState):
                 w.unsuitable = ""  # its offer changed, or a while passed: ask again
             if self.settings.key is not None and a.encrypt != self.settings.encrypt:  # both ends must agree
                 w.unsuitable, w.unsuitable_for, w.unsuitable_since = _encryption_differs(a.encrypt), w.offer, now
-            if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0):
+            if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0) \
+                    and opening < _OPENING:  # fmt: skip
                 self._connect(w, now)
+                opening += 1
         for w in list(self.workers.values()):
             if w.peer_id not in listed and w.listed:
                 w.listed = False
@@ -221,11 +230,14 @@ class Links(ControllerState):
         """The connection broke: ASKs are void; running batches wait for a reconnect."""
         log.debug("connection to %s lost: %s", w.host, why)
         self.stats["disconnections"] += 1
+        was_ready = w.state == "ready"
         self._drop_connection(w)
         for b in list(w.batches.values()):
             if not b.sent:
                 self._unplace(b, requeue_front=True)
-        if w.listed and w.connectable():
+        if not was_ready and w.listed and w.connectable():
+            w.failures += 1  # cut in its handshake: opened again later, a few at a time
+        elif w.listed and w.connectable():
             self._connect(w, time.monotonic())  # results it keeps come again on the new one
         elif w.batches:
             self._lose(w, f"its connection broke ({why})")

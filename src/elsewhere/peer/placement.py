@@ -5,7 +5,7 @@ worker as the controller knows it (:class:`Worker`: its announcement, our
 connection, its batches, whether this job's tasks may go there); a batch of
 tasks asked to run on one worker (:class:`Batch`, and :class:`Standing`, one
 asked ahead of its tasks); and the pure choices of placing: which worker to
-ask (:func:`choose_worker`, :func:`choose_standing`) and for how many tasks
+ask (:class:`Candidates`, :func:`choose_standing`) and for how many tasks
 (:func:`batch_size`). The controller that acts on them is
 :class:`~.controller.Controller` (its placing in :mod:`.batching`).
 """
@@ -13,28 +13,30 @@ ask (:func:`choose_worker`, :func:`choose_standing`) and for how many tasks
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .announce import PeerInfo, PeerState
+from .announce import Announcement, PeerState
 from .discovery import DiscoveryConfig
 from .keys import GroupKey
 from .messages import Ask
+from .peertable import PeerInfo
 from .recorder import GroupWriter
 from .stream import ConnectionPump
 from .wire import Connection
 
 __all__ = [
     "Batch",
+    "Candidates",
     "ControllerSettings",
     "Standing",
     "Worker",
     "batch_size",
     "choose_standing",
-    "choose_worker",
     "local_addresses",
 ]
 
@@ -141,11 +143,22 @@ class Worker:
 
     def usable(self, settings: ControllerSettings) -> bool:
         """Whether tasks that need what ``settings`` say can go to it now."""
-        # why_not without its messages: asked for every worker at every placement
+        # why_not without its messages (Candidates writes it out again: keep the two alike)
         a = self.info.announcement
         s = settings
         return not (self.unsuitable or not self.listed or a.state is PeerState.ZOMBIE or a.slots < s.cores
                     or (s.time_s and a.time_s < s.time_s) or (s.mem_bytes and a.mem_bytes < s.mem_bytes))
+
+    def spare(self, settings: ControllerSettings) -> bool:
+        """Whether it sits idle, for a batch waiting elsewhere to move to: ready, usable,
+        holding none of our batches, and a slot free by its last announcement. A worker
+        busy with other controllers' tasks is not spare: a batch moved there waits as long."""
+        return (
+            self.state == "ready"
+            and not self.batches
+            and self.usable(settings)
+            and self.info.announcement.slots_free >= settings.cores
+        )
 
 
 def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pending: int,
@@ -169,26 +182,101 @@ BATCH_BYTES = 1 << 30
 """The results a batch is sized to bring back at most (their mean so far per task)."""
 
 
-def choose_worker(ready: list[Worker], settings: ControllerSettings, local_addresses: frozenset[str],
-                  depth: int, now: float) -> Worker | None:
-    """The worker of ``ready`` to ask for the next batch: idle first, then local (if
-    ``settings.prefer_local``), then the least loaded, then the closest fit in memory;
-    None if each holds ``depth`` batches a slot already or is busy until after ``now``."""
-    s = settings
-    best, best_key = None, None
-    for w in ready:
-        a = w.info.announcement
-        slots = max(1, a.slots // s.cores)
-        if len(w.batches) >= depth * slots or w.busy_until > now:
-            continue
-        running_here = sum(1 for b in w.batches.values() if b.sent)
-        idle = a.slots_free >= s.cores or (running_here < slots and a.state is PeerState.IDLE)
-        local = s.prefer_local and w.info.connect_address[0] in local_addresses
-        fit = (a.mem_bytes - s.mem_bytes) if s.mem_bytes else 0
-        key = (0 if idle else 1, 0 if local else 1, len(w.batches) / slots, fit)
-        if best_key is None or key < best_key:
-            best, best_key = w, key
-    return best
+class Candidates:
+    """The workers one placing turn may ask for batches, best first: the choice of
+    :meth:`take`, made for every worker in one pass when the turn starts.
+
+    A worker may be asked if it is ready and usable, not busy (refused us a moment ago),
+    and holds fewer than ``depth`` of our batches a slot: two; or one while other workers
+    are still connecting and the ``pending`` tasks fit in the slots of all (a batch that
+    waited behind a busy slot here would lose to a free worker ready a moment later; with
+    more tasks than slots, some wait anyway, and one of ours waiting at each worker keeps
+    our place in its line). The best is idle first (a slot free by its announcement, or
+    none of our batches running on an idle one), then local (if ``settings.prefer_local``),
+    then the least loaded by our batches, then the closest fit in memory, then the first
+    listed.
+
+    The pass runs at every event the controller handles, mostly to find that each worker
+    holds all it may (the usual case under contention): it is one loop with nothing called
+    per worker, a worker is looked at further only if it has room, and the slots of all
+    (:attr:`total_slots`) are added up only when a batch is sized.
+    """
+
+    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "depth")
+
+    def __init__(
+        self,
+        workers: Iterable[Worker],
+        settings: ControllerSettings,
+        local_addresses: frozenset[str],
+        now: float,
+        pending: int,
+    ) -> None:
+        s = settings
+        cores, prefer_local, mem, time_s = s.cores, s.prefer_local, s.mem_bytes, s.time_s
+        zombie = PeerState.ZOMBIE
+        known = connecting = 0
+        ready: list[tuple[Worker, Announcement, int]] = []
+        room: list[tuple[Worker, Announcement, int, int]] = []
+        for w in workers:
+            a = w.info.announcement
+            slots = a.slots // cores or 1
+            if w.state != "ready":
+                if w.state in ("connecting", "handshake"):
+                    connecting += 1
+                    known += slots
+                continue
+            known += slots
+            ready.append((w, a, slots))
+            n = len(w.batches)
+            if n < 2 * slots and w.busy_until <= now:
+                room.append((w, a, slots, n))
+        self._ready, self._settings, self._total_slots = ready, s, -1
+        self.depth = depth = 1 if connecting and pending <= known else 2
+        heap: list[tuple[int, float, int, int, Worker, int, int]] = []
+        for order, (w, a, slots, n) in enumerate(room):
+            # Worker.usable, written out (here and in total_slots): a call per worker would
+            # cost as much as the rest
+            if (n >= depth * slots or w.unsuitable or not w.listed or a.state is zombie or a.slots < cores
+                    or (time_s and a.time_s < time_s) or (mem and a.mem_bytes < mem)):  # fmt: skip
+                continue
+            running = sum(1 for b in w.batches.values() if b.sent) if a.slots_free < cores else 0
+            idle = a.slots_free >= cores or (a.state is PeerState.IDLE and running < slots)
+            local = prefer_local and w.info.connect_address[0] in local_addresses
+            rank = (0 if idle else 2) + (0 if local else 1)
+            heap.append((rank, n / slots, (a.mem_bytes - mem) if mem else 0, order, w, slots, n))
+        heapq.heapify(heap)
+        self._heap = heap
+
+    @property
+    def total_slots(self) -> int:
+        """The slots of the ready, usable workers (what :func:`batch_size` shares the pending
+        tasks over): added up when a batch is sized, not at a turn that places nothing."""
+        if self._total_slots < 0:
+            s = self._settings
+            cores, mem, time_s, zombie = s.cores, s.mem_bytes, s.time_s, PeerState.ZOMBIE
+            total = 0
+            for w, a, slots in self._ready:
+                if (w.unsuitable or not w.listed or a.state is zombie or a.slots < cores
+                        or (time_s and a.time_s < time_s) or (mem and a.mem_bytes < mem)):  # fmt: skip
+                    continue
+                total += slots
+            self._total_slots = total
+        return self._total_slots
+
+    def take(self) -> Worker | None:
+        """The worker to ask for the next batch (counted as holding one batch more), or
+        None when no worker may be asked."""
+        heap = self._heap
+        if not heap:
+            return None
+        rank, _, fit, order, w, slots, n = heap[0]
+        n += 1
+        if n < self.depth * slots:
+            heapq.heapreplace(heap, (rank, n / slots, fit, order, w, slots, n))
+        else:
+            heapq.heappop(heap)
+        return w
 
 
 def choose_standing(workers: Iterable[Worker], settings: ControllerSettings,

@@ -43,7 +43,7 @@ class Retries(ControllerState):
                 if i not in self.final and i not in self.cancelled and i not in self.pending:
                     self.pending.appendleft(i)
         s = self.settings
-        spare = any(w.state == "ready" and w.usable(self.settings) and not w.batches for w in self.workers.values())
+        spare = sum(1 for w in self.workers.values() if w.spare(s))  # idle, by their announcements
         for b in list(self.batches.values()):
             w = b.worker
             if b.standing:
@@ -53,16 +53,20 @@ class Retries(ControllerState):
                 continue
             if not b.sent:
                 # Not admitted yet: it waits behind busy slots there. Move it when a worker
-                # sits idle (soon), or when it waited too long anyway.
-                patience = 0.25 if spare else s.start_timeout_s
-                if now - b.asked > patience and (spare or now - b.asked > s.start_timeout_s) \
-                        and not b.withdrawn and len(self.workers) > 1:
+                # sits idle (soon: one batch for each, the oldest), or when it waited too long.
+                waited = now - b.asked
+                late = waited > s.start_timeout_s or (spare and waited > 0.25)
+                if late and not b.withdrawn and len(self.workers) > 1:
                     tasks = list(b.indices)
                     self._withdraw(b)  # not admitted in time: try elsewhere
                     for i in reversed(tasks):
                         if i not in self.final and i not in self.cancelled:
                             self._requeue(i)
-                    w.busy_until = now + 1.0
+                    if waited > s.start_timeout_s:
+                        w.busy_until = now + 1.0  # stuck there: ask it again in a while
+                    else:
+                        spare -= 1  # (the next batch may wait there at once: among several
+                        # controllers, a worker chooses whom to admit by use, not by arrival)
                 continue
             if b.copied:
                 continue
