@@ -334,6 +334,37 @@ SECTIONS: list[tuple[str, tuple[str, ...], str]] = [
         "a bare TCP socket between two Python processes is the floor for large data.",
     ),
     (
+        "The peer network at scale",
+        ("peer_scale",),
+        "32 `elsewhere peer worker` daemons of one slot each on three hosts (network namespaces on one "
+        "bridge, 10-11 daemons a host, found by multicast with a group key) and 4 controllers, each "
+        "`ew.map` of tasks that sleep 100, 200, 400 or 800 ms, started at the same moment for about a "
+        "minute of contention. Fair share: each controller's worker-seconds (what the daemons charged "
+        "it) while all four had tasks waiting; target within 10% of an equal share. Placement: the "
+        "controller's CPU in its placing step per task placed (the ASK's encoding left out); target "
+        "<= 50 us. Beside it, the same four jobs from four clients of dask.distributed with one "
+        "scheduler and 32 one-thread workers on loopback. The 32 daemons share 2 cores here.",
+    ),
+    (
+        "The peer network at scale (simulated)",
+        ("peer_sim",),
+        "The real announcement code (pacing, encoding and signing, checking, the peer table and its "
+        "expiry) on a simulated clock, without sockets, for groups of 10 to 10 000 peers (up to 4 "
+        "controllers, workers changing state every 10 s or so): what one host sends, receives and "
+        "checks, its peer table's memory and its CPU per simulated minute, with the announcements "
+        "paced by the group's size (this version) beside every peer every second (version 1's pace).",
+    ),
+    (
+        "Memory over many jobs",
+        ("memory",),
+        "The RSS of a warm local worker of `ew.local(cores=2)` and of an `elsewhere peer worker` daemon "
+        "(2 slots, on loopback) after their first job of 1 000 no-op tasks, after 100 such jobs, and, for "
+        "the daemon, after 100 000 frames it must refuse, each on a connection of its own (garbage, damaged "
+        "or replayed handshakes, another key of the same group name, bad MACs after a real handshake); "
+        "beside a ProcessPoolExecutor(2) worker and a dask.distributed worker after the same jobs. "
+        "Target: within 10% of the first job's figure.",
+    ),
+    (
         "ssh nodes",
         ("ssh",),
         '`ew.ssh({"ci": 2})` over a loopback sshd, the venv\'s interpreter on the far side, beside '
@@ -383,6 +414,7 @@ GROUP_ORDER = {
         "memory",
     ),
     "peer": ("rt", "tput", "big", "bytes", "blas", "crypt", "latency", "memory"),
+    "memory": ("local", "peer"),
 }
 
 INTRO = """\
