@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LATE_S", "ResultWriter", "dump_values", "peak_rss"]
 
-LATE_S = 0.001
+LATE_S = 0.0002
 """How long finished outcomes wait for the next task of their group before they are written
 on their own (a thread in the worker writes them while that task runs)."""
 
