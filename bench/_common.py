@@ -57,11 +57,28 @@ def worker_pids(home: str | os.PathLike[str]) -> list[int]:
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 cmd = f.read()
+            with open(f"/proc/{name}/comm", "rb") as f:
+                forked = f.read().strip() == b"ew-worker"  # a fork of its client (see hosts/forkstart.py)
         except OSError:
             continue
-        if b"elsewhere.worker" in cmd and needle in cmd:
+        if (b"elsewhere.worker" in cmd and needle in cmd) or (forked and _holds(int(name), needle)):
             out.append(int(name))
     return out
+
+
+def _holds(pid: int, folder: bytes) -> bool:
+    """Whether process ``pid`` holds a descriptor of a file under ``folder``."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.fsencode(os.readlink(f"/proc/{pid}/fd/{fd}")).startswith(folder + b"/"):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def stop_workers(home: str | os.PathLike[str], timeout_s: float = 5.0,

@@ -17,22 +17,10 @@ os.environ.setdefault("ELSEWHERE_PEER_HAND_OFF", "0")
 
 
 def _pids_with_home(home: Path) -> list[int]:
-    """Worker processes started for this home (found by their pool path argument)."""
-    pids = []
-    needle = str(home)
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(b"elsewhere.worker" in part for part in cmd) and any(
-            needle.encode() in part for part in cmd
-        ):
-            pids.append(int(d))
-    return pids
+    """Worker processes started for this home (see tests/workerprocs.py)."""
+    from workerprocs import worker_pids
+
+    return worker_pids(home)
 
 
 def _background_controllers(home: Path) -> list[int]:

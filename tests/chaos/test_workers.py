@@ -23,20 +23,10 @@ pytestmark = pytest.mark.timeout(300)
 
 def _worker_pids(home) -> list[int]:
     """Workers (and their starting wrappers) of this test's home: found by the home's path in
-    their command line."""
-    needle = str(home).encode()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if needle in cmd and (b"elsewhere.worker" in cmd or b"slow-python" in cmd):
-            pids.append(int(d))
-    return pids
+    their command line, or, started as forks, by their name and a file they hold under it."""
+    from workerprocs import worker_pids
+
+    return worker_pids(home, also=(b"slow-python",))
 
 
 def _kill(pid: int) -> bool:

@@ -66,13 +66,13 @@ def _stop_workers(home: Path) -> None:
     detached workers do)."""
     import psutil
 
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or ())
-        if "elsewhere.worker" in cmd and str(home) in cmd:
-            try:
-                proc.kill()
-            except psutil.Error:
-                pass
+    from workerprocs import worker_pids
+
+    for pid in worker_pids(home):
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
 
 
 def _cell(nb: Any, source_start: str) -> Any:

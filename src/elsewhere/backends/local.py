@@ -253,6 +253,7 @@ class LocalCluster(Cluster):
         return started
 
     def _spawn(self, pool: Path, wid: str, job: JobHandle, also: tuple[str, ...] | list[str] = ()) -> int:
+        from ..hosts.forkstart import can_fork, fork_python_pid
         from ..hosts.spawn import spawn_python_pid
 
         argv = ["-c", _WORKER_MAIN, "--pool", str(pool), "--wid", wid,
@@ -260,9 +261,14 @@ class LocalCluster(Cluster):
         if also:
             argv += ["--also", ",".join(also)]
         reap_children()
-        # posix_spawn where it can (a fork of a big client costs it milliseconds); the worker
-        # leaves the client's folder itself
-        pid = spawn_python_pid(argv, python=self.command, log=pool / "pool.log")
+        if can_fork(self.command):  # a small client of one thread: no new interpreter
+            from ..run.worker import main
+
+            pid = fork_python_pid(main, argv[2:], log=pool / "pool.log")
+        else:
+            # posix_spawn where it can (a fork of a big client costs it milliseconds); the
+            # worker leaves the client's folder itself
+            pid = spawn_python_pid(argv, python=self.command, log=pool / "pool.log")
         note_spawned(pid)
         return pid
 

@@ -265,6 +265,21 @@ def finish() -> None:
         _do(kind, path)
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a local worker started as a fork of its client, see
+    ``hosts/forkstart.py``) starts with nothing to do and its own lock: the thread of the
+    parent is not in it, and may have held the lock at the fork."""
+    global _lock, _wake, _thread, _todo, _busy
+    _lock = threading.Lock()
+    _wake = threading.Condition(_lock)
+    _thread, _todo, _busy = None, [], 0
+
+
+FORK_SAFE_THREAD = "elsewhere-housekeeping"
+"""The name of the thread here: it holds nothing that a forked child needs (see above)."""
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 import atexit  # noqa: E402
 
 atexit.register(finish)
