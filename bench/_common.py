@@ -23,10 +23,8 @@ import os
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -173,6 +171,8 @@ def run_child(script: str | os.PathLike[str], name: str, params: dict[str, Any] 
     e["PYTHONPATH"] = str(BENCH) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     h = None
     if home:
+        import tempfile  # (here: it loads random, which a measuring child should not hold)
+
         h = tempfile.mkdtemp(prefix="ewbench-")
         e["ELSEWHERE_HOME"] = h
     try:
@@ -209,6 +209,8 @@ def child_main(table: dict[str, Callable[..., dict[str, Any]]], argv: list[str])
 # -- figures ----------------------------------------------------------------------
 def median(xs: Iterable[float]) -> float:
     xs = [x for x in xs if x is not None]
+    import statistics  # (here: it loads random, which a measuring child should not hold)
+
     return statistics.median(xs) if xs else float("nan")
 
 

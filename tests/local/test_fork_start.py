@@ -29,6 +29,8 @@ CLIENT = textwrap.dedent(
     atexit.register(lambda: open(mark, "a").write(f"exit {os.getpid()}\\n"))
     if mode == "thread":
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+    if mode == "random":
+        import random
     import elsewhere as ew
 
     def look(i):
@@ -114,8 +116,8 @@ def test_a_small_client_of_one_thread_forks_its_workers_and_they_keep_nothing_of
     assert mark.read_text().splitlines() == [f"exit {got['client']}"]
 
 
-@pytest.mark.parametrize("mode, env", [("thread", {}), ("plain", {"ELSEWHERE_WORKER_START": "spawn"})],
-                         ids=["client-with-a-thread", "turned-off"])  # fmt: skip
+@pytest.mark.parametrize("mode, env", [("thread", {}), ("random", {}), ("plain", {"ELSEWHERE_WORKER_START": "spawn"})],
+                         ids=["client-with-a-thread", "client-with-random", "turned-off"])  # fmt: skip
 def test_other_clients_spawn_their_workers(tmp_path, mode: str, env: dict) -> None:
     got, _ = _run(tmp_path, mode, **env)
     tasks = got["tasks"]

@@ -15,6 +15,10 @@ Safe means (else the worker is spawned, as always before):
   state a child starts afresh), counted by the kernel (``/proc/self/task``): a fork copies
   only the thread that calls it, and a lock another thread held (a library's, a C library's,
   a BLAS pool's) would stay locked in the child forever;
+- it has not loaded ``random`` nor ``numpy.random``: a worker that has loaded them seeds them
+  before every task (per-task seeds, ``run/seeding.py``: some 9 us a task on a small machine,
+  more than a no-op task costs), and a fork would carry them into the pool, where a worker
+  started afresh loads them only for a task that uses them (``tempfile`` loads ``random``);
 - its resident memory is at most :data:`FORK_RSS_MAX` (copying the page tables of a large
   client costs milliseconds, and the worker would carry its pages while it stays warm);
 - ``ELSEWHERE_WORKER_START`` is not ``spawn`` (the way to turn it off).
@@ -66,6 +70,8 @@ def can_fork(python: str | os.PathLike[str] | PythonCommand | None) -> bool:
         python = python.words[0]
     if python_path(python) != sys.executable:
         return False
+    if "random" in sys.modules or "numpy.random" in sys.modules:
+        return False  # carried into the pool, they would be seeded before every task (run/seeding.py)
     if not _threads_allow_fork():
         return False
     try:
