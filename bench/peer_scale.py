@@ -72,6 +72,14 @@ GROUP = "scale"
 SUBNET = "10.77.0"
 
 
+def _ready_set_go() -> tuple[float, float, float]:
+    """In a controller child: say READY, read the common start time from stdin and sleep until
+    it; (that start time, this process's CPU time then, the wall clock then)."""
+    print("READY", flush=True)
+    start_at = float(sys.stdin.readline())
+    time.sleep(max(0.0, start_at - time.time()))
+    return start_at, time.process_time(), time.time()
+
 def work(seconds: float) -> tuple[float, float, int]:
     """A task: hold the slot for ``seconds``; when it ran (wall clock) and in which process."""
     t0 = time.time()
@@ -191,11 +199,7 @@ def run_controller(p: dict[str, Any]) -> None:
     clocks = instrument(counters, ids)
     cluster = peers(GROUP, key=p["key"], port=p["port"], interface=p["address"])
     args = [p["duration"]] * p["n"]
-    print("READY", flush=True)
-    start_at = float(sys.stdin.readline())
-    time.sleep(max(0.0, start_at - time.time()))
-    cpu0 = time.process_time()
-    t0 = time.time()
+    _, cpu0, t0 = _ready_set_go()
     error = ""
     out: list[Any] = []
     try:
@@ -287,11 +291,7 @@ def dask_client(p: dict[str, Any]) -> None:
     dask.config.set(_DASK_PATIENCE)
     client = Client(p["address"], timeout=120)
     args = [p["duration"]] * p["n"]
-    print("READY", flush=True)
-    start_at = float(sys.stdin.readline())
-    time.sleep(max(0.0, start_at - time.time()))
-    cpu0 = time.process_time()
-    t0 = time.time()
+    start_at, cpu0, t0 = _ready_set_go()
     error = ""
     out: list[Any] = []
     try:

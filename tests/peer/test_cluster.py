@@ -522,7 +522,13 @@ def test_a_background_controller_leaves_no_result_unacknowledged(lab: tuple[Path
     def tasks() -> int:
         return sum(int(w.stats().get("tasks", 0)) for w in workers)
 
+    def unacked() -> int:
+        return sum(int(w.stats().get("unacked", 0)) for w in workers)
+
     before = tasks()
+    # (the workers serve the module's other tests too: one that cut a controller off leaves
+    # results they keep for their grace; this job must add none)
+    unacked_before = unacked()
     job = ew.submit(pow, [1, 2, 3], [2, 2, 2], on=on)
     runner = _background_controller(job)
     job.wait(timeout=60)
@@ -531,7 +537,7 @@ def test_a_background_controller_leaves_no_result_unacknowledged(lab: tuple[Path
     wait_until(lambda: tasks() >= before + 3, 10, "the workers' counters to show the tasks")
     # it was stopped as its process ended, not cut off: its last results were acknowledged
     # (else the workers keep them for their grace, 10 minutes)
-    wait_until(lambda: all(w.stats().get("unacked") == 0 for w in workers), 10, "no result left unacknowledged")
+    wait_until(lambda: unacked() <= unacked_before, 10, "no result of this job left unacknowledged")
     job.purge()
 
 
