@@ -86,7 +86,9 @@ class Fake:
 def make_fake(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     fake = Fake(name, tmp_path)
     monkeypatch.setenv("ELSEWHERE_FAKE_STATE", str(fake.state))
-    monkeypatch.setenv("ELSEWHERE_FAKE_KEEP_S", "2")
+    # finished elements stay in the queue view 8 s: long enough for a test on a loaded machine
+    # to read them there (2 s was not), short enough for the tests that wait for them to leave
+    monkeypatch.setenv("ELSEWHERE_FAKE_KEEP_S", "8")
     monkeypatch.setenv("ELSEWHERE_FAKE_KILL_WAIT_S", "0.5")
     monkeypatch.setenv("PATH", f"{FAKES / name / 'bin'}{os.pathsep}{os.environ['PATH']}")
     return fake

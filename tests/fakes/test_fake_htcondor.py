@@ -32,7 +32,7 @@ def test_array_runs_every_element_then_leaves_for_history(htcondor):
         assert (htcondor.work / f"out.{i}").read_text() == f"{i}\n"
         log = (htcondor.work / "logs" / f"ewtest-{job}_{i}.log").read_text()
         assert f"index {i}" in log and f"element {i} done" in log
-    wait_until(lambda: not status(S, [job], htcondor.run), timeout=10)
+    wait_until(lambda: not status(S, [job], htcondor.run), timeout=30)
     history = accounting(S, [job], htcondor.run)
     assert element_states(S, job, idx, history)[3] is T.FAILED
     assert history[S.element_id(job, 3)].exit_code == 3

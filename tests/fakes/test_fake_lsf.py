@@ -66,7 +66,7 @@ def test_cancel_kills_running_elements_and_finished_jobs_move_to_history(lsf):
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=10)
     assert not (lsf.work / "out.5").exists()  # 3 took the slot of 1; 4 and 5 never started
     # after ELSEWHERE_FAKE_KEEP_S the queue view forgets them; bhist still knows
-    wait_until(lambda: not status(S, [job], lsf.run), timeout=10)
+    wait_until(lambda: not status(S, [job], lsf.run), timeout=30)
     history = accounting(S, [job], lsf.run)
     assert element_states(S, job, IDX, history) == dict.fromkeys(IDX, T.CANCELLED)
 
