@@ -70,8 +70,10 @@ def can_fork(python: str | os.PathLike[str] | PythonCommand | None) -> bool:
         python = python.words[0]
     if python_path(python) != sys.executable:
         return False
-    if "random" in sys.modules or "numpy.random" in sys.modules:
-        return False  # carried into the pool, they would be seeded before every task (run/seeding.py)
+    from ..run.seeding import SEEDED_MODULES
+
+    if any(name in sys.modules for name in SEEDED_MODULES):
+        return False  # carried into the pool, they would be seeded before every task
     if not _threads_allow_fork():
         return False
     try:

@@ -45,6 +45,10 @@ if TYPE_CHECKING:
 
 _NO_SEED = -1
 
+SEEDED_MODULES = ("random", "numpy.random")
+"""The modules a worker seeds before every task once they are loaded (a worker started as a
+fork of a client that has loaded one would seed it for every task: hosts/forkstart.py)."""
+
 
 #: ``random.seed(n)`` for an int n: the C seeding it ends in, without its Python wrapper
 #: (``_random`` is built in: importing it does not load the ``random`` module)
@@ -69,7 +73,7 @@ class TaskSeeder:
         # right after it has loaded (no import here: ``random`` costs a worker
         # that never uses it a few milliseconds, NumPy far more).
         watch = []
-        for name, install in (("random", self._install_random), ("numpy.random", self._install_numpy)):
+        for name, install in zip(SEEDED_MODULES, (self._install_random, self._install_numpy)):
             module = sys.modules.get(name)
             if module is not None:
                 install(module)
