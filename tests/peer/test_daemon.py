@@ -267,6 +267,29 @@ def test_to_a_folding_controller_the_accept_rides_inside_the_result(tmp_path: Pa
         w.stop()
 
 
+def written_at(w: WorkerProc) -> int:
+    """When the daemon last wrote its stats file (ns; 0 before the first write)."""
+    try:
+        return w.stats_path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def settled_count(w: WorkerProc, key: str, *, after: int = 0, timeout: float = 20.0) -> int:
+    """The counter ``key`` once two successive stats writes, both newer than ``after``, agree."""
+    seen: dict[int, int] = {}  # write time -> the count it holds
+
+    def agreed() -> tuple[int] | None:
+        before = written_at(w)
+        value = w.stats().get(key, 0)
+        if before > after and written_at(w) == before:  # not replaced while read
+            seen[before] = value
+        last = [seen[t] for t in sorted(seen)[-2:]]
+        return (last[1],) if len(last) == 2 and last[0] == last[1] else None
+
+    return wait_until(agreed, timeout, f"two stats writes that agree on {key}")[0]
+
+
 def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: Path, key_file: Path) -> None:
     polling = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "50")
     sleeping = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "0")
@@ -278,10 +301,12 @@ def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: 
             assert isinstance(c.ask("a"), Accept)
             c.task("a", pow, [(2, 3)])
             assert c.result("a") == [(0, Outcome.OK, 8)]  # acknowledged: nothing more comes
-        time.sleep(1.2)  # the 50 ms window is long over; the stats are written every second
-        first = [w.stats().get("busy_polls", 0) for w, _ in (polling, sleeping)]
+        # the 50 ms window closes; the stats are rewritten every second, so a fixed sleep could
+        # read a write made inside the window on a loaded machine: read counts that two
+        # writes in a row agree on, then one from a write made a while later
+        first = [settled_count(w, "busy_polls") for w, _ in (polling, sleeping)]
         time.sleep(1.2)
-        later = [w.stats().get("busy_polls", 0) for w, _ in (polling, sleeping)]
+        later = [settled_count(w, "busy_polls", after=written_at(w)) for w, _ in (polling, sleeping)]
         assert first[0] > 0  # it polled, awake, after the frames and the child's result
         assert later[0] == first[0]  # and then slept: no polling without work
         assert first[1] == later[1] == 0  # --busy-poll 0: never
