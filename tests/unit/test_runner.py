@@ -12,6 +12,7 @@ import pickle
 import random
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from elsewhere.folder import records
 from elsewhere.folder.errorrecord import MARK, ErrorRecord
 from elsewhere.folder.journal import read_body
 from elsewhere.folder.store import CUR, JobStore
-from elsewhere.run.results import ResultWriter, dump_values
+from elsewhere.run.results import SYNC_S, ResultWriter, dump_values
 from elsewhere.run.runner import JobSetup, TaskRunner, build_sys_path
 
 STORED_KEYS = [MARK, "type", "message", "traceback", "host", "pid", "index", "seed", "exception", "bases"]
@@ -209,6 +210,56 @@ def test_a_value_that_cannot_be_pickled_becomes_its_tasks_error() -> None:
     data, _bufs, bad = dump_values(values, lambda k, exc: ErrorRecord.of_exception(exc, "h", 10 + k, 0))
     assert bad == [1] and pickle.loads(data)[::2] == [1, 3]
     assert pickle.loads(data)[1]["message"].startswith("the result of task 11 cannot be serialised: ")
+
+
+def _writer(tmp_path: Path, runner: TaskRunner) -> tuple[JobStore, ResultWriter]:
+    store = JobStore(tmp_path / "job")
+    for sub in ("journal", "results", "logs"):
+        (tmp_path / "job" / sub).mkdir(parents=True)
+    return store, ResultWriter(store, "w1", runner.error)
+
+
+def test_a_result_after_a_pause_is_written_at_once_and_synced_within_SYNC_S(runner, cur, tmp_path) -> None:
+    # its client hears of it before any fsync; the fsync is due once it is SYNC_S old
+    with worker_log(tmp_path):
+        _store, out = _writer(tmp_path, runner)
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        out.pending.append(runner.run(0, 0, entry(1), 0))
+        now = time.time()
+        assert not out.sync_due(now)  # nothing written and unsynced before it
+        out.flush(sync=out.sync_due(now))
+        assert out.unsynced and not out.sync_due(time.time())
+        assert out.sync_due(out.dirty_since + SYNC_S + 0.001)
+        out.flush()  # before the worker waits: synced
+        assert not out.unsynced
+        out.close()
+
+
+def test_the_late_writer_writes_and_fsyncs_results_while_a_long_task_runs(runner, cur, tmp_path, monkeypatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    with worker_log(tmp_path):
+        _store, out = _writer(tmp_path, runner)
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        out.pending.append(runner.run(0, 0, entry(1), 0))
+        journal = tmp_path / "job" / "journal" / "w1.rec"
+        out.begin_task()  # the next task starts, and runs long
+        try:
+            deadline = time.monotonic() + 10
+            while not (journal.exists() and journal.stat().st_size):  # written meanwhile, unsynced
+                assert time.monotonic() < deadline, "the late writer never wrote the pending outcome"
+                time.sleep(0.001)
+            assert out.in_task and not out.pending
+            while out.unsynced:  # then fsynced, SYNC_S after it was written, the task still running
+                assert time.monotonic() < deadline, "the late writer never fsynced what it wrote"
+                time.sleep(0.005)
+            assert out.in_task and {out.res_fd, out.jfd} <= set(synced)
+        finally:
+            out.end_task()
+        recs, _ = records.parse_frames(journal.read_bytes())
+        assert [r.task for r in recs] == [0]
+        out.close()
 
 
 def test_outcomes_are_journal_records_pointing_into_one_body(runner, cur, tmp_path) -> None:

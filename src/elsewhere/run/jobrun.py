@@ -57,7 +57,6 @@ if TYPE_CHECKING:
 __all__ = ["JobRun"]
 
 _FLUSH_S = 0.01  # group outcomes that finish within 10 ms into one write
-_SYNC_S = 0.05  # ... and fsync at least this often (and before waiting for work or leaving)
 _QUIET_BEFORE_FAST = 8  # tasks in a row without output before the fast path is used
 _FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
 _PY_VERSION = sys.version.split()[0]
@@ -230,8 +229,8 @@ class JobRun:
                 claim = _NO_CLAIM
                 continue
             self._run_batch(claim)
-            # Durable at least every _SYNC_S, and before the worker waits or leaves.
-            self.out.flush(sync=time.time() - self.out.last_sync > _SYNC_S)
+            # Durable within SYNC_S of being written, and before the worker waits or leaves.
+            self.out.flush(sync=self.out.sync_due(time.time()))
             claim = _NO_CLAIM
 
     def _out_of_time(self) -> bool:
@@ -278,7 +277,8 @@ class JobRun:
         out = self.out
         pending = out.pending
         for idx in indices:
-            if pending:  # outcomes wait for this task's: written meanwhile should it take long
+            if pending or out.unsynced:  # outcomes wait for this task's, or results for an fsync:
+                # written (synced) meanwhile should it take long
                 out.begin_task()
                 o = run(idx, attempts.get(idx, 0) if attempts else 0, load, idx)
                 out.end_task()
@@ -295,7 +295,7 @@ class JobRun:
             if o.busy_s > self.longest_s:
                 self.longest_s = o.busy_s
             if o.t_end - out.last_flush > _FLUSH_S:
-                out.flush(sync=o.t_end - out.last_sync > _SYNC_S)
+                out.flush(sync=out.sync_due(o.t_end))
         self.runner.idle()
 
     def _run_fast(self, indices: range) -> None:

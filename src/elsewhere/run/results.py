@@ -11,6 +11,7 @@ error (:func:`dump_values`, shared with the peer task process).
 from __future__ import annotations
 
 import _thread
+import math
 import os
 import time
 
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
     from ..folder.errorrecord import ErrorRecord
     from ..folder.store import JobStore
 
-__all__ = ["LATE_S", "ResultWriter", "dump_values", "peak_rss"]
+__all__ = ["LATE_S", "SYNC_S", "ResultWriter", "dump_values", "peak_rss"]
+
+SYNC_S = 0.05
+"""Results are fsynced once the oldest of them not yet on disk is this old (and before the
+worker waits for work or leaves): see :meth:`ResultWriter.sync_due`."""
 
 LATE_S = 0.0002
 """How long finished outcomes wait for the next task of their group before they are written
@@ -49,38 +54,56 @@ class ResultWriter:
         self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.pending: list[TaskOutcome] = []
         self.rerun: set[tuple[int, int]] = set()  # (task, attempt) of pending errors run again
-        self.last_flush = self.last_sync = time.time()
+        self.last_flush = time.time()
         self.unsynced = False  # written since the last fsync
-        # The late writer (see begin_task): pending outcomes are written by its thread while
-        # the worker's task runs, by the worker's thread otherwise; ``in_task`` says which.
+        self.dirty_since = 0.0  # when the oldest of those was written (unix time)
+        # The late writer (see begin_task): while the worker's task runs, its thread writes the
+        # outcomes pending and fsyncs what is written; the worker's thread does otherwise.
+        # ``in_task`` says which.
         self.lock = _thread.allocate_lock()  # (threading itself only once a thread is needed:
         self.in_task = False  # a worker starts faster without it)
         self.due = 0.0
-        self.armed: Any = None  # a threading.Event, made with the thread when first needed
+        self.wake: Any = None  # a threading.Condition of ``lock``, made with the thread
+        self.waits_until = 0.0  # when the late writer wakes (monotonic; inf: when woken)
+        self.stuck = False  # the late writer's last write failed: it waits for the next task
         self.closed = False
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            if self.armed is not None:
-                self.armed.set()  # the late writer ends
+            if self.wake is not None:
+                self.wake.notify()  # the late writer ends
         for fd in (self.res_fd, self.jfd):
             os.close(fd)
 
+    def sync_due(self, now: float) -> bool:
+        """Whether the next flush should fsync: results written and not synced are
+        :data:`SYNC_S` old. (A result written after a pause is not synced at once: its client
+        hears of it first, and the fsync follows within ``SYNC_S``, or when the worker waits.)"""
+        return self.unsynced and now - self.dirty_since > SYNC_S
+
+    def _dirty(self) -> None:
+        if not self.unsynced:
+            self.unsynced = True
+            self.dirty_since = time.time()
+
     def begin_task(self) -> None:
-        """A task starts while outcomes wait to be written (grouped with those to come): should
-        it run longer than ``LATE_S``, they are written meanwhile, by the late writer's thread,
-        so that a finished result never waits for the task after it."""
+        """A task starts while outcomes wait to be written (grouped with those to come) or
+        results written are not on disk yet. Should it run longer than ``LATE_S``, the outcomes
+        are written meanwhile, by the late writer's thread, so that a finished result never
+        waits for the task after it; should it run until those results are ``SYNC_S`` old, they
+        are fsynced meanwhile, so that a long task never keeps them off the disk."""
         with self.lock:
             self.in_task = True
+            self.stuck = False
             self.due = time.monotonic() + LATE_S
-            armed = self.armed
-            if armed is None:
+            if self.wake is None:
                 import threading
 
-                armed = self.armed = threading.Event()
+                self.wake = threading.Condition(self.lock)
                 threading.Thread(target=self._late_writer, name="elsewhere-late-writer", daemon=True).start()
-            armed.set()
+            if self.waits_until > (self.due if self.pending else time.monotonic() + SYNC_S):
+                self.wake.notify()  # (a thread woken for every task costs a context switch each)
 
     def end_task(self) -> None:
         """The task begun ends: the worker's thread writes again (after the late writer's
@@ -89,26 +112,25 @@ class ResultWriter:
             self.in_task = False
 
     def _late_writer(self) -> None:
-        armed = self.armed
-        assert armed is not None
-        while True:
-            armed.wait()
-            while True:
-                with self.lock:
-                    if self.closed:
-                        return
-                    if not self.in_task or not self.pending:
-                        armed.clear()
-                        break
-                    delay = self.due - time.monotonic()
-                    if delay <= 0:
-                        try:
-                            self.flush(sync=False)  # the task runs on: the worker's thread does not write
-                        except OSError:
-                            pass  # the worker's own write after the task meets it again, and says so
-                        armed.clear()
-                        break
-                time.sleep(delay)
+        wake = self.wake
+        assert wake is not None
+        with self.lock:
+            while not self.closed:
+                if not self.in_task or self.stuck or not (self.pending or self.unsynced):
+                    self.waits_until = math.inf
+                    wake.wait()  # until a task begins
+                    continue
+                delay = self.due - time.monotonic() if self.pending else SYNC_S
+                if self.unsynced:
+                    delay = min(delay, self.dirty_since + SYNC_S - time.time())
+                if delay > 0:
+                    self.waits_until = time.monotonic() + delay
+                    wake.wait(delay)
+                    continue
+                try:  # the task runs on: the worker's thread does not write meanwhile
+                    self.flush(sync=not self.pending or self.sync_due(time.time()))
+                except OSError:
+                    self.stuck = True  # the worker's own write after the task meets it again, and says so
 
     def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
         """Write one result body; its (offset, size)."""
@@ -127,7 +149,6 @@ class ResultWriter:
                 os.fsync(self.res_fd)
                 os.fsync(self.jfd)
                 self.unsynced = False
-                self.last_sync = time.time()
             return
         values = [o.value for o in pending]
         data, bufs, bad = dump_values(values, lambda k, exc: self.error(exc, pending[k].index))
@@ -147,16 +168,18 @@ class ResultWriter:
             recs = [r._replace(flags=r.flags | flag) if (r.task, r.attempt) in rerun else r for r in recs]
             rerun.difference_update((o.index, o.attempt) for o in pending)
         if sync:
-            os.fsync(self.res_fd)
+            os.fsync(self.res_fd)  # a frame that reaches the disk finds its body there
         os.write(self.jfd, records.pack_frame(recs))
-        if sync:
-            os.fsync(self.jfd)
-        self.unsynced = not sync
         pending.clear()
         self.last_flush = time.time()
-        if sync:
-            self.last_sync = self.last_flush
+        # The client reads the frame from the page cache: it hears of it before the journal's
+        # fsync, which is the worker's own business (a crash before it: the tasks run again)
         self.store.notify()
+        if sync:
+            os.fsync(self.jfd)
+            self.unsynced = False
+        else:
+            self._dirty()
 
     def write_range(self, start: int, values: list[Any], t0: float, t1: float, log_off: int, log_len: int,
                     seed: int) -> None:  # fmt: skip
@@ -177,7 +200,7 @@ class ResultWriter:
         rec = Record(int(Kind.OK), 0, 0, start, 0, len(values), off, size, log_off, log_len, t0, t1, peak_rss(),
                      seed)  # fmt: skip
         os.write(self.jfd, records.pack_frame([rec]))
-        self.unsynced = True
+        self._dirty()
         self.last_flush = t1
         self.store.notify()
 
