@@ -15,7 +15,8 @@ its workers detached, ``on=ew.local(cores=2)``:
 3. ``warm10k``: 10 000 no-op tasks on warm workers (one job run first, and
    the workers idle again) against warm pools' ``map``; each side's figure
    for a round is the median of ``WARM_REPS`` jobs (a single job of ~10 ms
-   moves by half with the machine).
+   moves by half with the machine); elsewhere's variants take turns, each
+   first as often (the first jobs after the warm-up ran a few ms slower).
 4. ``first``: submit to the first result with no workers running, against
    dask.distributed ``LocalCluster(n_workers=2, processes=True,
    threads_per_worker=1)`` start-up to first result (and ProcessPoolExecutor's).
@@ -64,7 +65,7 @@ from _tasks import arr_sum, noop, spin_cpu
 # -- measurements (run in a fresh child process each) ------------------------------
 pc = time.perf_counter
 W = 2  # workers / cores everywhere
-WARM_REPS = 5  # warm jobs per round and side (their median)
+WARM_REPS = 6  # warm jobs per round and side (their median; elsewhere's 3 variants take turns)
 
 
 def _chunk(n: int) -> int:
@@ -175,15 +176,17 @@ def m_ew_warm(n: int, variants: list[str]) -> dict:
     try:
         xs = list(range(n))
         _warm(ew, cl, noop, xs)
-        out = {"lost": 0}
-        for v in variants:
-            ts = []
-            for _ in range(WARM_REPS):
+        out: dict = {"lost": 0}
+        ts: dict[str, list[float]] = {v: [] for v in variants}
+        for rep in range(WARM_REPS):  # the variants in turn, each first as often: the jobs just
+            # after the warm-up run beside its purge and the folders made to replace it
+            for v in variants[rep % len(variants) :] + variants[: rep % len(variants)]:
                 out["lost"] += _ensure_warm(ew, cl, noop, xs)
                 t, vals, _ = _ew_run(ew, cl, v, noop, xs)
                 _check(vals, n)
-                ts.append(t)
-            out[v] = sorted(ts)[len(ts) // 2]
+                ts[v].append(t)
+        for v in variants:
+            out[v] = sorted(ts[v])[len(ts[v]) // 2]
         return out
     finally:
         _stop(ew)
