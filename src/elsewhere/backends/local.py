@@ -52,6 +52,7 @@ from .localworkers import (
     note_spawned,
     reap_children,
     take_idle,
+    take_idle_or_returning,
     tell_to_exit,
     wake,
 )
@@ -198,8 +199,9 @@ class LocalCluster(Cluster):
         return d
 
     def _take_idle(self, pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
-        """Take idle workers (at most ``limit``): [(wid, fifo fd)]; each is ours alone."""
-        return take_idle(pool, limit)
+        """Take idle workers (at most ``limit``, waiting a moment for busy ones that come back:
+        see ``localworkers.RETURNING_S``): [(wid, fifo fd)]; each is ours alone."""
+        return take_idle(pool) if limit is None else take_idle_or_returning(pool, limit)
 
     def dispatch(self, job: JobHandle, count: int, *, max_workers: int | None = None) -> list[str]:
         """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.

@@ -6,6 +6,8 @@ See ``local.py``.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import signal
 import time
@@ -29,6 +31,7 @@ __all__ = [
     "reap_children",
     "stop_idle_workers",
     "take_idle",
+    "take_idle_or_returning",
     "tell_to_exit",
     "wake",
 ]
@@ -130,6 +133,57 @@ def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
                 pass
             continue
         taken.append((wid, fd))
+    return taken
+
+
+RETURNING_S = 0.05
+"""How long a client waits for busy workers of the pool to come back idle before it starts new
+ones: a worker that has just left a finished job (the one before, submitted back to back) is
+idle again within a few ms, where a new worker costs tens of ms and stays until its idle
+timeout, one more than the cores it was meant for."""
+
+
+def _busy(pool: Path, taken: list[tuple[str, int]]) -> int:
+    """Live workers of the pool that are neither idle nor among ``taken``. A FIFO that no
+    process reads is no worker's (one starting opens its own at once): it is not counted, and
+    removed once it is a minute old (its worker was killed)."""
+    try:
+        fifos = os.listdir(pool / "fifo")
+        idle = set(os.listdir(pool / "idle"))
+    except FileNotFoundError:
+        return 0
+    mine = {wid for wid, _ in taken}
+    busy = 0
+    for wid in fifos:
+        if wid in idle or wid in mine:
+            continue
+        path = pool / "fifo" / wid
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # (opened and closed: nothing sent)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                with contextlib.suppress(OSError):
+                    if time.time() - os.stat(path).st_ctime > 60:
+                        os.unlink(path)
+            continue
+        busy += 1
+    return busy
+
+
+def take_idle_or_returning(pool: Path, limit: int, wait_s: float = RETURNING_S) -> list[tuple[str, int]]:
+    """:func:`take_idle`, and while fewer than ``limit`` were taken and other workers of the pool
+    are busy, the ones that come back idle within ``wait_s``."""
+    taken = take_idle(pool, limit)
+    if len(taken) >= limit:
+        return taken
+    busy = _busy(pool, taken)
+    taken += take_idle(pool, limit - len(taken))  # (any that came back while they were counted)
+    if not busy:
+        return taken
+    deadline = time.monotonic() + wait_s
+    while len(taken) < limit and time.monotonic() < deadline:
+        time.sleep(0.0005)
+        taken += take_idle(pool, limit - len(taken))
     return taken
 
 
