@@ -79,3 +79,15 @@ def test_a_worker_busy_for_longer_is_waited_for_at_most_the_wait(pool: Path) -> 
         assert take_idle_or_returning(pool, 1, wait_s=0.05) == []  # then the caller starts one
     finally:
         os.close(reader)
+
+
+def test_the_jobs_own_busy_workers_are_not_waited_for(pool: Path) -> None:
+    # after prepare() started them, a job's own workers are busy in it: they do not come back
+    reader = _worker(pool, "w1")
+    asked = []
+    try:
+        t0 = time.monotonic()
+        assert take_idle_or_returning(pool, 2, wait_s=60, exclude=lambda: asked.append(1) or ["w1"]) == []
+        assert time.monotonic() - t0 < 30 and asked == [1]
+    finally:
+        os.close(reader)

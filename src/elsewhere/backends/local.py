@@ -198,10 +198,22 @@ class LocalCluster(Cluster):
         _pools[(str(home), self.command.text)] = d
         return d
 
-    def _take_idle(self, pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
-        """Take idle workers (at most ``limit``, waiting a moment for busy ones that come back:
-        see ``localworkers.RETURNING_S``): [(wid, fifo fd)]; each is ours alone."""
-        return take_idle(pool) if limit is None else take_idle_or_returning(pool, limit)
+    def _take_idle(self, pool: Path, limit: int | None = None, job: JobHandle | None = None) -> list[tuple[str, int]]:
+        """Take idle workers (at most ``limit``, waiting a moment for busy ones that come back,
+        not ``job``'s own: see ``localworkers.RETURNING_S``): [(wid, fifo fd)]; each is ours alone."""
+        if limit is None:
+            return take_idle(pool)
+
+        def own() -> list[str]:  # the job's workers, joined or on their way (a snapshot)
+            if job is None:
+                return []
+            try:
+                q = job.store.queue()
+            except Exception:  # (unreadable: nothing excluded, at worst a wait in vain)
+                return []
+            return [*q.members, *q.dispatched()]
+
+        return take_idle_or_returning(pool, limit, exclude=own)
 
     def dispatch(self, job: JobHandle, count: int, *, max_workers: int | None = None) -> list[str]:
         """Give ``job`` up to ``count`` more workers: warm ones first, then new ones.
@@ -211,7 +223,7 @@ class LocalCluster(Cluster):
         if count <= 0:
             return []
         pool = self.pool_dir()
-        idle = self._take_idle(pool, count)
+        idle = self._take_idle(pool, count, job)
         try:
             with job.store.locked_queue() as q:
                 if max_workers is not None:
@@ -306,7 +318,7 @@ class LocalCluster(Cluster):
         n = job.n_tasks
         pool = self.pool_dir()
         # taken before the lock: one queue update says "submitted" and who comes
-        idle = self._take_idle(pool, self._max_for(not job.spec.get("stream"), n))
+        idle = self._take_idle(pool, self._max_for(not job.spec.get("stream"), n), job)
         use: list[tuple[str, int]] = []
         new: list[str] = []
         try:

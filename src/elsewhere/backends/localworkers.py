@@ -18,6 +18,8 @@ from ..folder.housekeeping import process_alive
 from ..folder.journal import lock_is_free
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from ..folder.handle import JobHandle
     from ..folder.queue import Queue
 
@@ -143,8 +145,9 @@ idle again within a few ms, where a new worker costs tens of ms and stays until 
 timeout, one more than the cores it was meant for."""
 
 
-def _busy(pool: Path, taken: list[tuple[str, int]]) -> int:
-    """Live workers of the pool that are neither idle nor among ``taken``. A FIFO that no
+def _busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], Iterable[str]]) -> int:
+    """Live workers of the pool that are neither idle nor among ``taken`` nor ``exclude()``
+    (asked only if some are busy: the job's own, say, which do not come back for it). A FIFO that no
     process reads is no worker's (one starting opens its own at once): it is not counted, and
     removed once it is a minute old (its worker was killed)."""
     try:
@@ -153,9 +156,13 @@ def _busy(pool: Path, taken: list[tuple[str, int]]) -> int:
     except FileNotFoundError:
         return 0
     mine = {wid for wid, _ in taken}
+    others = [wid for wid in fifos if wid not in idle and wid not in mine]
+    if not others:
+        return 0
+    skip = set(exclude())
     busy = 0
-    for wid in fifos:
-        if wid in idle or wid in mine:
+    for wid in others:
+        if wid in skip:
             continue
         path = pool / "fifo" / wid
         try:
@@ -170,13 +177,15 @@ def _busy(pool: Path, taken: list[tuple[str, int]]) -> int:
     return busy
 
 
-def take_idle_or_returning(pool: Path, limit: int, wait_s: float = RETURNING_S) -> list[tuple[str, int]]:
+def take_idle_or_returning(pool: Path, limit: int, wait_s: float = RETURNING_S,
+                           exclude: Callable[[], Iterable[str]] = tuple) -> list[tuple[str, int]]:  # fmt: skip
     """:func:`take_idle`, and while fewer than ``limit`` were taken and other workers of the pool
-    are busy, the ones that come back idle within ``wait_s``."""
+    are busy, the ones that come back idle within ``wait_s``; busy workers named by ``exclude()``
+    (the job's own) are not waited for."""
     taken = take_idle(pool, limit)
     if len(taken) >= limit:
         return taken
-    busy = _busy(pool, taken)
+    busy = _busy(pool, taken, exclude)
     taken += take_idle(pool, limit - len(taken))  # (any that came back while they were counted)
     if not busy:
         return taken
