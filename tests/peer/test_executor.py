@@ -369,7 +369,8 @@ def test_a_future_whose_worker_is_killed_gets_its_result_from_another(
             assert ex.submit(square, 3).result(timeout=30) == 9  # both connect meanwhile
             marker = tmp_path / "ran-on"
             fut = ex.submit(note_daemon_and_sleep, str(marker), 2.0)
-            wait_until(marker.exists, 30, "the task to start")
+            # a whole line: the file exists a moment before the task's write lands in it
+            wait_until(lambda: marker.exists() and marker.read_text().endswith("\n"), 30, "the task to start")
             first = int(marker.read_text().split()[0])
             assert first in {w.pid for w in workers}
             os.kill(first, signal.SIGKILL)
