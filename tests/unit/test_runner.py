@@ -247,16 +247,18 @@ def test_the_late_writer_writes_and_fsyncs_results_while_a_long_task_runs(runner
         out.begin_task()  # the next task starts, and runs long
         try:
             deadline = time.monotonic() + 10
-            while not (journal.exists() and journal.stat().st_size):  # written meanwhile, unsynced
+            while out.pending:  # written meanwhile (its frame first, then the list is emptied)
                 assert time.monotonic() < deadline, "the late writer never wrote the pending outcome"
                 time.sleep(0.001)
-            assert out.in_task and not out.pending
-            while out.unsynced:  # then fsynced, SYNC_S after it was written, the task still running
+            assert out.in_task and journal.stat().st_size
+            while not {out.res_fd, out.jfd} <= set(synced):  # then fsynced, SYNC_S after it was
+                # written, the task still running
                 assert time.monotonic() < deadline, "the late writer never fsynced what it wrote"
                 time.sleep(0.005)
-            assert out.in_task and {out.res_fd, out.jfd} <= set(synced)
+            assert out.in_task
         finally:
-            out.end_task()
+            out.end_task()  # (after the late writer's write under way, if one is)
+        assert not out.unsynced
         recs, _ = records.parse_frames(journal.read_bytes())
         assert [r.task for r in recs] == [0]
         out.close()
