@@ -148,16 +148,6 @@ def _partner(port: int, nbytes: int, mode: str, key: bytes) -> None:
     s.close()
 
 
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) that process ``pid`` has used; nan where /proc has none."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
 class Echo:
     """A 100 MB echo over a bare loopback TCP socket between this process and a partner it
     starts: ``mode`` one of :data:`MODES` (each way, 1 MiB slices, as the wire does). What
@@ -187,13 +177,15 @@ class Echo:
 
     def echo(self) -> float:
         """Seconds for one echo; the CPU both processes spent on it is left in ``self.cpu``."""
-        c0 = time.process_time() + _proc_cpu(self.proc.pid)
+        from _common import proc_cpu_s
+
+        c0 = time.process_time() + proc_cpu_s(self.proc.pid)
         t0 = pc()
         _send(self.sock, self.src, self.mode, self.key, self.ring)
         if not _recv_all(self.sock, self.back, self.mode, self.key):
             raise RuntimeError("the echo partner went away")
         t = pc() - t0
-        self.cpu = time.process_time() + _proc_cpu(self.proc.pid) - c0
+        self.cpu = time.process_time() + proc_cpu_s(self.proc.pid) - c0
         return t
 
     def close(self) -> None:
@@ -255,6 +247,14 @@ def m_crypt_big(
 CHILDREN = {"crypt_big": m_crypt_big}
 
 
+def least_time(m: Any) -> float:
+    """The least time the measuring machine's cores can take for the encrypted echo, from the
+    crypt child's figures (``m(field)``: their median): each direction encrypted once and
+    decrypted once, and copied as the clear echo copies it (its CPU, both processes), over the
+    cores (nan without those figures)."""
+    return (2 * (m("cipher") + m("decipher")) + m("bare_clear_cpu")) / m("cores")
+
+
 def report(got: dict, med, fmt_time, verdict) -> list[list[str]]:
     """The group's rows for ``peer.report``'s table (``med(name, field)``: the median over rounds)."""
     if not any(r for r in got.get("crypt_big", [])):
@@ -294,7 +294,7 @@ def report(got: dict, med, fmt_time, verdict) -> list[list[str]]:
     # them (that echo's CPU, both ends), all on these cores. Its ratio is the best the target's
     # ratio can be here, whatever the wire does.
     cores = m("cores")
-    floor = (2 * (cipher + decipher) + m("bare_clear_cpu")) / cores
+    floor = least_time(m)
     if floor == floor:
         rows.append(["crypt", f"  the least time {cores:.0f} cores take for it (4 cipher passes + the clear echo's CPU)",
                      fmt_time(floor), f"{2 * one / floor:.2f}x", "", "info"])  # fmt: skip

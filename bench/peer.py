@@ -815,8 +815,7 @@ def figures_json(fig, got: dict) -> None:
                 [("the same loop in the caller (BLAS on every core)", med("ew_blas", "loop")),
                  ("ProcessPoolExecutor(2).map", med("ppe_blas")), ("dask client.map", med("dask_blas"))], "s")  # fmt: skip
     one = max(med("crypt_big", "cipher"), med("crypt_big", "decipher"))  # the slower end sets the pace
-    floor = (2 * (med("crypt_big", "cipher") + med("crypt_big", "decipher")) + med("crypt_big", "bare_clear_cpu")) / med(
-        "crypt_big", "cores")  # the least time the cores take: see bench/_encrypted.py
+    floor = _encrypted.least_time(lambda field: med("crypt_big", field))
     fig.compare("crypt", "100 MB each way through the peer wire, encrypted (AES-256-GCM)",
                 ("peer wire, encrypted", med("crypt_big", "wire_enc")),
                 [("AES-256-GCM alone, one core, both ways", 2 * one), ("bare TCP echo + AES-256-GCM", med("crypt_big", "bare_aes")),

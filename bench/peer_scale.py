@@ -80,6 +80,7 @@ def _ready_set_go() -> tuple[float, float, float]:
     time.sleep(max(0.0, start_at - time.time()))
     return start_at, time.process_time(), time.time()
 
+
 def work(seconds: float) -> tuple[float, float, int]:
     """A task: hold the slot for ``seconds``; when it ran (wall clock) and in which process."""
     t0 = time.time()

@@ -145,22 +145,19 @@ idle again within a few ms, where a new worker costs tens of ms and stays until 
 timeout, one more than the cores it was meant for."""
 
 
-def _busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], Iterable[str]]) -> int:
-    """Live workers of the pool that are neither idle nor among ``taken`` nor ``exclude()``
-    (asked only if some are busy: the job's own, say, which do not come back for it). A FIFO that no
-    process reads is no worker's (one starting opens its own at once): it is not counted, and
-    removed once it is a minute old (its worker was killed)."""
+def _any_busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], Iterable[str]]) -> bool:
+    """Whether a live worker of the pool is neither idle nor among ``taken`` nor ``exclude()``
+    (asked only if some FIFO is not idle: the job's own workers, say, which do not come back for
+    it). A FIFO that no process reads is no worker's (one starting opens its own at once): it
+    does not count, and goes once it is a minute old (its worker was killed)."""
     try:
         fifos = os.listdir(pool / "fifo")
         idle = set(os.listdir(pool / "idle"))
     except FileNotFoundError:
-        return 0
+        return False
     mine = {wid for wid, _ in taken}
     others = [wid for wid in fifos if wid not in idle and wid not in mine]
-    if not others:
-        return 0
-    skip = set(exclude())
-    busy = 0
+    skip = set(exclude()) if others else set()
     for wid in others:
         if wid in skip:
             continue
@@ -173,8 +170,8 @@ def _busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], Iterab
                     if time.time() - os.stat(path).st_ctime > 60:
                         os.unlink(path)
             continue
-        busy += 1
-    return busy
+        return True
+    return False
 
 
 def take_idle_or_returning(pool: Path, limit: int, wait_s: float = RETURNING_S,
@@ -185,8 +182,8 @@ def take_idle_or_returning(pool: Path, limit: int, wait_s: float = RETURNING_S,
     taken = take_idle(pool, limit)
     if len(taken) >= limit:
         return taken
-    busy = _busy(pool, taken, exclude)
-    taken += take_idle(pool, limit - len(taken))  # (any that came back while they were counted)
+    busy = _any_busy(pool, taken, exclude)
+    taken += take_idle(pool, limit - len(taken))  # (any that came back while that was looked at)
     if not busy:
         return taken
     deadline = time.monotonic() + wait_s
