@@ -167,6 +167,8 @@ class _Controller(Retries, Batching):
         self.mean_s, self.n_measured, self.result_bytes_per_task = 0.1, 10, 0.0
         self.stream, self.closed, self.standing_after = False, True, 0.0
         self._seq, self.short = 0, "ctl"
+        self.placing_epoch, self.blocked, self.blocked_until = 0, None, 0.0
+        self.roster_epoch, self.roster_slots = 0, (-1, 0)
         self.sent: list[tuple[Worker, Any]] = []
 
     def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
@@ -215,6 +217,109 @@ def test_a_batch_stuck_past_the_start_timeout_moves_and_its_worker_rests() -> No
     c._timers(now=c.settings.start_timeout_s + 0.1)
     assert b1.withdrawn and list(c.pending) == [0]
     assert w1.busy_until > c.settings.start_timeout_s
+
+
+# -- turns that would place nothing are skipped --------------------------------------------------
+
+
+def _asks(c: _Controller) -> list[Worker]:
+    return [w for w, m in c.sent if type(m).__name__ == "Ask"]
+
+
+def _full_controller(n_workers: int = 32) -> _Controller:
+    """Every worker holding all the batches it may (two a slot), tasks waiting."""
+    workers = [_worker(i, free=0, state=PeerState.BUSY) for i in range(n_workers)]
+    for w in workers:
+        _hold(w, 2, sent=1)
+    c = _Controller(workers)
+    c.pending.extend(range(100, 200))
+    return c
+
+
+def test_a_turn_with_every_worker_full_is_skipped_until_a_batch_comes_back() -> None:
+    # Before: every event the controller handled (an ACCEPT, an announcement, a timeout) ran
+    # the pass over every worker, to find again that none had room: under contention half of
+    # the placing turns of bench/peer_scale.py placed nothing, and they were most of its CPU.
+    c = _full_controller()
+    c._place(1.0)
+    assert _asks(c) == [] and c.stats["placing_skipped"] == 0
+    for t in (1.01, 1.02, 1.1):
+        c._place(t)
+    assert _asks(c) == [] and c.stats["placing_skipped"] == 3
+    # a RESULT: its batch is forgotten, and the next turn asks that worker at once
+    w = next(iter(c.workers.values()))
+    c._forget(next(iter(w.batches.values())))
+    c._place(1.11)
+    assert _asks(c) == [w] and c.stats["placing_skipped"] == 3
+
+
+def test_a_skipped_turn_places_when_tasks_come_or_a_while_passed() -> None:
+    c = _full_controller()
+    c._place(1.0)
+    c.pending.append(500)  # more tasks: looked at again (the depth a slot depends on them)
+    c._place(1.01)
+    assert c.stats["placing_skipped"] == 0
+    c._place(1.02)
+    assert c.stats["placing_skipped"] == 1
+    # a change nothing announced (a safety net): the pass runs again a quarter second on
+    w = next(iter(c.workers.values()))
+    w.batches.clear()
+    c._place(1.1)
+    assert _asks(c) == []
+    c._place(1.3)
+    assert _asks(c) == [w, w]
+
+
+def test_a_worker_that_refused_is_asked_again_when_its_wait_ends() -> None:
+    c = _full_controller(2)
+    a, _b = c.workers.values()
+    a.batches.clear()
+    a.busy_until = 1.05  # it refused us a moment ago (fair share)
+    c._place(1.0)
+    assert _asks(c) == []
+    c._place(1.04)
+    assert c.stats["placing_skipped"] == 1
+    c._place(1.06)
+    assert _asks(c) == [a, a]
+
+
+def test_the_slots_of_all_workers_are_added_up_again_only_when_a_worker_changes() -> None:
+    workers = [_worker(i, free=1, state=PeerState.IDLE) for i in range(2)]
+    c = _Controller(workers)
+    c.mean_s = 1e-4  # tiny tasks: a batch is half a fair share of the tasks waiting
+    c.pending.extend(range(100))
+    c._place(1.0)
+    assert c.roster_slots == (0, 2)
+    assert next(len(b.indices) for b in c.batches.values()) == 25  # 100 / (2 x 2 slots)
+    third = _worker(5, free=1, state=PeerState.IDLE)
+    c.workers[third.peer_id] = third
+    c._roster_changed()  # it turned ready
+    waiting = len(c.pending)
+    c._place(1.1)
+    assert c.roster_slots == (1, 3)
+    first = next(b for b in c.batches.values() if b.worker is third)
+    assert len(first.indices) == math.ceil(waiting / 6)  # shared over 3 slots now, not 2
+
+
+def test_a_worker_found_or_offering_more_ends_the_skip_its_free_slots_alone_do_not() -> None:
+    w = _worker(1, ready="ready")
+    c = _Links([w])
+    c._refresh_workers(now=1.0)
+    assert c.placing_epoch == 1  # found
+    c.workers[w.peer_id] = w  # (the one the controller knows)
+
+    def announce(**changed: Any) -> None:
+        a = w.info.announcement
+        fields = {**{k: getattr(a, k) for k in a.__dataclass_fields__}, **changed}
+        c.listener.peers = lambda: [PeerInfo(Announcement(**fields), w.info.connect_address, 0.0, 0.0)]
+        c._refresh_workers(now=2.0)
+
+    announce(slots_free=1, state=PeerState.IDLE)  # a task ended there: no room of ours changes
+    assert c.placing_epoch == 1
+    announce(slots=4)  # more slots: room for more batches
+    assert c.placing_epoch == 2
+    announce(state=PeerState.ZOMBIE)  # stopping: none
+    assert c.placing_epoch == 3
 
 
 # -- the daemon's memory check: the task's own processes, not all of /proc --------------------------
@@ -286,6 +391,7 @@ class _Links(Links):
         self.listener = types.SimpleNamespace(peers=lambda: infos)
         self.stats: collections.Counter[str] = collections.Counter()
         self.opened: list[Worker] = []
+        self.placing_epoch = self.roster_epoch = 0
 
     def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now

@@ -33,6 +33,9 @@ __all__ = ["Batching"]
 _SHORT_S = 0.005
 """Tasks shorter than this: an open Executor asks ahead at the worker running its task."""
 _PERMANENT = (RefuseReason.MEMORY, RefuseReason.TIME, RefuseReason.NOT_ALLOWED)
+_RECHECK_S = 0.25
+"""A placing turn that found no worker with room skips the next turns until something may
+have given one room (``placing_epoch``), a worker's refusal wait ends, or this long passed."""
 
 
 RECORD_BACKLOG_BYTES = 64 << 20
@@ -55,15 +58,27 @@ class Batching(ControllerState):
         if not self.pending:
             self._stand(now)
             return
+        if self.blocked == (self.placing_epoch, len(self.pending)) and now < self.blocked_until:
+            self.stats["placing_skipped"] += 1  # no worker has gained room since the last turn
+            return
         s = self.settings
-        pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending))
-        while self.pending:
-            best = pick.take()
-            if best is None:
-                return
-            k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
-                           self.result_bytes_per_task)  # fmt: skip
-            self._ask(best, k, now)
+        epoch, slots = self.roster_slots
+        pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending),
+                          total_slots=slots if epoch == self.roster_epoch else -1)  # fmt: skip
+        try:
+            while self.pending:
+                best = pick.take()
+                if best is None:
+                    self.blocked = (self.placing_epoch, len(self.pending))
+                    self.blocked_until = min(now + _RECHECK_S, pick.next_free)
+                    return
+                k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
+                               self.result_bytes_per_task)  # fmt: skip
+                self._ask(best, k, now)
+            self.blocked = None
+        finally:
+            if pick.slots_known:
+                self.roster_slots = (self.roster_epoch, pick.total_slots)
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         indices: list[int] = []
@@ -197,6 +212,7 @@ class Batching(ControllerState):
             w.unsuitable_since = time.monotonic()
             for i in b.indices:
                 self.reasons[i] = f"refused by {w.host}: {why} ({msg.detail})"
+            self._roster_changed()
         else:
             w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
 
@@ -292,6 +308,7 @@ class Batching(ControllerState):
     def _forget(self, b: Batch) -> None:
         self.batches.pop(b.bid, None)
         b.worker.batches.pop(b.bid, None)
+        self.placing_epoch += 1
         with self.lock:
             for i in b.indices:
                 bids = self.inflight.get(i)

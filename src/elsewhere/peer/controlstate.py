@@ -147,6 +147,15 @@ class ControllerState:
         self._last_queue = 0.0
         self.stats: collections.Counter[str] = collections.Counter()
         self.standing_after = 0.0
+        # what may give a worker room for a batch bumps this (a batch gone, a connection
+        # made or lost, a worker's offer changed); a placing turn that placed what it could
+        # and left tasks waiting keeps (this, the tasks waiting) until when to look again
+        # anyway, and the turns after it skip the pass over the workers while both hold
+        self.placing_epoch = 0
+        self.blocked: tuple[int, int] | None = None
+        self.blocked_until = 0.0
+        self.roster_epoch = 0  # the part of it that changes which workers are ready and usable
+        self.roster_slots = (-1, 0)  # (roster_epoch, the slots of those workers) when last added up
         self._seq = 0
         self._stop = threading.Event()
         self._cancelled_job = False
@@ -158,6 +167,12 @@ class ControllerState:
         self.local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
         self.buffers = ReusableBuffers()  # large RESULT buffers, reused once written to disk
         self.finished = threading.Event()
+
+    def _roster_changed(self) -> None:
+        """A worker was found, lost, connected, closed, or offers other than it did: which
+        workers may be asked, and their slots, are looked at again (see ``placing_epoch``)."""
+        self.roster_epoch += 1
+        self.placing_epoch += 1
 
     # -- the job's tasks ---------------------------------------------------------------
     def _load_state(self) -> None:

@@ -59,12 +59,20 @@ class Links(ControllerState):
             w = self.workers.get(a.peer_id)
             if w is None:
                 w = self.workers[a.peer_id] = Worker(a.peer_id, info)
-            else:
+                self._roster_changed()
+            elif w.info is not info:
+                was = w.info.announcement
+                if not w.listed or (was.slots, was.time_s, was.mem_bytes, was.state is PeerState.ZOMBIE) != (
+                        a.slots, a.time_s, a.mem_bytes, a.state is PeerState.ZOMBIE):  # fmt: skip
+                    self._roster_changed()  # what it offers changed (not only its free slots)
                 w.info = info
                 w.listed = True
             if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
                 w.unsuitable = ""  # its offer changed, or a while passed: ask again
+                self._roster_changed()
             if self.settings.key is not None and a.encrypt != self.settings.encrypt:  # both ends must agree
+                if not w.unsuitable:
+                    self._roster_changed()
                 w.unsuitable, w.unsuitable_for, w.unsuitable_since = _encryption_differs(a.encrypt), w.offer, now
             if w.state in ("new", "closed") and w.connectable() and now - w.since > min(0.2 * 2 ** w.failures, 5.0) \
                     and opening < _OPENING:  # fmt: skip
@@ -73,11 +81,13 @@ class Links(ControllerState):
         for w in list(self.workers.values()):
             if w.peer_id not in listed and w.listed:
                 w.listed = False
+                self._roster_changed()
                 self._lose(w, "its announcements stopped (it expired)")
         self._update_note()
 
     def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now
+        self._roster_changed()
         sock, why = connect_tcp(w.info.connect_address)
         if sock is None:
             self._connect_failed(w, why)
@@ -106,6 +116,7 @@ class Links(ControllerState):
 
     def _connect_failed(self, w: Worker, why: str) -> None:
         w.state = "closed"
+        self._roster_changed()
         w.failures += 1
         w.since = time.monotonic()
         log.debug("cannot connect to worker %s (%s): %s", w.host, w.info.connect_address, why)
@@ -164,6 +175,7 @@ class Links(ControllerState):
             return
         w.state = "ready"
         w.failures = 0
+        self._roster_changed()
         w.host = g.host or w.host
         if not w.wid:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in w.host)[:40] or "peer"
@@ -209,6 +221,7 @@ class Links(ControllerState):
         self.unflushed.clear()
 
     def _drop_connection(self, w: Worker) -> None:
+        self._roster_changed()  # (a worker connecting counts when batches are sized)
         if w.pump is not None:
             self.stats["bytes_sent"] += w.pump.bytes_sent
             self.stats["bytes_received"] += w.pump.bytes_received

@@ -196,13 +196,15 @@ class Candidates:
     then the least loaded by our batches, then the closest fit in memory, then the first
     listed.
 
-    The pass runs at every event the controller handles, mostly to find that each worker
-    holds all it may (the usual case under contention): it is one loop with nothing called
+    The pass runs at events the controller handles, often to find that each worker holds all
+    it may (the usual case under contention; the controller then skips it until something
+    may have given a worker room, or :attr:`next_free`): it is one loop with nothing called
     per worker, a worker is looked at further only if it has room, and the slots of all
-    (:attr:`total_slots`) are added up only when a batch is sized.
+    (:attr:`total_slots`) are added up only when a batch is sized, and not again until a
+    worker's state or offer changes (the controller passes the sum it kept, ``total_slots``).
     """
 
-    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "depth")
+    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "depth", "next_free")
 
     def __init__(
         self,
@@ -211,6 +213,8 @@ class Candidates:
         local_addresses: frozenset[str],
         now: float,
         pending: int,
+        *,
+        total_slots: int = -1,
     ) -> None:
         s = settings
         cores, prefer_local, mem, time_s = s.cores, s.prefer_local, s.mem_bytes, s.time_s
@@ -218,6 +222,7 @@ class Candidates:
         known = connecting = 0
         ready: list[tuple[Worker, Announcement, int]] = []
         room: list[tuple[Worker, Announcement, int, int]] = []
+        next_free = math.inf  # when the first worker that refused us a moment ago may be asked
         for w in workers:
             a = w.info.announcement
             slots = a.slots // cores or 1
@@ -227,11 +232,16 @@ class Candidates:
                     known += slots
                 continue
             known += slots
-            ready.append((w, a, slots))
+            if total_slots < 0:
+                ready.append((w, a, slots))
             n = len(w.batches)
-            if n < 2 * slots and w.busy_until <= now:
-                room.append((w, a, slots, n))
-        self._ready, self._settings, self._total_slots = ready, s, -1
+            if n < 2 * slots:
+                if w.busy_until <= now:
+                    room.append((w, a, slots, n))
+                elif w.busy_until < next_free:
+                    next_free = w.busy_until
+        self._ready, self._settings, self._total_slots = ready, s, total_slots
+        self.next_free = next_free
         self.depth = depth = 1 if connecting and pending <= known else 2
         heap: list[tuple[int, float, int, int, Worker, int, int]] = []
         for order, (w, a, slots, n) in enumerate(room):
@@ -247,6 +257,12 @@ class Candidates:
             heap.append((rank, n / slots, (a.mem_bytes - mem) if mem else 0, order, w, slots, n))
         heapq.heapify(heap)
         self._heap = heap
+
+    @property
+    def slots_known(self) -> bool:
+        """Whether :attr:`total_slots` was given or added up (the controller keeps it until
+        a worker's state or offer changes)."""
+        return self._total_slots >= 0
 
     @property
     def total_slots(self) -> int:
