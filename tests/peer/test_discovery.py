@@ -233,6 +233,27 @@ def test_everything_closes(key: GroupKey, config: DiscoveryConfig) -> None:
     assert {t.ident for t in threading.enumerate()} == before
 
 
+def test_stopping_the_listener_wakes_its_waiters(key: GroupKey, config: DiscoveryConfig) -> None:
+    # Before: a waiter (a controller's watch of its workers) slept on until its timeout, for
+    # nothing came to wake it; the controller's stop joined that watch, and every ew.map on
+    # peers ended a second after its last result (ew.map of one task: 1.0 s, now 0.04-0.16 s).
+    listener = Listener(key, config).start()
+    stopped = threading.Event()
+    woken: list[bool] = []
+
+    def watch() -> None:
+        woken.append(listener.wait_for(lambda peers: stopped.is_set(), timeout=60.0))
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    time.sleep(0.2)  # (the waiter is waiting)
+    stopped.set()
+    listener.stop()
+    t.join(timeout=30.0)
+    assert not t.is_alive(), "the waiter was not woken by stop()"
+    assert woken == [True]
+
+
 def test_loopback_only_mode_refuses_other_addresses() -> None:
     with pytest.raises(ConfigError, match=r"127\.0\.0\.1 only"):
         DiscoveryConfig(interface="10.0.0.1").for_key(None)

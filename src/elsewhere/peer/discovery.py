@@ -364,8 +364,11 @@ class Listener:
             return self._cond.wait_for(lambda: predicate(self._table.peers()), timeout)
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Stop the thread and close the sockets."""
+        """Stop the thread and close the sockets; waiters (:meth:`wait_for`) look again now
+        (a controller's watch of the workers ends with it, not at its timeout)."""
         self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
         if self._waker is not None:
             self._waker.wake()
         if self._thread is not None:
