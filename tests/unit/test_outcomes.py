@@ -91,6 +91,31 @@ def test_a_task_set_behaves_as_a_set_of_its_tasks():
     assert len(many) == 100_000 and many.runs() == [(0, 100_000)]
 
 
+def test_a_task_set_differs_from_another_as_sets_do_and_copies_apart():
+    import random
+
+    from elsewhere.folder.taskmap import TaskSet
+
+    rng = random.Random(11)
+    for _ in range(2000):
+        n = rng.randrange(1, 70)
+        a = {t for t in range(n) if rng.random() < 0.6}
+        b = {t for t in range(n) if rng.random() < rng.random()}
+        assert TaskSet(a).difference(TaskSet(b)) == sorted(a - b), (a, b)
+    ts = TaskSet(range(10))
+    copy = ts.copy()
+    copy.add(50)
+    copy.discard(3)
+    assert set(ts) == set(range(10)) and set(copy) == (set(range(10)) - {3}) | {50}
+    # what a peer job's snapshot asks: a million ended, all but a few written
+    ended, written = TaskSet(), TaskSet()
+    for t in range(1_000_000):
+        ended.add(t)
+        if t % 250_000 != 7:
+            written.add(t)
+    assert ended.difference(written) == [7, 250_007, 500_007, 750_007]
+
+
 def test_retired_outcomes_count_but_hold_no_record():
     from elsewhere.folder.journal import JournalReader
     from elsewhere.folder.taskmap import RETIRED

@@ -380,7 +380,7 @@ class PeerCluster(Cluster):
                                     note=str(shown.get("note") or "") or self._no_controller_note(job, info))
             return snapshot
         on_workers = c.running()
-        ended = set(c.final)  # ended here: being written to the job folder, or written
+        ended = c.on_the_way()  # ended here, not yet durable in the job folder
         final = job.refresh()  # after asking: what left ``on_workers`` before is written now, or in ``ended``
         running = {i: v for i, v in on_workers.items() if i not in final}
         now = time.time()

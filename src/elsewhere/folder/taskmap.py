@@ -53,6 +53,30 @@ class TaskSet:
         """The runs, ``[(first, end), ...]`` in order."""
         return list(zip(self._starts, self._ends))
 
+    def copy(self) -> TaskSet:
+        out = TaskSet()
+        out._starts, out._ends, out._n = list(self._starts), list(self._ends), self._n
+        return out
+
+    def difference(self, other: TaskSet) -> list[int]:
+        """The tasks of this set that are not in ``other``, in order: a walk over the runs of
+        both, so two sets of a million tasks in a few runs each differ in microseconds."""
+        out: list[int] = []
+        theirs = list(zip(other._starts, other._ends))
+        j, m = 0, len(theirs)
+        for a, b in zip(self._starts, self._ends):
+            while a < b:
+                while j < m and theirs[j][1] <= a:
+                    j += 1
+                if j == m or theirs[j][0] >= b:  # none of theirs in [a, b)
+                    out.extend(range(a, b))
+                    break
+                c, d = theirs[j]
+                if a < c:
+                    out.extend(range(a, c))
+                a = max(a, d)
+        return out
+
     def add(self, t: int) -> None:
         starts, ends = self._starts, self._ends
         if ends and t == ends[-1]:  # just after the last run: the usual order

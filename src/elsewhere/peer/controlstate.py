@@ -123,6 +123,7 @@ class ControllerState:
         self.pending: collections.deque[int] = collections.deque()
         self.inflight: dict[int, set[str]] = {}
         self.final = TaskSet()  # runs of task numbers: a million final tasks are a few runs
+        self.written = TaskSet()  # of them, those the recorder made durable (or found so)
         self.cancelled: set[int] = set()
         self.attempts: dict[int, int] = {}
         self.lost_count: dict[int, int] = {}
@@ -190,6 +191,7 @@ class ControllerState:
                 self._cancelled_job = True
         rerun = set(again)
         self.final = TaskSet(t for t in reader.final if t not in rerun)
+        self.written = self.final.copy()
         for t, (_, rec) in reader.reruns.items():  # errors run again (retries=ew.Retry): their next attempt
             if t not in self.final:
                 attempts[t] = max(attempts.get(t, 0), rec.attempt + 1)
@@ -236,11 +238,11 @@ class ControllerState:
             self.pending.append(index)
 
     def _finalise(self, index: int) -> None:
-        self.final.add(index)
         self.entries.pop(index, None)
         self.prepared.pop(index, None)
         self.reasons.pop(index, None)
-        with self.lock:
+        with self.lock:  # (final and written are read from other threads: see Notes.on_the_way)
+            self.final.add(index)
             self.running_view.pop(index, None)
         for bid in list(self.inflight.pop(index, ())):
             b = self.batches.get(bid)

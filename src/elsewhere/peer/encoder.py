@@ -181,11 +181,11 @@ class TaskEncoder:
     def _read(self, read: Callable[..., Any], *args: Any) -> Any:
         """``read(*args)`` from the payload, which names the user's modules: if one cannot
         be imported here, once more with the job's folders on ``sys.path``."""
-        from ..folder.lifecycle import import_from_job
-
         try:
             return read(*args)
         except ImportError:
+            from ..folder.lifecycle import import_from_job  # (not at every task: it costs as much)
+
             if not import_from_job(self.job_info):
                 raise
             return read(*args)

@@ -103,6 +103,12 @@ class Notes(ControllerState):
         with self.lock:
             return dict(self.running_view)
 
+    def on_the_way(self) -> list[int]:
+        """Tasks whose results came here and are on their way to the job folder (handed to
+        the recorder, not yet durable): a walk over two sets of runs, not over every task."""
+        with self.lock:
+            return self.final.difference(self.written)
+
     def is_running(self, index: int) -> bool:
         """Whether task ``index`` is on a worker now (sent, no result yet)."""
         return index in self.running_view  # one lookup: atomic, no copy

@@ -125,7 +125,8 @@ class Results(ControllerState):
         parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
         if not self.to_record:
             self.first_to_record = time.monotonic()
-        self.to_record.append((w.writer, parts, (w, bid), buffers))
+        done = [r[0] for group_rows in rows.values() for r in group_rows if not r[-1]]
+        self.to_record.append((w.writer, parts, (w, bid, done), buffers))
 
     def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
                   rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
@@ -176,8 +177,12 @@ class Results(ControllerState):
             except queue.Empty:
                 return
             by_worker: dict[Worker, list[str]] = {}
-            for w, bid in acks:
-                by_worker.setdefault(w, []).append(bid)
+            with self.lock:
+                written = self.written
+                for w, bid, done in acks:
+                    by_worker.setdefault(w, []).append(bid)
+                    for i in done:
+                        written.add(i)
             for w, bids in by_worker.items():
                 peer = w.conn.peer if w.conn is not None else None
                 if peer is not None and "ack-many" in peer.caps:  # one frame for them all
