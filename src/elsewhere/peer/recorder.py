@@ -39,10 +39,17 @@ Row = tuple[int, bool, int, int, bytes, float, float, int, int, int]
 (``flags``: the journal record's, ``records.FLAG_RERUN`` for an error run again)."""
 
 
+RANGE_SPAN_S = 0.01
+"""Successes of consecutive tasks that ran within this span, with no output, are one range
+record (as the local workers write them): the reader takes one entry for them all."""
+
+
 class GroupWriter(OutcomeWriter):
     """An :class:`OutcomeWriter` that also writes a *group*: one result body holding the
     pickled list of several tasks' values, and one journal record per task pointing at
-    its item (the format of the local worker's bodies: read once, not once per task)."""
+    its item (the format of the local worker's bodies: read once, not once per task); a
+    run of tiny successes of consecutive tasks is one range record (:data:`RANGE_SPAN_S`),
+    which keeps their span's times and the largest peak memory, not each task's."""
 
     def write_group(self, pickled: Any, buffers: list[Any], rows: list[Row]) -> None:
         """Append a body and its records. Not fsynced: the caller syncs before acknowledging."""
@@ -58,13 +65,25 @@ class GroupWriter(OutcomeWriter):
             self.log_end += sum(len(x) for x in logs)
         ok_kind, err_kind = int(records.Kind.OK), int(records.Kind.ERROR)
         recs = []
-        for task, ok, item, attempt, log_bytes, t0, t1, rss, seed, flags in rows:
+        i, n = 0, len(rows)
+        while i < n:
+            task, ok, item, attempt, log_bytes, t0, t1, rss, seed, flags = rows[i]
+            j = i + 1
+            if ok and not flags and not log_bytes:
+                while j < n:
+                    r, k = rows[j], j - i
+                    if not (r[1] and not r[9] and not r[4] and r[0] == task + k and r[2] == item + k
+                            and r[3] == attempt and r[8] == seed + k and r[6] - t0 <= RANGE_SPAN_S):  # fmt: skip
+                        break
+                    t1, rss = max(t1, r[6]), max(rss, r[7])
+                    j += 1
             recs.append(records.Record(
                 kind=ok_kind if ok else err_kind, flags=flags, attempt=attempt, task=task, item=item,
-                res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes), t_start=t0,
-                t_end=t1, peak_rss=rss, seed=seed,
+                count=j - i, res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes),
+                t_start=t0, t_end=t1, peak_rss=rss, seed=seed,
             ))  # fmt: skip
             log_off += len(log_bytes)
+            i = j
         os.write(self.jfd, records.pack_frame(recs))
 
     def sync(self) -> None:
