@@ -18,7 +18,7 @@ from peer_testing import free_udp_port
 
 from elsewhere.peer.announce import Announcement, PeerState, new_peer_id
 from elsewhere.peer.discovery import Announcer, DiscoveryConfig, Listener
-from elsewhere.peer.keys import GroupKey
+from elsewhere.peer.keys import GroupKey, generate_key
 from elsewhere.peer.peertable import PeerFilter, PeerInfo
 from elsewhere.util.errors import ConfigError, PeerError
 
@@ -252,6 +252,49 @@ def test_stopping_the_listener_wakes_its_waiters(key: GroupKey, config: Discover
     t.join(timeout=30.0)
     assert not t.is_alive(), "the waiter was not woken by stop()"
     assert woken == [True]
+
+
+def test_a_listener_started_after_one_stopped_lists_what_that_one_heard(
+    key: GroupKey, config: DiscoveryConfig
+) -> None:
+    # Before: each ew.map on peers started a listener that knew no one, and waited for the
+    # workers' answer to its first announcement: 60-120 ms before its first connection, every call.
+    first = Listener(key, config, carry_over=True).start()
+    ann = _ann(key)
+    announcer = Announcer(ann, key, config).start()
+    try:
+        assert first.wait_for(lambda p: ann.peer_id in _ids(p), 5.0)
+    finally:
+        announcer.stop(goodbye=False)  # silent from now on: only the first listener heard it
+        first.stop()
+    heard_at = time.monotonic()
+    second = Listener(key, config, carry_over=True).start()
+    try:
+        assert ann.peer_id in _ids(second.peers())
+    finally:
+        second.stop()
+    other = Listener(GroupKey("test", generate_key()), config, carry_over=True).start()  # another key: nothing of it
+    try:
+        assert other.peers() == []
+    finally:
+        other.stop()
+    plain = Listener(key, config).start()  # (peer list: only what it hears itself)
+    try:
+        assert plain.peers() == []
+    finally:
+        plain.stop()
+    # one heard longer ago than it may stay listed is not listed again
+    later = Listener(key, config, carry_over=True)
+    listed = later._table.expire_after_s
+    import elsewhere.peer.discovery as discovery
+
+    stopped_at, heard = discovery._RECENT[later._recent_key()]
+    discovery._RECENT[later._recent_key()] = (stopped_at, [(a, s, w - listed - 1) for a, s, w in heard])
+    later.start()
+    try:
+        assert later.peers() == [] and time.monotonic() - heard_at < listed
+    finally:
+        later.stop()
 
 
 def test_loopback_only_mode_refuses_other_addresses() -> None:

@@ -89,7 +89,7 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         s = self.settings
         group = s.key.group if s.key is not None else ""
         self.local_addresses = local_addresses()
-        self.listener = Listener(s.key, s.discovery).start()
+        self.listener = Listener(s.key, s.discovery, carry_over=True).start()
         address = s.discovery.for_key(s.key).interface or "0.0.0.0"
         encrypt = s.encrypt and s.key is not None  # then nothing of the job in the clear
         ann = Announcement(self.peer_id, group, address, 0, self.identity.user, self.identity.host,

@@ -84,6 +84,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_RECENT: dict[tuple[Any, ...], tuple[float, list[tuple[Announcement, tuple[str, int], float]]]] = {}
+"""What stopped listeners of this process heard last, by their keys and configuration: a
+listener started after one of the same (the next ``ew.map`` on peers) lists those peers
+at once, each until it would have expired where it was heard, instead of waiting for their
+answer to its first announcement (tens of milliseconds, every time)."""
+_RECENT_LOCK = threading.Lock()
+
 _POLL_S = 0.2
 _WAKE_S = 0.05  # waiters wake at most this often (20 a second), however busy the group
 _MAX_REFUSED = 64  # sources of refused announcements remembered (for `peer list`, notes)
@@ -266,6 +273,7 @@ class Listener:
         peer_filter: PeerFilter | None = None,
         more_keys: Sequence[GroupKey] = (),
         only_states: Collection[PeerState] | None = None,
+        carry_over: bool = False,
     ) -> None:
         if more_keys and key is None:
             raise PeerError("more_keys are for a keyed listener")
@@ -276,6 +284,8 @@ class Listener:
         self._decoders = [
             AnnouncementDecoder(k, window_s=self.config.window_s) for k in (key, *more_keys)
         ]
+        self._fingerprints = tuple(k.fingerprint if k is not None else "" for k in (key, *more_keys))
+        self.carry_over = carry_over
         self._table = PeerTable(expire_after_s=self.config.expire_after_s, peer_filter=peer_filter,
                                 interval_s=self.config.interval_s, only_states=only_states)  # fmt: skip
         self._expired_at = -math.inf
@@ -293,10 +303,25 @@ class Listener:
         self.received = 0
         """Datagrams accepted."""
 
+    def _recent_key(self) -> tuple[Any, ...]:
+        return self._fingerprints, repr(self.config)
+
     def start(self) -> Listener:
-        """Bind the sockets and start the thread; returns self."""
+        """Bind the sockets and start the thread; returns self. With ``carry_over`` (a
+        controller's, which connects to what it lists and so finds out at once who is gone),
+        the peers a listener of the same keys and configuration in this process heard before
+        it stopped are listed at once, as heard then (each expires on time unless it
+        announces again); without (``peer list``), only what this one hears."""
         if self._thread is not None:
             raise PeerError("listener already started")
+        with _RECENT_LOCK:
+            stopped_at, heard = _RECENT.get(self._recent_key(), (-math.inf, []))
+        now = time.monotonic()
+        if self.carry_over and heard and now - stopped_at < self.config.expire_after_s:
+            with self._cond:
+                for announcement, source, when in heard:
+                    self._table.update(announcement, source, when)
+                self._table.expire(now)
         self._socks = receiver_sockets(self.config)
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="elsewhere-listener", daemon=True)
@@ -366,6 +391,11 @@ class Listener:
     def stop(self, timeout: float = 2.0) -> None:
         """Stop the thread and close the sockets; waiters (:meth:`wait_for`) look again now
         (a controller's watch of the workers ends with it, not at its timeout)."""
+        if self.carry_over and self._thread is not None and not self._stop.is_set():
+            with self._cond:
+                heard = [(p.announcement, p.source, p.last_seen) for p in self._table.peers()]
+            with _RECENT_LOCK:
+                _RECENT[self._recent_key()] = (time.monotonic(), heard)
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
