@@ -286,10 +286,10 @@ def test_a_listener_started_after_one_stopped_lists_what_that_one_heard(
     # one heard longer ago than it may stay listed is not listed again
     later = Listener(key, config, carry_over=True)
     listed = later._table.expire_after_s
-    import elsewhere.peer.discovery as discovery
+    import elsewhere.peer.recentpeers as recentpeers
 
-    stopped_at, heard = discovery._RECENT[later._recent_key()]
-    discovery._RECENT[later._recent_key()] = (stopped_at, [(a, s, w - listed - 1) for a, s, w in heard])
+    stopped_at, heard = recentpeers._heard[later._recent_key()]
+    recentpeers._heard[later._recent_key()] = (stopped_at, [(a, s, w - listed - 1) for a, s, w in heard])
     later.start()
     try:
         assert later.peers() == [] and time.monotonic() - heard_at < listed

@@ -18,7 +18,8 @@ Modules, from the bottom up. The protocol, sans-IO (bytes in, events out):
 
 On real sockets: :mod:`.net` (opening them; the selector loops' waker),
 :mod:`.stream` (a connection on a socket, received buffers), :mod:`.discovery`
-(the announcer and listener threads) with :mod:`.discoveryconfig` (where and how often).
+(the announcer and listener threads) with :mod:`.discoveryconfig` (where and how often)
+and :mod:`.recentpeers` (what a stopped controller's listener heard, for the next one).
 
 The controller (one job's tasks on the peers): :mod:`.controller`, its state
 (:mod:`.controlstate`) and parts (:mod:`.links`, :mod:`.batching`,

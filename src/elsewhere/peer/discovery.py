@@ -48,6 +48,7 @@ from types import TracebackType
 from typing import Any
 
 from ..util.errors import ConfigError, PeerError, ProtocolError
+from . import recentpeers
 from .announce import (
     MAX_DATAGRAM,
     Announcement,
@@ -83,13 +84,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_RECENT: dict[tuple[Any, ...], tuple[float, list[tuple[Announcement, tuple[str, int], float]]]] = {}
-"""What stopped listeners of this process heard last, by their keys and configuration: a
-listener started after one of the same (the next ``ew.map`` on peers) lists those peers
-at once, each until it would have expired where it was heard, instead of waiting for their
-answer to its first announcement (tens of milliseconds, every time)."""
-_RECENT_LOCK = threading.Lock()
 
 _POLL_S = 0.2
 _WAKE_S = 0.05  # waiters wake at most this often (20 a second), however busy the group
@@ -314,14 +308,9 @@ class Listener:
         announces again); without (``peer list``), only what this one hears."""
         if self._thread is not None:
             raise PeerError("listener already started")
-        with _RECENT_LOCK:
-            stopped_at, heard = _RECENT.get(self._recent_key(), (-math.inf, []))
-        now = time.monotonic()
-        if self.carry_over and heard and now - stopped_at < self.config.expire_after_s:
+        if self.carry_over:
             with self._cond:
-                for announcement, source, when in heard:
-                    self._table.update(announcement, source, when)
-                self._table.expire(now)
+                recentpeers.recall(self._recent_key(), self._table, self.config.expire_after_s)
         self._socks = receiver_sockets(self.config)
         self._waker = Waker()
         self._thread = threading.Thread(target=self._run, name="elsewhere-listener", daemon=True)
@@ -393,9 +382,7 @@ class Listener:
         (a controller's watch of the workers ends with it, not at its timeout)."""
         if self.carry_over and self._thread is not None and not self._stop.is_set():
             with self._cond:
-                heard = [(p.announcement, p.source, p.last_seen) for p in self._table.peers()]
-            with _RECENT_LOCK:
-                _RECENT[self._recent_key()] = (time.monotonic(), heard)
+                recentpeers.remember(self._recent_key(), self._table.peers())
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
