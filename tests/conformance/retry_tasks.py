@@ -27,9 +27,13 @@ def fail_twice(index: int, folder: str, kind: str = "ConnectionResetError") -> i
     return index * 10
 
 
-def stamp(index: int, folder: str, seconds: float = 0.0) -> float:
-    """Sleep ``seconds``, then return when the task ended (a unix time)."""
+def stamp(index: int, folder: str, seconds: float = 0.0, release: str = "") -> float:
+    """Sleep ``seconds`` (with ``release``: first wait until that file exists, 120 s at most),
+    then return when the task ended (a unix time)."""
     _start(folder, index)
+    deadline = time.monotonic() + 120
+    while release and not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     time.sleep(seconds)
     return time.time()
 

@@ -54,9 +54,9 @@ def _submitted_with(cluster: ew.Cluster, words: list[str]) -> bool:
 def test_a_job_runs_once_the_jobs_it_waits_for_finished(backend: Backend, tmp_path: Path) -> None:
     cluster = backend()
     first, second, third = folders(tmp_path, "first", "second", "third")
-    a = ew.submit(
-        stamp, range(2), [str(first)] * 2, [1.0] * 2, on=cluster, name=f"a-{tmp_path.name}"
-    )
+    release = first / "release"  # a's tasks run until the command line was checked
+    a = ew.submit(stamp, range(2), [str(first)] * 2, [0.5] * 2, [str(release)] * 2, on=cluster,
+                  name=f"a-{tmp_path.name}")  # fmt: skip
     if getattr(getattr(cluster, "syntax", None), "build_dependency", None) is not None:
         # the scheduler holds b only if a's scheduler jobs are known when b is submitted (else
         # the library holds it, which is right too, but not what this test looks at)
@@ -68,6 +68,7 @@ def test_a_job_runs_once_the_jobs_it_waits_for_finished(backend: Backend, tmp_pa
     words = _dependency_words(cluster, a)
     if words is not None:  # the scheduler holds b: its own flag is on b's submit command line
         assert _submitted_with(cluster, words), (words, getattr(cluster, "commands_run", None))
+    release.touch()
     c.wait(timeout=END_S)
     for job in (a, b, c):
         assert job.state is ew.JobState.FINISHED, job.check()
