@@ -158,6 +158,34 @@ def test_output_comes_back_with_the_result(lab: tuple[Path, int, Workers], ew_ho
     job.purge()
 
 
+def warns(x: int) -> tuple[int, float]:
+    import os
+    import time
+    import warnings
+
+    began = time.time()
+    if x == IGNORES:
+        warnings.simplefilter("ignore")  # for this task only
+    warnings.warn("careful", stacklevel=1)  # one line for all: shown once per task, not once
+    return os.getpid(), began
+
+
+IGNORES = 20  # the task that silences its warnings: mid-batch, with tasks after it
+
+
+def test_each_task_sees_its_warnings_and_its_filters_are_its_own(
+        lab: tuple[Path, int, Workers], ew_home: Path) -> None:  # fmt: skip
+    key, port, _ = lab
+    job = ew.submit(warns, range(40), on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                               diary="always"))  # fmt: skip
+    job.wait(timeout=30)
+    ran = job.results()
+    pid, began = ran[IGNORES]
+    assert any(p == pid and t > began for p, t in ran)  # a task ran after it in its process
+    assert {i for i in range(40) if "careful" in job.log(i)} == set(range(40)) - {IGNORES}
+    job.purge()
+
+
 def where(_: int) -> tuple[str, bool]:
     import helper_mod  # only importable from the caller's sys.path
 

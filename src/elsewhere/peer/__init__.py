@@ -31,54 +31,102 @@ state (:mod:`.workerstate`) and parts (:mod:`.inbound`, :mod:`.intake`,
 :mod:`.children` and the task process, :mod:`.child`.
 
 The protocol is described in ``docs/peer-protocol.md``.
+
+The names below are loaded on first use: a task process imports :mod:`.child` alone, and
+must not pay for the protocol, discovery and their imports (``random`` among them, which a
+task process would then seed before every task).
 """
 
 from __future__ import annotations
 
-from .announce import (
-    Announcement,
-    AnnouncementDecoder,
-    PeerState,
-    encode_announcement,
-    new_peer_id,
-)
-from .discovery import DEFAULT_MULTICAST_GROUP, DEFAULT_PORT, Announcer, DiscoveryConfig, Listener
-from .frames import OutgoingFrame
-from .keys import (
-    LOOPBACK_HOST,
-    LOOPBACK_ONLY,
-    GroupKey,
-    default_key_path,
-    find_key,
-    generate_key,
-    is_loopback_only,
-    load_key,
-    rotate_key,
-    write_key,
-)
-from .messages import (
-    Accept,
-    Ack,
-    Ask,
-    Bye,
-    Cancel,
-    Challenge,
-    Error,
-    Flags,
-    Greeting,
-    Hello,
-    Identity,
-    Message,
-    MessageType,
-    Ping,
-    Pong,
-    Refuse,
-    RefuseReason,
-    Result,
-    Task,
-)
-from .peertable import PeerFilter, PeerInfo, PeerTable
-from .wire import Connection, ConnectionState, Event, HandshakeComplete, Limits, Received, Role
+import importlib
+
+TYPE_CHECKING = False  # typing is not imported at run time (a task process starts faster)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .announce import (
+        Announcement,
+        AnnouncementDecoder,
+        PeerState,
+        encode_announcement,
+        new_peer_id,
+    )
+    from .discovery import (
+        DEFAULT_MULTICAST_GROUP,
+        DEFAULT_PORT,
+        Announcer,
+        DiscoveryConfig,
+        Listener,
+    )
+    from .frames import (
+        OutgoingFrame,
+    )
+    from .keys import (
+        LOOPBACK_HOST,
+        LOOPBACK_ONLY,
+        GroupKey,
+        default_key_path,
+        find_key,
+        generate_key,
+        is_loopback_only,
+        load_key,
+        rotate_key,
+        write_key,
+    )
+    from .messages import (
+        Accept,
+        Ack,
+        Ask,
+        Bye,
+        Cancel,
+        Challenge,
+        Error,
+        Flags,
+        Greeting,
+        Hello,
+        Identity,
+        Message,
+        MessageType,
+        Ping,
+        Pong,
+        Refuse,
+        RefuseReason,
+        Result,
+        Task,
+    )
+    from .peertable import (
+        PeerFilter,
+        PeerInfo,
+        PeerTable,
+    )
+    from .wire import (
+        Connection,
+        ConnectionState,
+        Event,
+        HandshakeComplete,
+        Limits,
+        Received,
+        Role,
+    )
+
+#: the names of the package, by the module each lives in (loaded on first use: __getattr__)
+_NAMES = {
+    "announce": ("Announcement", "AnnouncementDecoder", "PeerState", "encode_announcement",
+        "new_peer_id"),
+    "discovery": ("DEFAULT_MULTICAST_GROUP", "DEFAULT_PORT", "Announcer", "DiscoveryConfig",
+        "Listener"),
+    "frames": ("OutgoingFrame",),
+    "keys": ("LOOPBACK_HOST", "LOOPBACK_ONLY", "GroupKey", "default_key_path", "find_key",
+        "generate_key", "is_loopback_only", "load_key", "rotate_key", "write_key"),
+    "messages": ("Accept", "Ack", "Ask", "Bye", "Cancel", "Challenge", "Error", "Flags",
+        "Greeting", "Hello", "Identity", "Message", "MessageType", "Ping", "Pong", "Refuse",
+        "RefuseReason", "Result", "Task"),
+    "peertable": ("PeerFilter", "PeerInfo", "PeerTable"),
+    "wire": ("Connection", "ConnectionState", "Event", "HandshakeComplete", "Limits", "Received",
+        "Role"),
+}
+_WHERE = {name: module for module, names in _NAMES.items() for name in names}
 
 __all__ = [
     "DEFAULT_MULTICAST_GROUP",
@@ -132,3 +180,16 @@ __all__ = [
     "rotate_key",
     "write_key",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next use finds it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

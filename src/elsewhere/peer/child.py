@@ -247,15 +247,26 @@ class _Child:
             def load(_pos: int) -> Any:
                 raise exc.with_traceback(tb)  # (its own traceback, not one grown per task)
 
-        for pos, (index, attempt) in enumerate(items):
-            self.warned = False
-            with warnings.catch_warnings():
-                warnings.simplefilter("default")
-                o = run(int(index), int(attempt), load, pos)
-            out.add(o, self._log(o, diary))
-            del o
-            if time.time() - out.since >= _FLUSH_S:
-                out.send(last=False)
+        mutated = getattr(warnings, "_filters_mutated", None)  # (CPython before 3.14)
+        with warnings.catch_warnings():  # the filters and hooks a task sets are its own
+            warnings.simplefilter("default")
+            filters, kept, show = warnings.filters, warnings.filters[:], warnings.showwarning
+            for pos, (index, attempt) in enumerate(items):
+                self.warned = False
+                if mutated is None:
+                    with warnings.catch_warnings():
+                        o = run(int(index), int(attempt), load, pos)
+                else:
+                    mutated()  # each task sees each of its warnings once: the registries start over
+                    o = run(int(index), int(attempt), load, pos)
+                    if warnings.filters is not filters or filters != kept:  # changed by the task
+                        filters = warnings.filters = kept[:]
+                    if warnings.showwarning is not show:
+                        warnings.showwarning = show
+                out.add(o, self._log(o, diary))
+                del o
+                if time.time() - out.since >= _FLUSH_S:
+                    out.send(last=False)
         self.runner.idle()
 
     def _log(self, o: TaskOutcome, diary: str) -> bytes:
