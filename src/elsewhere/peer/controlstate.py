@@ -34,6 +34,7 @@ import queue
 import selectors
 import socket
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..folder.taskmap import TaskSet
@@ -238,13 +239,23 @@ class ControllerState:
             self.pending.append(index)
 
     def _finalise(self, index: int) -> None:
-        self.entries.pop(index, None)
-        self.prepared.pop(index, None)
-        self.reasons.pop(index, None)
+        self._finalise_all((index,))
+
+    def _finalise_all(self, indices: Sequence[int]) -> None:
+        """Tasks ``indices`` have their outcome: forget their inputs, withdraw copies of them
+        still out (a task placed twice), under one hold of the lock (a RESULT's tasks)."""
+        entries, prepared, reasons, inflight = self.entries, self.prepared, self.reasons, self.inflight
+        for index in indices:
+            entries.pop(index, None)
+            prepared.pop(index, None)
+            reasons.pop(index, None)
+        final, view = self.final, self.running_view
         with self.lock:  # (final and written are read from other threads: see Notes.on_the_way)
-            self.final.add(index)
-            self.running_view.pop(index, None)
-        for bid in list(self.inflight.pop(index, ())):
-            b = self.batches.get(bid)
-            if b is not None and all(i in self.final or i in self.cancelled for i in b.indices):
-                self._withdraw(b)  # a copy elsewhere that nobody needs any more
+            for index in indices:
+                final.add(index)
+                view.pop(index, None)
+        for index in indices:
+            for bid in list(inflight.pop(index, ())):
+                b = self.batches.get(bid)
+                if b is not None and all(i in final or i in self.cancelled for i in b.indices):
+                    self._withdraw(b)  # a copy elsewhere that nobody needs any more

@@ -39,6 +39,9 @@ log = logging.getLogger("elsewhere.peer.controller")  # the controller's log, wh
 _ACK_S = 0.02
 """How soon the loop looks for results the recorder made durable, to acknowledge them."""
 
+_OK, _ERROR, _LOST, _REQUEUE = int(Outcome.OK), int(Outcome.ERROR), int(Outcome.LOST), int(Outcome.REQUEUE)
+_KNOWN = frozenset(int(o) for o in Outcome)
+
 
 class Results(ControllerState):
     """What :class:`~.controller.Controller` does with RESULTs (see the module doc)."""
@@ -88,17 +91,26 @@ class Results(ControllerState):
             self.result_bytes_per_task = per_task if not mean else 0.7 * mean + 0.3 * per_task
         lpos = 0
         rows: dict[int, list[tuple[Any, ...]]] = {}  # group -> rows to write
+        final, cancelled, n = self.final, self.cancelled, self.n
+        seed0 = int(self.seed) if self.seed is not None else None
+        done: list[int] = []  # the tasks whose outcome this is (finalised together, below)
+        taken: set[int] = set()
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
-            index, attempt, status = int(index), int(attempt), Outcome(int(status))
-            log_bytes = bytes(logs[lpos : lpos + log_len])
-            lpos += log_len
-            if index in self.final or index in self.cancelled or not 0 <= index < self.n:
+            index, attempt, status = int(index), int(attempt), int(status)
+            if status not in _KNOWN:
+                raise ValueError(f"task {index}: no outcome is numbered {status}")
+            if log_len:
+                log_bytes = bytes(logs[lpos : lpos + log_len])
+                lpos += log_len
+            else:
+                log_bytes = b""
+            if index in final or index in cancelled or not 0 <= index < n or index in taken:
                 self.stats["duplicates"] += 1
                 continue
-            if status is Outcome.REQUEUE:
+            if status == _REQUEUE:
                 self._requeue(index)
                 continue
-            if status is Outcome.LOST:
+            if status == _LOST:
                 self.lost_count[index] = self.lost_count.get(index, 0) + 1
                 if self.lost_count[index] <= self.retries:
                     self.attempts[index] = attempt + 1
@@ -106,15 +118,17 @@ class Results(ControllerState):
                     continue
                 self._write_lost(w, index, attempt, groups[group][0], log_bytes, t0, t1)
                 continue
-            seed = (int(self.seed) + index) if self.seed is not None else 0
             flags = 0
-            if status is Outcome.ERROR and self.rerun_spec is not None and self._rerun_later(
+            if status == _ERROR and self.rerun_spec is not None and self._rerun_later(
                     index, attempt, groups[int(group)], int(item)):  # fmt: skip
                 flags = FLAG_RERUN  # written, not the task's outcome: it runs again
-            rows.setdefault(int(group), []).append(
-                (index, status is Outcome.OK, int(item), attempt, log_bytes, t0, t1, int(rss), seed, flags))
+            rows.setdefault(int(group), []).append((index, status == _OK, int(item), attempt, log_bytes, t0, t1,
+                                                    int(rss), seed0 + index if seed0 is not None else 0, flags))  # fmt: skip
             if not flags:
-                self._finalise(index)
+                done.append(index)
+                taken.add(index)
+        if done:
+            self._finalise_all(done)
         if self.on_outcome is not None:
             self._hand_out(groups, rows)
         if w.writer is None:
@@ -125,7 +139,6 @@ class Results(ControllerState):
         parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
         if not self.to_record:
             self.first_to_record = time.monotonic()
-        done = [r[0] for group_rows in rows.values() for r in group_rows if not r[-1]]
         self.to_record.append((w.writer, parts, (w, bid, done), buffers))
 
     def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
