@@ -129,6 +129,11 @@ def test_but_copies_and_leaves_the_snapshot_given():
     t = s.but(note="2 pending: Resources", running={})
     assert s.note == "" and s.running and t.note == "2 pending: Resources" and not t.running
     assert t.final is s.final and t.n == 2
+    # counts are worked out once per snapshot; a copy counts its own, a caller's changes stay its own
+    assert s.counts()[TaskState.RUNNING] == 1 and t.counts()[TaskState.RUNNING] == 0
+    mine = s.counts()
+    mine[TaskState.RUNNING] = 7
+    assert s.counts()[TaskState.RUNNING] == 1 and s.but(running={}).counts()[TaskState.RUNNING] == 0
 
 
 def test_check_move_names_the_job_the_task_and_both_states():

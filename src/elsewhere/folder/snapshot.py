@@ -36,8 +36,8 @@ class Snapshot:
     dataclasses costs a client a few milliseconds on its first submission.)
     """
 
-    __slots__ = ("_note", "cancelled", "cancelled_tasks", "damaged", "final", "kind_counts", "n", "reasons",
-                 "reruns", "running", "submitted")
+    __slots__ = ("_counts", "_note", "cancelled", "cancelled_tasks", "damaged", "final", "kind_counts", "n",
+                 "reasons", "reruns", "running", "submitted")
 
     def __init__(self, n: int, submitted: bool, cancelled: bool, final: Outcomes,
                  running: dict[int, tuple[str, float]], cancelled_tasks: set[int],
@@ -55,6 +55,7 @@ class Snapshot:
         self._note = note
         self.damaged = tuple(damaged)
         self.reruns = reruns if reruns is not None else {}
+        self._counts: dict[TaskState, int] | None = None  # counts(), once: a snapshot does not change
 
     @property
     def note(self) -> str:
@@ -70,7 +71,7 @@ class Snapshot:
     def but(self, **changes: Any) -> Snapshot:
         """A copy with ``changes`` (``running``, ``reasons``, ``note``...): a backend's fresher
         view, leaving the snapshot it was given as it was."""
-        fields = {name.lstrip("_"): getattr(self, name) for name in self.__slots__}
+        fields = {name.lstrip("_"): getattr(self, name) for name in self.__slots__ if name != "_counts"}
         fields.update(changes)
         return Snapshot(**fields)
 
@@ -102,6 +103,11 @@ class Snapshot:
 
     def counts(self) -> dict[TaskState, int]:
         """How many tasks are in each state (every state a key, 0 included)."""
+        if self._counts is None:
+            self._counts = self._count()
+        return dict(self._counts)
+
+    def _count(self) -> dict[TaskState, int]:
         c = dict.fromkeys(TaskState, 0)
         for k, v in self.kind_counts.items():
             c[_KIND_STATE[Kind(k)]] += v
