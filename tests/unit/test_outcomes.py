@@ -136,3 +136,15 @@ def test_retired_outcomes_count_but_hold_no_record():
     assert reader._add(3, ("w2", rec(3, attempt=5)), o.get(3)) == 0
     del o[3]  # forgetting one (a rerun) still works
     assert 3 not in o and len(o) == 9
+
+
+def test_absent_gives_the_tasks_without_an_outcome_in_their_order():
+    o = Outcomes()
+    o.add_range(10, 20, ("w", rec(10, 20)))  # 10..29
+    o.add_range(50, 5, ("w", rec(50, 5)))  # 50..54
+    for t in (3, 40, 41):
+        o[t] = ("w", rec(t))
+    o.retire([40])
+    asked = [99, 41, 0, 29, 30, 40, 3, 54, 55, 9, 10, -1]
+    assert o.absent(asked) == [t for t in asked if t not in o] == [99, 0, 30, 55, 9, -1]
+    assert o.absent({}) == [] and Outcomes().absent(range(3)) == [0, 1, 2]

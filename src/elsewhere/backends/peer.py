@@ -382,10 +382,10 @@ class PeerCluster(Cluster):
         on_workers = c.running()
         ended = c.on_the_way()  # ended here, not yet durable in the job folder
         final = job.refresh()  # after asking: what left ``on_workers`` before is written now, or in ``ended``
-        running = {i: v for i, v in on_workers.items() if i not in final}
+        running = {i: on_workers[i] for i in final.absent(on_workers)}
         now = time.time()
-        for i in ended:
-            if i not in final and i not in running:
+        for i in final.absent(ended):
+            if i not in running:
                 running[i] = ("", now)  # its result is on its way to the job folder: not queued again
         return snapshot.but(final=final, kind_counts=dict(job.reader.kind_counts), running=running, note=c.note,
                             reasons={i: r for i, r in dict(c.reasons).items() if i not in final})  # fmt: skip

@@ -116,8 +116,8 @@ class Snapshot:
             c[TaskState.CANCELLED] += rest
             return c
         final = self.final
-        cancelled = sum(1 for i in self.cancelled_tasks if i not in final)
-        running = sum(1 for i in self.running if i not in final)
+        cancelled = len(final.absent(self.cancelled_tasks))
+        running = len(final.absent(self.running))
         c[TaskState.CANCELLED] += cancelled
         c[TaskState.RUNNING] += running
         c[TaskState.QUEUED if self.submitted else TaskState.PENDING] += max(0, rest - cancelled - running)
