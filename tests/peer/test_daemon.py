@@ -290,6 +290,46 @@ def settled_count(w: WorkerProc, key: str, *, after: int = 0, timeout: float = 2
     return wait_until(agreed, timeout, f"two stats writes that agree on {key}")[0]
 
 
+def tiny(i: int) -> int:
+    import warnings
+
+    if i in (150, 151):
+        print(f"out {i}", flush=i == 151)  # (150: left in the buffer, flushed for it)
+    if i == 300:
+        raise ValueError("three hundred")
+    if i in (350, 351):
+        warnings.warn("careful", stacklevel=1)  # one line: shown for each task
+    return 2 * i
+
+
+def test_a_flood_of_tiny_tasks_keeps_each_task_s_value_error_and_output(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        assert isinstance(c.ask("a"), Accept)
+        c.task("a", tiny, [(i,) for i in range(400)])
+        got: dict[int, tuple[Outcome, Any, str]] = {}
+        while len(got) < 400:
+            ev = c.next(Result, 20)
+            c.send(Ack(ev.message.task_id))
+            logs, at = bytes(ev.buffers[1]), 0
+            for (index, fate, value), item in zip(decode(ev.message.info, ev.buffers), ev.message.info["items"]):
+                got[index] = (fate, value, logs[at : at + item[8]].decode())
+                at += item[8]
+        assert [f for f, _, _ in got.values()].count(Outcome.ERROR) == 1 and got[300][0] is Outcome.ERROR
+        assert all(got[i][1] == 2 * i for i in range(400) if i != 300)
+        printed = {i: text for i, (_, _, text) in got.items() if text}
+        assert set(printed) == {150, 151, 350, 351}, printed  # each task's output is its own
+        assert printed[150] == "out 150\n" and printed[151] == "out 151\n"
+        assert "careful" in printed[350] and "careful" in printed[351]
+        # most of them ran on the task process's fast path (and this says what the test saw)
+        stats = wait_until(lambda: w.stats().get("tasks", 0) >= 1 and w.stats(), 10, "the stats")
+        assert stats.get("child_fast_tasks", 0) > 200, stats
+        c.close()
+    finally:
+        w.stop()
+
+
 def test_busy_poll_keeps_the_worker_awake_after_a_task_then_it_sleeps(tmp_path: Path, key_file: Path) -> None:
     polling = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "50")
     sleeping = start_worker(tmp_path, key_file, "--slots", "1", "--busy-poll", "0")

@@ -37,10 +37,11 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from ..folder.store import CUR
-from ..run.runner import JobSetup, TaskOutcome, TaskRunner, is_installed_path
+from ..run.runner import JobSetup, TaskOutcome, TaskRunner, flush_output, is_installed_path
 from .childmsg import (
     GROUP_BYTES,
     HEAD,
@@ -69,6 +70,9 @@ __all__ = [
 LOG_CAP = 4 << 20
 """Most output kept per task (the end of it is kept)."""
 _FLUSH_S = 0.01
+_QUIET_BEFORE_FAST = 8  # tasks in a row without output before the fast path is used
+_FAST_TASK_S = 0.001  # ... and only for tasks that take less than this
+_FAST_MAX = 4096  # tasks in one run of the fast path at most
 _RESET_LOG_AT = 16 << 20
 _KEEP_IN = 8  # maps of the daemon's input memfds a task process keeps
 
@@ -91,6 +95,7 @@ class _Child:
         self.leases = Leases()
         self.in_maps: dict[Any, mmap.mmap] = {}  # (device, inode) of the daemon's memfds -> map
         self.warned = False
+        self.fast_tasks = 0  # run on the fast path (_run_fast), not told to the daemon yet
         self._show = warnings.showwarning
         warnings.showwarning = self._showwarning
 
@@ -176,6 +181,8 @@ class _Child:
         reader = self.reader
         if reader.polls:  # how often it polled, awake, since its last batch
             header["polls"], reader.polls = reader.polls, 0
+        if self.fast_tasks:  # tasks run on the fast path since its last batch
+            header["fast"], self.fast_tasks = self.fast_tasks, 0
 
     # -- one batch -------------------------------------------------------
     def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
@@ -238,7 +245,9 @@ class _Child:
     def _run_items(self, out: BatchResults, items: list[list[Any]], entries: list[Any],
                    failure: BaseException | None, diary: str) -> None:  # fmt: skip
         """Run the batch's tasks, each seeing its own warnings once; outcomes go to ``out``
-        (the last group of them is left there)."""
+        (the last group of them is left there). After ``_QUIET_BEFORE_FAST`` tasks in a row
+        that took less than ``_FAST_TASK_S`` and printed nothing, runs of them go through the
+        runner's loop for floods of tiny tasks (:meth:`_run_fast`), as a local worker's do."""
         run = self.runner.run
         load: Any = entries.__getitem__
         if failure is not None:  # every task says why the batch cannot run here
@@ -247,30 +256,96 @@ class _Child:
             def load(_pos: int) -> Any:
                 raise exc.with_traceback(tb)  # (its own traceback, not one grown per task)
 
-        mutated = getattr(warnings, "_filters_mutated", None)  # (CPython before 3.14)
         with warnings.catch_warnings():  # the filters and hooks a task sets are its own
-            warnings.simplefilter("default")
-            filters, kept, show = warnings.filters, warnings.filters[:], warnings.showwarning
-            for pos, (index, attempt) in enumerate(items):
+            w = _TaskWarnings()
+            quiet, seen, mean_s, pos, n = 0, 0, 0.0, 0, len(items)
+            while pos < n:
+                if quiet >= _QUIET_BEFORE_FAST and mean_s < _FAST_TASK_S and w.mutated is not None and failure is None:
+                    pos, quiet, mean_s = self._run_fast(out, items, entries, pos, mean_s, w, diary)
+                    if pos >= n:
+                        break
+                index, attempt = items[pos]
                 self.warned = False
-                if mutated is None:
+                if w.mutated is None:
                     with warnings.catch_warnings():
                         o = run(int(index), int(attempt), load, pos)
                 else:
-                    mutated()  # each task sees each of its warnings once: the registries start over
+                    w.mutated()  # each task sees each of its warnings once: the registries start over
                     o = run(int(index), int(attempt), load, pos)
-                    if warnings.filters is not filters or filters != kept:  # changed by the task
-                        filters = warnings.filters = kept[:]
-                    if warnings.showwarning is not show:
-                        warnings.showwarning = show
+                    w.undo()
                 out.add(o, self._log(o, diary))
+                quiet = quiet + 1 if o.ok and not o.log_len else 0
+                seen += 1
+                mean_s += (o.busy_s - mean_s) / min(seen, 20)
                 del o
+                pos += 1
                 if time.time() - out.since >= _FLUSH_S:
                     out.send(last=False)
         self.runner.idle()
 
-    def _log(self, o: TaskOutcome, diary: str) -> bytes:
-        """The output of the task ``o`` that its job's ``diary`` keeps."""
+    def _run_fast(self, out: BatchResults, items: list[list[Any]], entries: list[Any], pos: int,
+                  mean_s: float, w: _TaskWarnings, diary: str) -> tuple[int, int, float]:  # fmt: skip
+        """Run the tasks from ``pos`` on in the runner's loop for tiny quiet tasks, as long as
+        they are first attempts of consecutive tasks of the job's function and stay quiet, in
+        runs of about ``_FLUSH_S``; (the position reached, the tasks quiet in a row, their mean
+        time). Their outcomes share their run's times; a task that writes output keeps it
+        (flushed and looked for after each task), and the tasks after its run go one by one."""
+        runner = self.runner
+        fn = runner.function()
+        n = len(items)
+        while pos < n:
+            first = int(items[pos][0])
+            limit = min(n, pos + max(2, min(_FAST_MAX, int(_FLUSH_S / max(mean_s, 1e-7)))))
+            end = pos
+            while end < limit:
+                index, attempt = items[end]
+                e = entries[end]
+                if index != first + end - pos or attempt or e[0] is not None or e[2]:
+                    break
+                end += 1
+            if end - pos < 2:
+                return pos, 0, mean_s  # (the next one alone: its own function, a retry...)
+            run = _FastRun(self, w.between, runner.log_pos)
+            self.warned = False
+            w.between()
+            t0 = time.time()
+            failed = runner.run_quiet(fn, [e[1] for e in entries[pos:end]], False, first, first,
+                                      first + end - pos, run.add, t0)  # fmt: skip
+            w.undo()
+            flush_output()
+            t1 = time.time()
+            log_end = os.lseek(1, 0, os.SEEK_END)
+            values, k = run.values, len(run.values)
+            logs = {}
+            for at, start, stop, warned in run.printed:
+                self.warned = warned
+                o = TaskOutcome(first + at, 0, True, None, t0, t1, start, stop - start, 0, 0.0)
+                logs[at] = self._log(o, diary, reset=False)
+            fail_log = b""
+            if failed is not None:
+                o = TaskOutcome(first + k, 0, False, None, t0, t1, run.mark, log_end - run.mark, 0, 0.0)
+                fail_log = self._log(o, diary, reset=False)
+            runner.log_pos = log_end
+            self._reset_log(log_end)
+            if k:
+                out.add_run(first, values, t0, t1, logs)
+                self.fast_tasks += k
+                mean_s = (t1 - t0) / k
+                pos += k
+            if failed is not None:
+                j, err = failed
+                out.add(TaskOutcome(j, 0, False, err, t0, t1, run.mark, 0, runner.job_seed + j, 0.0), fail_log)
+                return pos + 1, 0, mean_s  # errors, and the tasks after one, one by one
+            if run.printed:
+                return pos, 0, mean_s  # output appeared: one by one again
+            if time.time() - out.since >= _FLUSH_S:
+                out.send(last=False)
+        return pos, _QUIET_BEFORE_FAST, mean_s
+
+
+    def _log(self, o: TaskOutcome, diary: str, *, reset: bool = True) -> bytes:
+        """The output of the task ``o`` that its job's ``diary`` keeps (``reset``: then the
+        output file is emptied if it grew large)."""
         start, end = o.log_off, o.log_off + o.log_len
         keep = end > start and (
             diary == "always" or (diary == "warning" and (self.warned or not o.ok))
@@ -284,11 +359,64 @@ class _Child:
                 data = f"[elsewhere: {cut} bytes of output cut here]\n".encode() + os.pread(1, LOG_CAP, end - LOG_CAP)
             else:
                 data = os.pread(1, length, start)
+        if reset:
+            self._reset_log(end)
+        return data
+
+    def _reset_log(self, end: int) -> None:
+        """Empty the output file once it holds ``_RESET_LOG_AT`` bytes (all of it read)."""
         if end > _RESET_LOG_AT:
             os.ftruncate(1, 0)
             os.lseek(1, 0, os.SEEK_SET)
             self.runner.log_pos = 0
-        return data
+
+
+class _FastRun:
+    """The outcomes of one run of the fast path, task by task: :meth:`add` is the runner's
+    ``append``, called after each task with its value."""
+
+    __slots__ = ("between", "child", "mark", "printed", "values")
+
+    def __init__(self, child: _Child, between: Callable[[], None], log_pos: int) -> None:
+        self.child = child
+        self.between = between
+        self.mark = log_pos  # where the next task's output starts
+        self.values: list[Any] = []
+        self.printed: list[tuple[int, int, int, bool]] = []  # (k, start, end, warned) of tasks with output
+
+    def add(self, value: Any) -> None:
+        self.values.append(value)
+        flush_output()
+        end = os.lseek(1, 0, os.SEEK_END)
+        if end != self.mark:  # this task wrote output: its own, as on the one-by-one path
+            self.printed.append((len(self.values) - 1, self.mark, end, self.child.warned))
+            self.mark = end
+        self.child.warned = False
+        self.between()  # for the next task (as the one-by-one path does around each)
+
+
+class _TaskWarnings:
+    """What each task of a batch sees of warnings, inside one ``catch_warnings`` for the
+    batch: shown once per task ("default", the registries started over before each task:
+    ``mutated``, None where CPython has no such call, and then a ``catch_warnings`` per
+    task), and the filters and hook a task sets undone after it."""
+
+    def __init__(self) -> None:
+        self.mutated = getattr(warnings, "_filters_mutated", None)  # (CPython before 3.14)
+        warnings.simplefilter("default")
+        self.filters, self.kept, self.show = warnings.filters, warnings.filters[:], warnings.showwarning
+
+    def undo(self) -> None:
+        """After a task: its filters and hook go."""
+        if warnings.filters is not self.filters or self.filters != self.kept:
+            self.filters = warnings.filters = self.kept[:]
+        if warnings.showwarning is not self.show:
+            warnings.showwarning = self.show
+
+    def between(self) -> None:
+        """Between two tasks of a run on the fast path (the first included)."""
+        self.undo()
+        self.mutated()  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,6 +114,20 @@ class BatchResults:
         self.values.append(o.value)
         self.logs.append(log)
 
+    def add_run(self, first: int, values: list[Any], t0: float, t1: float, logs: dict[int, bytes]) -> None:
+        """Tasks ``first``, ``first + 1``... (first attempts) returned ``values``, all between
+        ``t0`` and ``t1``; ``logs`` holds the output of those that wrote some (by position)."""
+        at, items = len(self.values), self.items
+        for k in range(len(values)):
+            items.append([first + k, 0, 0, at + k, t0, t1, 0, 0])
+        self.values += values
+        if not logs:
+            self.logs += [b""] * len(values)
+            return
+        for k, log in logs.items():
+            items[at + k][7] = len(log)
+        self.logs += [logs.get(k, b"") for k in range(len(values))]
+
     def _pickle(self) -> tuple[bytes, list[memoryview]]:
         if self.mark is not None and self.items:
             self.mark(int(self.items[0][0]))

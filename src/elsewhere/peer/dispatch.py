@@ -234,6 +234,7 @@ class Dispatch(WorkerState):
                     child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
         with contextlib.suppress(TypeError, ValueError):
             self.stats["child_busy_polls"] += int(header.get("polls", 0))
+            self.stats["child_fast_tasks"] += int(header.get("fast", 0))
         if header.get("last") and run is not None:
             child.dirty = bool(header.get("dirty"))
             if child.dirty and child.context is None:
