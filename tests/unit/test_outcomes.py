@@ -148,3 +148,19 @@ def test_absent_gives_the_tasks_without_an_outcome_in_their_order():
     asked = [99, 41, 0, 29, 30, 40, 3, 54, 55, 9, 10, -1]
     assert o.absent(asked) == [t for t in asked if t not in o] == [99, 0, 30, 55, 9, -1]
     assert o.absent({}) == [] and Outcomes().absent(range(3)) == [0, 1, 2]
+
+
+def test_absent_cuts_many_tasks_by_the_runs_of_outcomes_as_one_by_one():
+    import random
+
+    o = Outcomes()
+    for k in range(40):
+        o.add_range(k * 100, 60 + k, ("w", rec(k * 100, 60 + k)))
+    for t in (70, 71, 1999, 5000, 5001):
+        o[t] = ("w", rec(t))
+    o.retire([70, 5000])
+    asked = [*range(-5, 4500), 10**9]
+    random.Random(7).shuffle(asked)
+    assert o.absent(asked) == [t for t in asked if t not in o]
+    assert o.absent(dict.fromkeys(asked)) == [t for t in asked if t not in o]  # a dict's keys too
+    assert o.absent(list(range(100, 160))) == []

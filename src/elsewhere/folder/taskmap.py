@@ -197,22 +197,27 @@ class Outcomes:
 
     def absent(self, tasks: Iterable[int]) -> list[int]:
         """The tasks of ``tasks`` without an outcome, in their order (``t not in self`` for
-        each, in one loop: a look at a job filters thousands of running tasks this way)."""
-        single, starts, ranges, retired = self._single, self._starts, self._ranges, self._retired
-        after = bisect.bisect_right
-        out = []
-        for t in tasks:
-            if t in single:
-                continue
-            if ranges:
-                i = after(starts, t) - 1
-                if i >= 0 and t < ranges[i][1]:
-                    continue
-            if retired and t in retired:
-                continue
-            out.append(t)
-        return out
-
+        each: a look at a job filters thousands of running tasks this way). Many tasks are
+        sorted once and cut by the runs of outcomes (a slice per run), not looked up one by one."""
+        asked = tasks if isinstance(tasks, list) else list(tasks)
+        try:
+            ints = sorted(asked) if len(asked) >= 64 else None
+        except TypeError:  # (not task numbers)
+            ints = None
+        if not ints:
+            return [t for t in asked if t not in self]
+        lo, hi = ints[0], ints[-1]
+        left = bisect.bisect_left
+        gone: set[int] = set(self._single.keys() & set(ints)) if self._single else set()
+        runs = [(self._starts, [r[1] for r in self._ranges])] if self._ranges else []
+        if self._retired:
+            runs.append((self._retired._starts, self._retired._ends))
+        for starts, ends in runs:
+            k = max(0, bisect.bisect_right(starts, lo) - 1)
+            while k < len(starts) and starts[k] <= hi:
+                gone.update(ints[left(ints, starts[k]) : left(ints, ends[k])])
+                k += 1
+        return [t for t in asked if t not in gone] if gone else list(asked)
     def __len__(self) -> int:
         return self._n
 
