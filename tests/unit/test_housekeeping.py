@@ -150,3 +150,29 @@ def test_work_done_at_exit_while_the_thread_waits_out_a_busy_client_does_not_kil
         threading.excepthook = old_hook
     assert died == []
     assert housekeeping._thread is not None and housekeeping._thread.is_alive()
+
+
+def test_a_sync_waits_its_delay_and_a_folder_gone_by_then_costs_no_fsync(tmp_path, monkeypatch):
+    # A submitted job's inputs are made durable SYNC_DELAY_S later: a short job purged
+    # before then (an ew.map of tiny tasks) costs the disk nothing.
+    synced: list[tuple[float, str]] = []
+    fsyncs: list[int] = []
+    real_sync, real_fsync = housekeeping._sync, os.fsync
+    monkeypatch.setattr(housekeeping, "SYNC_DELAY_S", 0.5)
+    monkeypatch.setattr(housekeeping, "_sync", lambda spec: (synced.append((time.monotonic(), spec.parent.name)),
+                                                              real_sync(spec)))
+    monkeypatch.setattr(housekeeping.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    kept, purged = tmp_path / "kept", tmp_path / "purged"
+    for d in (kept, purged):
+        d.mkdir()
+        (d / "job.json").write_text("{}")
+    t0 = time.monotonic()
+    housekeeping.sync_later(purged, ("job.json",))
+    remove_folder(purged)  # purged at once: renamed away, removed in the background
+    wait_for(lambda: not any(p.name.startswith(".") for p in tmp_path.iterdir()), 10)
+    assert synced == [] and fsyncs == []  # not yet due
+    housekeeping.sync_later(kept, ("job.json",))
+    wait_for(lambda: len(synced) == 2, 10)
+    assert [name for _, name in synced] == ["purged", "kept"]
+    assert synced[0][0] - t0 >= 0.5  # (a lower bound the code keeps: not a measure of speed)
+    assert len(fsyncs) == 2  # kept's job.json and its folder; nothing of the purged job

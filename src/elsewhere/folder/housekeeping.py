@@ -12,8 +12,10 @@ costs as much again. So a client process
 - removes a purged job folder in the background once it has been renamed
   away (the rename is what makes the job gone; see ``jobfolder.remove_folder``);
 - makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
-  in the background: a job must survive a crash of the machine, but its
-  workers do not wait for the disk to start.
+  in the background, ``SYNC_DELAY_S`` after the submission: a job must survive a
+  crash of the machine, but its workers do not wait for the disk to start, and a
+  short job purged before then (an ``ew.map`` of tiny tasks) costs the disk no sync
+  at all (its files are gone: there is nothing to keep).
 
 Whatever the background thread had not done when the process ends is done
 at exit; folders left by a process that was killed (``.<id>.purged-*``,
@@ -52,6 +54,8 @@ _swept: set[Path] = set()
 _called: set[str] = set()
 _busy = 0  # hot sections running now (see hot())
 _DEFER_MAX_S = 1.0  # ... which hold the housekeeping back at most this long
+SYNC_DELAY_S = 1.0  # a submitted job's inputs are made durable this long after (see above)
+_due: dict[Any, float] = {}  # when each sync of _todo is due (time.monotonic())
 
 
 class hot:
@@ -107,8 +111,12 @@ def remove_later(path: Path) -> None:
 
 
 def sync_later(folder: Path, names: tuple[str, ...]) -> None:
-    """Make ``folder/name`` for each name, and ``folder`` itself, durable (fsync) in the background."""
-    _later("sync", folder / "\0".join(names))
+    """Make ``folder/name`` for each name, and ``folder`` itself, durable (fsync) in the
+    background, ``SYNC_DELAY_S`` from now (at exit at the latest); nothing if it is gone by then."""
+    spec = folder / "\0".join(names)
+    with _lock:
+        _due[spec] = time.monotonic() + SYNC_DELAY_S
+    _later("sync", spec)
 
 
 def _sync(spec: Path) -> None:
@@ -235,7 +243,15 @@ def _run() -> None:
                     break
                 _wake.wait(left)
             # a spare first: the next submission waits for it, syncs and removals wait for no one
-            kind, path = next((t for t in _todo if t[0] == "spare"), _todo[0])
+            # (a sync until it is due)
+            now = time.monotonic()
+            pick = next((t for t in _todo if t[0] == "spare"), None) or next(
+                (t for t in _todo if t[0] != "sync" or _due.get(t[1], 0.0) <= now), None)
+            if pick is None:
+                _wake.wait(max(0.0, min(_due.get(t[1], now) for t in _todo) - now))
+                continue
+            kind, path = pick
+            _due.pop(path, None)
         _do(kind, path)
         with _lock:
             if (kind, path) in _todo:
@@ -261,6 +277,7 @@ def finish() -> None:
     with _lock:
         todo = [t for t in _todo if t[0] not in ("spare", "call")]
         _todo.clear()
+        _due.clear()
     for kind, path in todo:
         _do(kind, path)
 
@@ -273,6 +290,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
     _thread, _todo, _busy = None, [], 0
+    _due.clear()
 
 
 FORK_SAFE_THREAD = "elsewhere-housekeeping"
