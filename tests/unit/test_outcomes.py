@@ -164,3 +164,19 @@ def test_absent_cuts_many_tasks_by_the_runs_of_outcomes_as_one_by_one():
     assert o.absent(asked) == [t for t in asked if t not in o]
     assert o.absent(dict.fromkeys(asked)) == [t for t in asked if t not in o]  # a dict's keys too
     assert o.absent(list(range(100, 160))) == []
+
+
+def test_a_task_set_s_gaps_are_the_runs_it_does_not_hold():
+    import random
+
+    from elsewhere.folder.taskmap import TaskSet
+
+    rng = random.Random(3)
+    for _ in range(500):
+        ts = TaskSet(rng.sample(range(60), rng.randint(0, 40)))
+        first = rng.randint(-5, 65)
+        end = rng.randint(first, 70)
+        gaps = ts.gaps(first, end)
+        assert [i for a, b in gaps for i in range(a, b)] == [i for i in range(first, end) if i not in ts]
+        assert all(a < b for a, b in gaps) and all(x[1] < y[0] for x, y in zip(gaps, gaps[1:]))
+    assert TaskSet().gaps(0, 10_000) == [(0, 10_000)]  # a new job: one run

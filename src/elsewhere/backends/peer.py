@@ -200,16 +200,15 @@ class PeerCluster(Cluster):
         return max(1, n_tasks)
 
     # -- controllers ---------------------------------------------------------------
-    def controller_settings(self, job: JobHandle) -> ControllerSettings:
-        """What the controller of ``job`` needs to know."""
+    def controller_settings(self, job: JobHandle, data: dict[str, Any]) -> ControllerSettings:
+        """What the controller of ``job`` needs to know; a new peer id goes into ``data``
+        (the job's cluster data, written by the caller)."""
         from ..peer.announce import new_peer_id
         from ..peer.placement import ControllerSettings
 
-        data = self.get_job_cluster_data(job)
         peer_id = data.get("peer_id")
         if not isinstance(peer_id, str) or len(peer_id) != 32:
-            peer_id = new_peer_id()
-            self.set_job_cluster_data(job, {**data, "peer_id": peer_id})
+            peer_id = data["peer_id"] = new_peer_id()
         return ControllerSettings(
             key=self.group_key, discovery=self.discovery, mem_bytes=self.mem_bytes,
             time_s=self.time_s, cores=self.cores_per_task, diary=self.diary,
@@ -235,14 +234,14 @@ class PeerCluster(Cluster):
             c = self._controllers.get(job.id)
             if c is not None and c.alive():
                 return c
-            settings = self.controller_settings(job)
+            data = self.get_job_cluster_data(job)
+            settings = self.controller_settings(job, data)
             c = Controller(job, settings).start()
             self._controllers[job.id] = c
         _stop_at_exit(self)
-        data = self.get_job_cluster_data(job)
         data["controller"] = {"host": socket.gethostname(), "pid": os.getpid(),
                               "create_time": process_started(os.getpid())}  # fmt: skip
-        self.set_job_cluster_data(job, data)
+        self.set_job_cluster_data(job, data)  # its peer id and where it runs, in one write
         return c
 
     def _other_controller(self, job: JobHandle) -> dict[str, Any] | None:

@@ -100,6 +100,24 @@ class TaskSet:
             ends.insert(i + 1, t + 1)
         self._n += 1
 
+    def gaps(self, first: int, end: int) -> list[tuple[int, int]]:
+        """The runs of ``range(first, end)`` that are not in the set, ``[(a, b), ...]`` in order."""
+        out: list[tuple[int, int]] = []
+        starts, ends = self._starts, self._ends
+        i = max(0, bisect.bisect_right(starts, first) - 1)
+        a = first
+        while a < end and i < len(starts):
+            if ends[i] <= a:
+                i += 1
+                continue
+            if starts[i] > a:
+                out.append((a, min(starts[i], end)))
+            a = max(a, ends[i])
+            i += 1
+        if a < end:
+            out.append((a, end))
+        return out
+
     def overlaps(self, first: int, end: int) -> bool:
         """Whether any task of ``range(first, end)`` is in."""
         i = bisect.bisect_right(self._starts, end - 1) - 1

@@ -203,9 +203,9 @@ class ControllerState:
                 self.pending.append(i)
 
     def _queue_new(self, start: int) -> None:
-        for i in range(start, self.n):
-            if i not in self.final and i not in self.cancelled:
-                self.pending.append(i)
+        cancelled, pending = self.cancelled, self.pending
+        for a, b in self.final.gaps(start, self.n):  # (a run at a time: a new job is one)
+            pending.extend(range(a, b) if not cancelled else (i for i in range(a, b) if i not in cancelled))
 
     def _read_queue(self) -> None:
         q = self.store.queue()
