@@ -176,14 +176,19 @@ IGNORES = 20  # the task that silences its warnings: mid-batch, with tasks after
 def test_each_task_sees_its_warnings_and_its_filters_are_its_own(
         lab: tuple[Path, int, Workers], ew_home: Path) -> None:  # fmt: skip
     key, port, _ = lab
-    job = ew.submit(warns, range(40), on=peers("lab", key=key, port=port, interface="127.0.0.1",
-                                               diary="always"))  # fmt: skip
-    job.wait(timeout=30)
-    ran = job.results()
-    pid, began = ran[IGNORES]
-    assert any(p == pid and t > began for p, t in ran)  # a task ran after it in its process
-    assert {i for i in range(40) if "careful" in job.log(i)} == set(range(40)) - {IGNORES}
-    job.purge()
+    followed = False  # a task ran after the one that silenced its warnings, in its process
+    for _attempt in range(5):  # (how the tasks fall into batches is the controller's choice)
+        job = ew.submit(warns, range(40), on=peers("lab", key=key, port=port, interface="127.0.0.1",
+                                                   diary="always"))  # fmt: skip
+        job.wait(timeout=30)
+        ran = job.results()
+        pid, began = ran[IGNORES]
+        assert {i for i in range(40) if "careful" in job.log(i)} == set(range(40)) - {IGNORES}
+        job.purge()
+        followed = any(p == pid and t > began for p, t in ran)
+        if followed:
+            break
+    assert followed
 
 
 def where(_: int) -> tuple[str, bool]:
