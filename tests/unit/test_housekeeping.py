@@ -169,8 +169,6 @@ def test_a_sync_waits_its_delay_and_a_folder_gone_by_then_costs_no_fsync(tmp_pat
     t0 = time.monotonic()
     housekeeping.sync_later(purged, ("job.json",))
     remove_folder(purged)  # purged at once: renamed away, removed in the background
-    wait_for(lambda: not any(p.name.startswith(".") for p in tmp_path.iterdir()), 10)
-    assert synced == [] and fsyncs == []  # not yet due
     housekeeping.sync_later(kept, ("job.json",))
     wait_for(lambda: len(synced) == 2, 10)
     assert [name for _, name in synced] == ["purged", "kept"]
