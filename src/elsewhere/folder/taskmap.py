@@ -226,7 +226,7 @@ class Outcomes:
             return [t for t in asked if t not in self]
         lo, hi = ints[0], ints[-1]
         left = bisect.bisect_left
-        gone: set[int] = set(self._single.keys() & set(ints)) if self._single else set()
+        gone: set[int] = self._single.keys() & ints if self._single else set()
         runs = [(self._starts, [r[1] for r in self._ranges])] if self._ranges else []
         if self._retired:
             runs.append((self._retired._starts, self._retired._ends))

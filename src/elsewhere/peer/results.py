@@ -93,8 +93,7 @@ class Results(ControllerState):
         rows: dict[int, list[tuple[Any, ...]]] = {}  # group -> rows to write
         final, cancelled, n = self.final, self.cancelled, self.n
         seed0 = int(self.seed) if self.seed is not None else None
-        done: list[int] = []  # the tasks whose outcome this is (finalised together, below)
-        taken: set[int] = set()
+        done: dict[int, None] = {}  # the tasks whose outcome this is, in order (finalised together, below)
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
             index, attempt, status = int(index), int(attempt), int(status)
             if status not in _KNOWN:
@@ -104,7 +103,7 @@ class Results(ControllerState):
                 lpos += log_len
             else:
                 log_bytes = b""
-            if index in final or index in cancelled or not 0 <= index < n or index in taken:
+            if index in final or index in cancelled or not 0 <= index < n or index in done:
                 self.stats["duplicates"] += 1
                 continue
             if status == _REQUEUE:
@@ -125,10 +124,10 @@ class Results(ControllerState):
             rows.setdefault(int(group), []).append((index, status == _OK, int(item), attempt, log_bytes, t0, t1,
                                                     int(rss), seed0 + index if seed0 is not None else 0, flags))  # fmt: skip
             if not flags:
-                done.append(index)
-                taken.add(index)
-        if done:
-            self._finalise_all(done)
+                done[index] = None
+        finished = list(done)
+        if finished:
+            self._finalise_all(finished)
         if self.on_outcome is not None:
             self._hand_out(groups, rows)
         if w.writer is None:
@@ -139,7 +138,7 @@ class Results(ControllerState):
         parts = [(groups[g][0], groups[g][1], group_rows) for g, group_rows in rows.items()]
         if not self.to_record:
             self.first_to_record = time.monotonic()
-        self.to_record.append((w.writer, parts, (w, bid, done), buffers))
+        self.to_record.append((w.writer, parts, (w, bid, finished), buffers))
 
     def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
                   rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
