@@ -159,8 +159,9 @@ def test_a_sync_waits_its_delay_and_a_folder_gone_by_then_costs_no_fsync(tmp_pat
     fsyncs: list[int] = []
     real_sync, real_fsync = housekeeping._sync, os.fsync
     monkeypatch.setattr(housekeeping, "SYNC_DELAY_S", 0.5)
-    monkeypatch.setattr(housekeeping, "_sync", lambda spec: (synced.append((time.monotonic(), spec.parent.name)),
-                                                              real_sync(spec)))
+    # (recorded once the sync is done, so that waiting for two records waits for their fsyncs)
+    monkeypatch.setattr(housekeeping, "_sync", lambda spec: (t := time.monotonic(), real_sync(spec),
+                                                              synced.append((t, spec.parent.name))))
     monkeypatch.setattr(housekeeping.os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
     kept, purged = tmp_path / "kept", tmp_path / "purged"
     for d in (kept, purged):

@@ -163,13 +163,18 @@ _PLACE = """([which, from]) => {
   for (let r = 0; r < Math.min(visible, g.order.length - g.laneOffset); r++) {
     const l = g.order[r + g.laneOffset], y = c.top + g.axisH + r * g.laneHeight() + g.laneHeight() / 2;
     let found = null;
+    const bars = [];
     g.scan(l, W, k, (x0, x1) => {
+      bars.push([x0, x1]);
       if (!found && which === "bar" && x1 - x0 >= 6 && x0 >= 0 && x1 <= plotW) found = [c.left + g.labelW + (x0 + x1) / 2, y, x1 - x0];
     });
-    for (let p = Math.floor((from || 0) * W); p < W && which === "bucket" && !found; p++) {
-      let n = 0;
-      for (let q = 0; q < 5; q++) n += g.cells[p * 5 + q];
-      if (n >= 2) found = [c.left + g.labelW + p + 0.5, y, n];
+    // a column of several tasks with such columns either side and no bar of its own within
+    // 4 px: the pointer's whole-pixel position then hits that bucket, not a neighbour or a bar
+    const held = (p) => { let n = 0; for (let q = 0; q < 5; q++) n += g.cells[p * 5 + q]; return n; };
+    for (let p = Math.max(1, Math.floor((from || 0) * W)); p < W - 1 && which === "bucket" && !found; p++) {
+      if (held(p - 1) < 2 || held(p) < 2 || held(p + 1) < 2) continue;
+      if (bars.some(([x0, x1]) => x1 > p - 4 && x0 < p + 5)) continue;
+      found = [c.left + g.labelW + p + 0.5, y, held(p)];
     }
     g.cells.fill(0);
     if (found) return found;
