@@ -265,7 +265,9 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         busy = any(not (b.withdrawn or b.standing) for b in self.batches.values())
         if not self.closed or self.pending or busy:
             return False
-        return all(i in self.final or i in self.cancelled for i in range(self.n))
+        # (the gaps of the final runs, not every task: this is asked at every turn)
+        cancelled = self.cancelled
+        return all(i in cancelled for a, b in self.final.gaps(0, self.n) for i in range(a, b))
 
     def _on_wake(self) -> None:
         self.waker.drain()

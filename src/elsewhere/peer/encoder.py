@@ -28,6 +28,8 @@ from .attached import pack_files
 if TYPE_CHECKING:
     from ..folder.payload import PayloadReader
 
+_NO_KWARGS: dict[str, Any] = {}
+
 __all__ = ["TaskEncoder"]
 
 _MAX_OOB = 1000
@@ -157,7 +159,7 @@ class TaskEncoder:
         """The function part, the pickled entries of a batch's tasks, and the function."""
         from ..folder import serial
 
-        entries = [self._entry(i, in_memory) for i in indices]
+        entries = self._entries(indices, in_memory)
         own = {id(e[0]) for e in entries}
         if len(own) == 1 and entries[0][0] is not None:  # one function of their own: a part
             part_fn = entries[0][0]
@@ -173,6 +175,32 @@ class TaskEncoder:
         if len(oob) > _MAX_OOB:
             data, oob = serial.dumps_inband(entries), []
         return digest, fn_parts, data, oob, part_fn
+
+    def _entries(self, indices: list[int], in_memory: Mapping[int, Any]) -> list[Any]:
+        """The entries of tasks ``indices``: a run of consecutive tasks of the job's own
+        function is sliced from its payload chunk at once, not read task by task."""
+        if in_memory or len(indices) < 2:
+            return [self._entry(i, in_memory) for i in indices]
+        out: list[Any] = []
+        k, n = 0, len(indices)
+        while k < n:
+            i = indices[k]
+            run = self._read(self.payload.args_run, i)
+            m = 0 if run is None else min(n - k, run[0] + len(run[1]) - i)
+            if m > 1 and indices[k : k + m] != list(range(i, i + m)):  # the consecutive part
+                j = 1
+                while indices[k + j] == i + j:
+                    j += 1
+                m = j
+            if m < 2:
+                out.append(self._entry(i, in_memory))
+                k += 1
+                continue
+            first, part, single = run
+            args = part[i - first : i - first + m]
+            out += [(None, (a,), _NO_KWARGS) for a in args] if single else [(None, a, _NO_KWARGS) for a in args]
+            k += m
+        return out
 
     def _entry(self, index: int, in_memory: Mapping[int, Any]) -> Any:
         entry = in_memory.get(index)
