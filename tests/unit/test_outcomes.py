@@ -73,9 +73,18 @@ def test_a_task_set_behaves_as_a_set_of_its_tasks():
         ts, ref = TaskSet(), set()
         for _ in range(400):
             t = rng.randrange(80)
-            if rng.random() < 0.6:
+            op = rng.random()
+            if op < 0.4:
                 ts.add(t)
                 ref.add(t)
+            elif op < 0.5:  # a run at once
+                end = t + rng.randrange(0, 9)
+                ts.add_run(t, end)
+                ref.update(range(t, end))
+            elif op < 0.6:  # any tasks, runs of them among them
+                more = [rng.choice((t + k, rng.randrange(80))) for k in range(rng.randrange(6))]
+                ts.update(more)
+                ref.update(more)
             else:
                 ts.discard(t)
                 ref.discard(t)
@@ -180,3 +189,33 @@ def test_a_task_set_s_gaps_are_the_runs_it_does_not_hold():
         assert [i for a, b in gaps for i in range(a, b)] == [i for i in range(first, end) if i not in ts]
         assert all(a < b for a, b in gaps) and all(x[1] < y[0] for x, y in zip(gaps, gaps[1:]))
     assert TaskSet().gaps(0, 10_000) == [(0, 10_000)]  # a new job: one run
+
+
+def test_run_end_stops_at_every_task_a_later_outcome_overtook_whatever_came_before():
+    # run_end against its definition, through every way the outcomes change: ranges, single
+    # records (beside ranges and inside them), forgotten tasks and retired ones
+    import random
+
+    rng = random.Random(11)
+    for _ in range(40):
+        o = Outcomes()
+        for _ in range(60):
+            t = rng.randrange(120)
+            op = rng.random()
+            if op < 0.35:
+                o.add_range(t, rng.randrange(1, 20), ("w", rec(t, 5)))
+            elif op < 0.75:
+                o[t] = ("w", rec(t, attempt=1))
+            elif op < 0.9:
+                if t in o:
+                    del o[t]
+            else:
+                o.retire([t])
+            for u in range(125):
+                i = o._range_index(u)
+                if i < 0:
+                    want = u
+                else:
+                    end = o._ranges[i][1]
+                    want = u if any(u <= s < end for s in o._single) else end
+                assert o.run_end(u) == want, (u, o._ranges, sorted(o._single))

@@ -30,8 +30,7 @@ class TaskSet:
         self._starts: list[int] = []
         self._ends: list[int] = []
         self._n = 0
-        for t in sorted(set(tasks)):
-            self.add(t)
+        self.update(sorted(set(tasks)))
 
     def __contains__(self, t: object) -> bool:
         if not isinstance(t, int):
@@ -123,9 +122,33 @@ class TaskSet:
         i = bisect.bisect_right(self._starts, end - 1) - 1
         return i >= 0 and self._ends[i] > first
 
+    def add_run(self, first: int, end: int) -> None:
+        """Add tasks ``first .. end - 1``: one merge, not a bisection per task."""
+        if first >= end:
+            return
+        starts, ends = self._starts, self._ends
+        lo = bisect.bisect_left(ends, first)  # the first run that ends at or after first
+        hi = bisect.bisect_right(starts, end)  # the runs from lo up to here touch [first, end)
+        if lo >= hi:
+            starts.insert(lo, first)
+            ends.insert(lo, end)
+            self._n += end - first
+            return
+        a, b = min(first, starts[lo]), max(end, ends[hi - 1])
+        held = sum(ends[k] - starts[k] for k in range(lo, hi))
+        starts[lo:hi], ends[lo:hi] = [a], [b]
+        self._n += b - a - held
+
     def update(self, tasks: Any) -> None:
+        """Add ``tasks``; each run of consecutive numbers in them is added at once."""
+        first = end = 0
         for t in tasks:
-            self.add(t)
+            if t == end and end > first:
+                end += 1
+                continue
+            self.add_run(first, end)
+            first, end = t, t + 1
+        self.add_run(first, end)
 
     def discard(self, t: int) -> None:
         starts, ends = self._starts, self._ends
@@ -156,10 +179,11 @@ class Outcomes:
     which wins over the ranges.
     """
 
-    __slots__ = ("_n", "_ranges", "_retired", "_single", "_starts")
+    __slots__ = ("_n", "_over", "_ranges", "_retired", "_single", "_starts")
 
     def __init__(self) -> None:
         self._single: dict[int, tuple[str, Record]] = {}
+        self._over: set[int] = set()  # the single records inside a range (they overtook it)
         self._starts: list[int] = []
         self._ranges: list[tuple[int, int, tuple[str, Record]]] = []  # (first, end, entry)
         self._retired = TaskSet()
@@ -173,9 +197,11 @@ class Outcomes:
         leaves it out. Only single records retire (a range is one entry already)."""
         single = self._single
         retired = self._retired
+        over = self._over
         for t in tasks:
             if single.pop(t, None) is not None:
                 retired.add(t)
+                over.discard(t)
 
     def _range_index(self, t: int) -> int:
         i = bisect.bisect_right(self._starts, t) - 1
@@ -293,6 +319,8 @@ class Outcomes:
             self._n += 1
         elif t in self._retired:
             self._retired.discard(t)
+        if self._ranges and self._range_index(t) >= 0:
+            self._over.add(t)
         self._single[t] = entry
 
     def __delitem__(self, t: int) -> None:
@@ -306,7 +334,9 @@ class Outcomes:
             del self._starts[i]
             for u in range(first, end):
                 self._single.setdefault(u, entry)
+                self._over.discard(u)
         del self._single[t]
+        self._over.discard(t)
         self._n -= 1
 
     def add_range(self, first: int, count: int, entry: tuple[str, Record]) -> bool:
@@ -335,8 +365,8 @@ class Outcomes:
         if i < 0:
             return t
         end = self._ranges[i][1]
-        single = self._single
-        if single and any(t <= u < end for u in single):
+        over = self._over  # (the single records in ranges: rare, where all of them are many)
+        if over and any(t <= u < end for u in over):
             return t
         return end
 

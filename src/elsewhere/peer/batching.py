@@ -82,22 +82,30 @@ class Batching(ControllerState):
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         indices: list[int] = []
-        while self.pending and len(indices) < k:
-            i = self.pending.popleft()
-            if i in self.final or i in self.cancelled:
-                continue
-            indices.append(i)
+        pending, final, cancelled = self.pending, self.final, self.cancelled
+        while pending and len(indices) < k:
+            take = pending.popleft
+            got = [take() for _ in range(min(k - len(indices), len(pending)))]
+            if self._ended_among(got):  # (rare: a task that ended while it waited again)
+                got = [i for i in got if i not in final and i not in cancelled]
+            indices += got
         if not indices:
             return
         self._seq += 1
         bid = f"{self.short}-{self._seq}"
-        b = Batch(bid, w, indices, [self.attempts.get(i, 0) for i in indices], now)
+        attempts = self.attempts
+        b = Batch(bid, w, indices, [attempts.get(i, 0) for i in indices] if attempts else [0] * len(indices), now)
         s = self.settings
         ask = Ask(bid, mem_bytes=s.mem_bytes, time_s=s.time_s * len(indices), cores=s.cores)
         self.batches[bid] = b
         w.batches[bid] = b
+        inflight = self.inflight
         for i in indices:
-            self.inflight.setdefault(i, set()).add(bid)
+            bids = inflight.get(i)
+            if bids is None:
+                inflight[i] = {bid}
+            else:
+                bids.add(bid)
         if not self._send(w, ask):
             self._unplace(b, requeue_front=True)
         self.stats["asks"] += 1
@@ -121,12 +129,22 @@ class Batching(ControllerState):
             if self.pending:
                 self._fill_standing(b)
             return
-        keep = [(i, a) for i, a in zip(b.indices, b.attempts) if i not in self.final and i not in self.cancelled]
-        if not keep:
-            self._withdraw(b)
-            return
-        b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
+        if self._ended_among(b.indices):  # some ended meanwhile (ran elsewhere too): not sent
+            keep = [(i, a) for i, a in zip(b.indices, b.attempts) if i not in self.final and i not in self.cancelled]
+            if not keep:
+                self._withdraw(b)
+                return
+            b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
         self._send_task(w, b)
+
+    def _ended_among(self, tasks: list[int]) -> bool:
+        """Whether any of ``tasks`` is final or cancelled: a look at the runs of
+        final tasks between the smallest and the largest, not a lookup per task."""
+        final, cancelled = self.final, self.cancelled
+        if not tasks:
+            return False
+        return bool(final and final.overlaps(min(tasks), max(tasks) + 1)) or bool(
+            cancelled and not cancelled.isdisjoint(tasks))
 
     def _send_task(self, w: Worker, b: Batch) -> None:
         """Send the TASK of an admitted batch."""

@@ -251,9 +251,10 @@ class ControllerState:
             reasons.pop(index, None)
         final, view = self.final, self.running_view
         with self.lock:  # (final and written are read from other threads: see Notes.on_the_way)
-            for index in indices:
-                final.add(index)
-                view.pop(index, None)
+            final.update(indices)  # (a run at a time)
+            if view:
+                for index in indices:
+                    view.pop(index, None)
         for index in indices:
             for bid in list(inflight.pop(index, ())):
                 b = self.batches.get(bid)

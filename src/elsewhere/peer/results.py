@@ -193,8 +193,7 @@ class Results(ControllerState):
                 written = self.written
                 for w, bid, done in acks:
                     by_worker.setdefault(w, []).append(bid)
-                    for i in done:
-                        written.add(i)
+                    written.update(done)  # (a run at a time)
             for w, bids in by_worker.items():
                 peer = w.conn.peer if w.conn is not None else None
                 if peer is not None and "ack-many" in peer.caps:  # one frame for them all
