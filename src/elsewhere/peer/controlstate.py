@@ -245,10 +245,10 @@ class ControllerState:
         """Tasks ``indices`` have their outcome: forget their inputs, withdraw copies of them
         still out (a task placed twice), under one hold of the lock (a RESULT's tasks)."""
         entries, prepared, reasons, inflight = self.entries, self.prepared, self.reasons, self.inflight
-        for index in indices:
-            entries.pop(index, None)
-            prepared.pop(index, None)
-            reasons.pop(index, None)
+        for held in (entries, prepared, reasons):
+            if held:  # (empty for a job's tasks read from its payload)
+                for index in indices:
+                    held.pop(index, None)
         final, view = self.final, self.running_view
         with self.lock:  # (final and written are read from other threads: see Notes.on_the_way)
             final.update(indices)  # (a run at a time)
@@ -256,7 +256,8 @@ class ControllerState:
                 for index in indices:
                     view.pop(index, None)
         for index in indices:
-            for bid in list(inflight.pop(index, ())):
+            bids = inflight.pop(index, None)  # (none left, usually: the batch was forgotten first)
+            for bid in list(bids) if bids else ():
                 b = self.batches.get(bid)
                 if b is not None and all(i in final or i in self.cancelled for i in b.indices):
                     self._withdraw(b)  # a copy elsewhere that nobody needs any more

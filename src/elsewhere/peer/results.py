@@ -94,6 +94,11 @@ class Results(ControllerState):
         final, cancelled, n = self.final, self.cancelled, self.n
         seed0 = int(self.seed) if self.seed is not None else None
         done: dict[int, None] = {}  # the tasks whose outcome this is, in order (finalised together, below)
+        ids = [it[0] for it in items]
+        # none of them ended before (the usual case): one look at the runs of final tasks, and
+        # no lookup per task below (duplicates within the RESULT are still caught by ``done``)
+        clean = not ids or (not (final and final.overlaps(int(min(ids)), int(max(ids)) + 1))
+                            and (not cancelled or cancelled.isdisjoint(ids)))  # fmt: skip
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
             index, attempt, status = int(index), int(attempt), int(status)
             if status not in _KNOWN:
@@ -103,7 +108,7 @@ class Results(ControllerState):
                 lpos += log_len
             else:
                 log_bytes = b""
-            if index in final or index in cancelled or not 0 <= index < n or index in done:
+            if (not clean and (index in final or index in cancelled)) or not 0 <= index < n or index in done:
                 self.stats["duplicates"] += 1
                 continue
             if status == _REQUEUE:
