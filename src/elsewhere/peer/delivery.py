@@ -39,7 +39,8 @@ class Delivery(WorkerState):
         self.stats["batches"] += 1
         if len(run.outcomes) < len(run.info.get("items", ())):  # a batch cut short by maxnum
             fill_unfinished(run, -1, None, "", b"", 0.0, 0, self.options.host)
-        self.tasks_done += sum(1 for row, _ in run.outcomes.values() if row[2] != Outcome.REQUEUE)
+        requeue = int(Outcome.REQUEUE)
+        self.tasks_done += len(run.outcomes) - sum(1 for row, _ in run.outcomes.values() if row[2] == requeue)
         self.stats["tasks"] = self.tasks_done
         self.last_busy = now
         self._announce_due = True

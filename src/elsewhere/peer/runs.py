@@ -149,14 +149,15 @@ def take_results(child: ChildProcess[Run], header: dict[str, Any], body: memoryv
         if run is not None:
             run.groups.append((pickled, oob))
             group_no = len(run.groups) - 1
-    for item in header.get("items", []):
-        index, attempt, status, item_no, t0, t1, rss, log_len = item
-        logged = body[pos : pos + log_len]
-        pos += log_len
-        if run is not None:
-            run.outcomes[int(index)] = (
-                [index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged,
-            )  # fmt: skip
+    outcomes = run.outcomes if run is not None else None
+    for index, attempt, status, item_no, t0, t1, rss, log_len in header.get("items", []):
+        if log_len:
+            logged: bytes | memoryview = body[pos : pos + log_len]
+            pos += log_len
+        else:  # (most tasks print nothing)
+            logged = b""
+        if outcomes is not None:
+            outcomes[int(index)] = ([index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged)
     for fd in fd_iter:
         os.close(fd)
 
