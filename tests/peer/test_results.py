@@ -67,3 +67,21 @@ def test_a_result_for_tasks_that_ended_already_is_dropped_task_by_task(tmp_path:
     c._on_result(a, *_result("a-2", [6, 7, 6]))  # a cancelled task, and one twice in a RESULT
     assert _stored(c) == [0, 1, 2, 3, 4, 5, 6] and c.stats["duplicates"] == 6
     assert set(c.final) == set(range(7))
+
+
+def test_the_tasks_of_a_batch_that_its_result_does_not_report_are_placed_again(tmp_path: Path) -> None:
+    from elsewhere.peer.placement import Batch
+
+    c = _controller(tmp_path, 8)
+    c.pending.clear()
+    w = _worker(1)
+    for bid, tasks in (("a-1", [0, 1, 2, 3]), ("a-2", [4, 5, 6, 7])):
+        b = Batch(bid, w, list(tasks), [0] * len(tasks), 0.0)
+        c.batches[bid] = w.batches[bid] = b
+        for i in tasks:
+            c.inflight[i] = {bid}
+    c._on_result(w, *_result("a-1", [0, 2]))  # 1 and 3 unreported (a worker of another version?)
+    assert sorted(c.pending) == [1, 3] and set(c.final) == {0, 2}
+    c._on_result(w, *_result("a-2", [4, 5, 6, 7]))  # all reported: nothing placed again
+    assert sorted(c.pending) == [1, 3] and set(c.final) == {0, 2, 4, 5, 6, 7}
+    assert not c.batches and not c.inflight

@@ -327,11 +327,12 @@ class Batching(ControllerState):
         self.batches.pop(b.bid, None)
         b.worker.batches.pop(b.bid, None)
         self.placing_epoch += 1
+        inflight, view, bid = self.inflight, self.running_view, b.bid
         with self.lock:
             for i in b.indices:
-                bids = self.inflight.get(i)
+                bids = inflight.get(i)
                 if bids is not None:
-                    bids.discard(b.bid)
+                    bids.discard(bid)
                     if not bids:
-                        del self.inflight[i]
-                        self.running_view.pop(i, None)
+                        del inflight[i]
+                        view.pop(i, None)

@@ -61,7 +61,8 @@ class Results(ControllerState):
             log.warning("malformed RESULT from %s: %s", w.host, exc)
             self._disconnected(w, f"malformed RESULT: {exc}")
             return
-        if b is not None:
+        if b is not None and b.indices and self.final.gaps(min(b.indices), max(b.indices) + 1):
+            # (only when some did not end: one look at the final runs between its first and last)
             for i, a in zip(b.indices, b.attempts):  # tasks a worker did not report: place again
                 if i not in self.final and i not in self.cancelled and not self.inflight.get(i) and i not in self.later:
                     if i not in self.pending:
@@ -99,6 +100,8 @@ class Results(ControllerState):
         # no lookup per task below (duplicates within the RESULT are still caught by ``done``)
         clean = not ids or (not (final and final.overlaps(int(min(ids)), int(max(ids)) + 1))
                             and (not cancelled or cancelled.isdisjoint(ids)))  # fmt: skip
+        rerun = self.rerun_spec is not None
+        last_group, dest = None, None  # (the rows of the group of the item before: the same, mostly)
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
             index, attempt, status = int(index), int(attempt), int(status)
             if status not in _KNOWN:
@@ -123,11 +126,12 @@ class Results(ControllerState):
                 self._write_lost(w, index, attempt, groups[group][0], log_bytes, t0, t1)
                 continue
             flags = 0
-            if status == _ERROR and self.rerun_spec is not None and self._rerun_later(
-                    index, attempt, groups[int(group)], int(item)):  # fmt: skip
+            if status == _ERROR and rerun and self._rerun_later(index, attempt, groups[int(group)], int(item)):
                 flags = FLAG_RERUN  # written, not the task's outcome: it runs again
-            rows.setdefault(int(group), []).append((index, status == _OK, int(item), attempt, log_bytes, t0, t1,
-                                                    int(rss), seed0 + index if seed0 is not None else 0, flags))  # fmt: skip
+            if group != last_group or dest is None:
+                last_group, dest = group, rows.setdefault(int(group), [])
+            dest.append((index, status == _OK, int(item), attempt, log_bytes, t0, t1, int(rss),
+                         seed0 + index if seed0 is not None else 0, flags))  # fmt: skip
             if not flags:
                 done[index] = None
         finished = list(done)
