@@ -36,6 +36,23 @@ def _first_start(folder: Path, index: int) -> float:
     return float((folder / f"starts-{index}").read_text().splitlines()[0].split()[1])
 
 
+def _wait_or_say(job: ew.Job, jobs: list[ew.Job], first: Path) -> None:
+    """``job.wait``; past END_S, fail saying where each of ``jobs`` stands: its state and note,
+    the tail of its controller's log where it has one (peers), and which of the first job's
+    tasks started (a hang here once, in a full run, left nothing else to go by)."""
+    try:
+        job.wait(timeout=END_S)
+    except ew.TimeoutError as exc:
+        said = [str(exc), f"first job's task starts: {sorted(p.name for p in first.glob('starts-*'))}"]
+        for j in jobs:
+            st = j.check()
+            said.append(f"{j.name}: {st.state.value} {st.counts} {st.note!r}")
+            log = j.handle.store.path / "controller.log"
+            if log.exists():
+                said += ["  " + line for line in log.read_text(errors="replace").splitlines()[-15:]]
+        raise AssertionError("\n".join(said)) from None
+
+
 def _dependency_words(cluster: ew.Cluster, job: ew.Job) -> list[str] | None:
     """The words a batch cluster puts on the submit command line to wait for ``job``."""
     if not isinstance(cluster, BatchCluster):
@@ -69,8 +86,8 @@ def test_a_job_runs_once_the_jobs_it_waits_for_finished(backend: Backend, tmp_pa
     if words is not None:  # the scheduler holds b: its own flag is on b's submit command line
         assert _submitted_with(cluster, words), (words, getattr(cluster, "commands_run", None))
     release.touch()
-    for job in (c, a, b):  # (where the scheduler holds nothing, the fakes', c may end first)
-        job.wait(timeout=END_S)
+    for job in (a, b, c):  # (where the scheduler holds nothing, the fakes', c may end first)
+        _wait_or_say(job, [a, b, c], first)
         assert job.state is ew.JobState.FINISHED, job.check()
     if backend.name in NO_HOLD:
         return
