@@ -262,6 +262,7 @@ class Outcomes:
                 gone.update(ints[left(ints, starts[k]) : left(ints, ends[k])])
                 k += 1
         return [t for t in asked if t not in gone] if gone else list(asked)
+
     def __len__(self) -> int:
         return self._n
 

@@ -83,8 +83,8 @@ class Batching(ControllerState):
     def _ask(self, w: Worker, k: int, now: float) -> None:
         indices: list[int] = []
         pending, final, cancelled = self.pending, self.final, self.cancelled
+        take = pending.popleft
         while pending and len(indices) < k:
-            take = pending.popleft
             got = [take() for _ in range(min(k - len(indices), len(pending)))]
             if self._ended_among(got):  # (rare: a task that ended while it waited again)
                 got = [i for i in got if i not in final and i not in cancelled]
@@ -136,15 +136,6 @@ class Batching(ControllerState):
                 return
             b.indices, b.attempts = [i for i, _ in keep], [a for _, a in keep]
         self._send_task(w, b)
-
-    def _ended_among(self, tasks: list[int]) -> bool:
-        """Whether any of ``tasks`` is final or cancelled: a look at the runs of
-        final tasks between the smallest and the largest, not a lookup per task."""
-        final, cancelled = self.final, self.cancelled
-        if not tasks:
-            return False
-        return bool(final and final.overlaps(min(tasks), max(tasks) + 1)) or bool(
-            cancelled and not cancelled.isdisjoint(tasks))
 
     def _send_task(self, w: Worker, b: Batch) -> None:
         """Send the TASK of an admitted batch."""

@@ -238,6 +238,15 @@ class ControllerState:
         if index not in self.cancelled:
             self.pending.append(index)
 
+    def _ended_among(self, tasks: list[int]) -> bool:
+        """Whether any of ``tasks`` is final or cancelled: a look at the runs of
+        final tasks between the smallest and the largest, not a lookup per task."""
+        final, cancelled = self.final, self.cancelled
+        if not tasks:
+            return False
+        return bool(final and final.overlaps(min(tasks), max(tasks) + 1)) or bool(
+            cancelled and not cancelled.isdisjoint(tasks))
+
     def _finalise(self, index: int) -> None:
         self._finalise_all((index,))
 

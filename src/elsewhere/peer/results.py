@@ -95,11 +95,9 @@ class Results(ControllerState):
         final, cancelled, n = self.final, self.cancelled, self.n
         seed0 = int(self.seed) if self.seed is not None else None
         done: dict[int, None] = {}  # the tasks whose outcome this is, in order (finalised together, below)
-        ids = [it[0] for it in items]
-        # none of them ended before (the usual case): one look at the runs of final tasks, and
-        # no lookup per task below (duplicates within the RESULT are still caught by ``done``)
-        clean = not ids or (not (final and final.overlaps(int(min(ids)), int(max(ids)) + 1))
-                            and (not cancelled or cancelled.isdisjoint(ids)))  # fmt: skip
+        # none of them ended before (the usual case): no lookup per task below (duplicates
+        # within the RESULT are still caught by ``done``)
+        clean = not self._ended_among([it[0] for it in items])
         rerun = self.rerun_spec is not None
         last_group, dest = None, None  # (the rows of the group of the item before: the same, mostly)
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
