@@ -282,7 +282,8 @@ class TspCluster(ew.Cluster):
 
     def _stop(self, data: dict[str, Any], entries: list[dict[str, Any]]) -> None:
         """Queued: remove (``tsp -r``); running: SIGTERM to its process group (``tsp -k``),
-        then SIGKILL if it has not ended within 3 seconds."""
+        then SIGKILL if it has not ended within 3 seconds; returns once tsp lists them ended
+        (or 10 more seconds have gone: a server too slow to reap is not waited for longer)."""
         sock = data["socket"]
         wanted = {e["id"] for e in entries}
         states = {i: s for i, s in self._states(data).items() if i in wanted and s in ACTIVE}
@@ -290,12 +291,7 @@ class TspCluster(ew.Cluster):
         kill = [i for i, s in states.items() if s == "running" or self._tsp(sock, "-r", str(i)).returncode]
         for tsp_id in kill:  # running, or started since
             self._tsp(sock, "-k", str(tsp_id))
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
-            running = [i for i, s in self._states(data).items() if i in wanted and s in ACTIVE]
-            if not running:
-                return
-            time.sleep(0.05)
+        running = self._active_after(data, wanted, 3)
         for tsp_id in running:
             pid = self._tsp(sock, "-p", str(tsp_id)).stdout.strip()
             if pid.isdigit():
@@ -303,6 +299,17 @@ class TspCluster(ew.Cluster):
                     os.killpg(int(pid), signal.SIGKILL)  # tsp -k's process group, without mercy
                 except (ProcessLookupError, PermissionError):
                     pass
+        if running:  # until tsp has reaped them, its list still says running
+            self._active_after(data, wanted, 10)
+
+    def _active_after(self, data: dict[str, Any], wanted: set[int], seconds: float) -> list[int]:
+        """The ``wanted`` tsp jobs still active once they all ended or ``seconds`` went by."""
+        deadline = time.monotonic() + seconds
+        while True:
+            active = [i for i, s in self._states(data).items() if i in wanted and s in ACTIVE]
+            if not active or time.monotonic() >= deadline:
+                return active
+            time.sleep(0.05)
 
 
 def _current(data: dict[str, Any]) -> list[dict[str, Any]]:
