@@ -155,15 +155,24 @@ class Client:
 
 
 def decode(info: dict[str, Any], buffers: tuple[Any, ...]) -> list[tuple[int, Outcome, Any]]:
-    """(task, fate, value) of each item of a RESULT."""
+    """(task, fate, value) of each task of a RESULT: its items, then the tasks of its runs."""
+    return [(index, fate, value) for index, fate, value, _log in decode_logs(info, buffers)]
+
+
+def decode_logs(info: dict[str, Any], buffers: tuple[Any, ...]) -> list[tuple[int, Outcome, Any, bytes]]:
+    """(task, fate, value, output) of each task of a RESULT: its items, then its runs'."""
     values, pos, opos = [], 0, 2
     for plen, noob in info["groups"]:
         data = bytes(buffers[0][pos : pos + plen])
         values.append(pickle.loads(data, buffers=buffers[opos : opos + noob]))
         pos, opos = pos + plen, opos + noob
     out = []
-    for index, _attempt, status, group, item, *_ in info["items"]:
-        out.append((index, Outcome(status), values[group][item] if group >= 0 else None))
+    logs, at = bytes(buffers[1]), 0
+    for index, _attempt, status, group, item, *_, log_len in info["items"]:
+        out.append((index, Outcome(status), values[group][item] if group >= 0 else None, logs[at : at + log_len]))
+        at += log_len
+    for first, count, _attempt, group, item, *_ in info.get("runs", ()):
+        out += [(first + k, Outcome.OK, values[group][item + k], b"") for k in range(count)]
     return out
 
 
@@ -309,13 +318,13 @@ def test_a_flood_of_tiny_tasks_keeps_each_task_s_value_error_and_output(tmp_path
         assert isinstance(c.ask("a"), Accept)
         c.task("a", tiny, [(i,) for i in range(400)])
         got: dict[int, tuple[Outcome, Any, str]] = {}
+        saw_runs = False
         while len(got) < 400:
             ev = c.next(Result, 20)
             c.send(Ack(ev.message.task_id))
-            logs, at = bytes(ev.buffers[1]), 0
-            for (index, fate, value), item in zip(decode(ev.message.info, ev.buffers), ev.message.info["items"]):
-                got[index] = (fate, value, logs[at : at + item[8]].decode())
-                at += item[8]
+            saw_runs = saw_runs or bool(ev.message.info.get("runs"))
+            for index, fate, value, log in decode_logs(ev.message.info, ev.buffers):
+                got[index] = (fate, value, log.decode())
         assert [f for f, _, _ in got.values()].count(Outcome.ERROR) == 1 and got[300][0] is Outcome.ERROR
         assert all(got[i][1] == 2 * i for i in range(400) if i != 300)
         printed = {i: text for i, (_, _, text) in got.items() if text}
@@ -325,6 +334,45 @@ def test_a_flood_of_tiny_tasks_keeps_each_task_s_value_error_and_output(tmp_path
         # most of them ran on the task process's fast path (and this says what the test saw)
         stats = wait_until(lambda: w.stats().get("tasks", 0) >= 1 and w.stats(), 10, "the stats")
         assert stats.get("child_fast_tasks", 0) > 200, stats
+        assert saw_runs  # the quiet runs crossed as one entry each (and their tasks are all above)
+        c.close()
+    finally:
+        w.stop()
+
+
+def unpicklable_at_250(i: int) -> Any:
+    return threading.Lock() if i == 250 else i
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["runs", "rows"])
+def test_quiet_runs_cross_as_one_entry_and_a_value_that_cannot_travel_is_its_task_s_error(
+        tmp_path: Path, key_file: Path, monkeypatch: pytest.MonkeyPatch, runs: bool) -> None:  # fmt: skip
+    if not runs:  # a controller that reads no runs gets one row per task
+        monkeypatch.setattr(wire, "CAPABILITIES", tuple(c for c in wire.CAPABILITIES if c != "runs"))
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    try:
+        c = Client(port, load_key(key_file))
+        for bid, fn in (("a", abs), ("b", unpicklable_at_250)):
+            assert isinstance(c.ask(bid), Accept)
+            c.task(bid, fn, [(i,) for i in range(400)])
+            got: dict[int, tuple[Outcome, Any]] = {}
+            entries = 0
+            while len(got) < 400:
+                ev = c.next(Result, 20)
+                c.send(Ack(ev.message.task_id))
+                info = ev.message.info
+                entries += len(info["items"]) + len(info.get("runs", ()))
+                assert runs or "runs" not in info
+                for index, fate, value in decode(info, ev.buffers):
+                    assert index not in got, f"task {index} reported twice"
+                    got[index] = (fate, value)
+            assert sorted(got) == list(range(400))
+            if bid == "a":
+                assert all(got[i] == (Outcome.OK, i) for i in range(400))
+                assert entries < 100 if runs else entries == 400  # (most of them on the fast path)
+            else:
+                assert got[250][0] is Outcome.ERROR and "pickle" in str(got[250][1]).lower()
+                assert all(got[i] == (Outcome.OK, i) for i in range(400) if i != 250)
         c.close()
     finally:
         w.stop()

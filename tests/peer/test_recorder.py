@@ -33,7 +33,7 @@ def test_tiny_successes_of_consecutive_tasks_are_one_range_record_and_read_back_
         log = b"hello\n" if task == 100 else b""
         # tasks 200.. take 4 ms each: a range holds what ran within RANGE_SPAN_S
         t0 = t if task < 200 else t + (task - 200) * 0.004
-        rows.append((1000 + task, ok, task, 0, log, t0, t0 + 1e-5, 1000 + task, 5 + 1000 + task, 0))
+        rows.append((1000 + task, ok, task, 0, log, t0, t0 + 1e-5, 1000 + task, 5 + 1000 + task, 0, 1))
     w = GroupWriter(store, "peer-x")
     w.write_group(pickled, oob, rows)
     w.sync()
@@ -52,3 +52,33 @@ def test_tiny_successes_of_consecutive_tasks_are_one_range_record_and_read_back_
     for task in (1000, 1042, 1099, 1100, 1120, 1199, 1234, 1299):
         wid, rec = reader.final[task]
         assert read_body(store, wid, rec, cache, task) == f"v{task - 1000}"
+
+
+def test_a_run_reported_as_one_entry_is_one_record_and_joins_the_rows_beside_it(tmp_path: Path) -> None:
+    for sub in ("journal", "results", "logs"):
+        os.makedirs(tmp_path / sub, exist_ok=True)
+    store = JobStore(tmp_path)
+    values = [f"v{t}" for t in range(100)]
+    pickled, oob = serial.dumps(values)
+    rows = [
+        (0, True, 0, 0, b"", 1.0, 1.005, 10, 7, 0, 40),  # tasks 0..39: one entry
+        (40, True, 40, 0, b"", 1.005, 1.005, 30, 47, 0, 1),  # joins it (within RANGE_SPAN_S)
+        (41, True, 41, 0, b"", 1.006, 1.008, 20, 48, 0, 9),  # and so does this run (41..49)
+        (50, True, 50, 0, b"out\n", 1.06, 1.06, 10, 57, 0, 1),  # output: alone
+        (51, True, 51, 0, b"", 1.07, 1.08, 10, 58, 0, 20),  # 51..70
+        (72, True, 71, 0, b"", 1.08, 1.08, 10, 79, 0, 1),  # not the next task: a record of its own
+        (73, True, 72, 0, b"", 1.08, 1.095, 10, 80, 0, 28),  # 73..100: beyond the span of 72's
+    ]
+    w = GroupWriter(store, "peer-x")
+    w.write_group(pickled, oob, rows)
+    w.sync()
+    recs = _records(store, "peer-x")
+    assert [(r.task, r.item, r.count) for r in recs] == [(0, 0, 50), (50, 50, 1), (51, 51, 20), (72, 71, 1), (73, 72, 28)]
+    assert (recs[0].t_start, recs[0].t_end, recs[0].peak_rss, recs[0].seed) == (1.0, 1.008, 30, 7)
+    reader = JournalReader(store)
+    reader.refresh()
+    assert sorted(reader.final) == [*range(71), *range(72, 101)]
+    cache: dict = {}
+    for task, item in ((0, 0), (39, 39), (49, 49), (70, 70), (72, 71), (100, 99)):
+        wid, rec = reader.final[task]
+        assert read_body(store, wid, rec, cache, task) == f"v{item}"

@@ -85,3 +85,57 @@ def test_the_tasks_of_a_batch_that_its_result_does_not_report_are_placed_again(t
     c._on_result(w, *_result("a-2", [4, 5, 6, 7]))  # all reported: nothing placed again
     assert sorted(c.pending) == [1, 3] and set(c.final) == {0, 2, 4, 5, 6, 7}
     assert not c.batches and not c.inflight
+
+
+def _runs_result(bid: str, runs: list[tuple[int, int]], singles: list[int] = ()) -> tuple[Result, tuple[Any, ...]]:
+    """A RESULT with ``runs`` (first, count) of successes as one entry each, then ``singles``
+    as items; the values of the runs' tasks first, in one group."""
+    tasks = [first + k for first, count in runs for k in range(count)] + list(singles)
+    pickled, oob = serial.dumps([f"v{t}" for t in tasks])
+    entries, at = [], 0
+    for first, count in runs:
+        entries.append([first, count, 0, 0, at, 1.0, 1.001, 100])
+        at += count
+    items = [[t, 0, int(Outcome.OK), 0, at + k, 1.0, 1.0, 100, 0] for k, t in enumerate(singles)]
+    info = {"items": items, "runs": entries, "groups": [[len(pickled), len(oob)]], "seconds": 0.01}
+    return Result(bid, info), (pickled, b"", *oob)
+
+
+def _rows(c: Controller) -> list[tuple[int, int, int]]:
+    """(task, item, count) of each row handed to the recorder."""
+    return [(row[0], row[2], row[10]) for _w, parts, _ack, _bufs in c.to_record for _p, _o, rows in parts
+            for row in rows]  # fmt: skip
+
+
+def test_a_run_of_successes_is_one_row_and_finalises_each_of_its_tasks(tmp_path: Path) -> None:
+    c = _controller(tmp_path, 100)
+    got: list[tuple[int, bool, Any, int]] = []
+    c.on_outcome = lambda *a: got.append(a)
+    w = _worker(1)
+    c._on_result(w, *_runs_result("a-1", [(0, 40), (50, 10)], singles=[45]))
+    assert _rows(c) == [(0, 0, 40), (50, 40, 10), (45, 50, 1)]
+    assert set(c.final) == {*range(40), *range(50, 60), 45} and c.n_measured == 51
+    row = c.to_record[0][1][0][2][0]
+    assert row[1] is True and row[8] == 5 and row[5:7] == (1.0, 1.001)  # seed of its first task
+    c._deliver_outcomes()  # an Executor gets each task's value and seed
+    assert sorted(got) == sorted((t, True, f"v{t}", 5 + t) for t in [*range(40), *range(50, 60), 45])
+    # a run holding a task that ended already: its tasks one by one, the ended one dropped
+    c._on_result(w, *_runs_result("a-2", [(38, 5)]))
+    assert _rows(c)[3:] == [(40, 2, 1), (41, 3, 1), (42, 4, 1)] and c.stats["duplicates"] == 2
+    # two runs of one RESULT that overlap: one by one too, each task stored once
+    c._on_result(w, *_runs_result("a-3", [(60, 5), (63, 4)]))
+    assert [r[0] for r in _rows(c)[6:]] == [60, 61, 62, 63, 64, 65, 66] and c.stats["duplicates"] == 4
+    # a cancelled task inside a run
+    c.cancelled.add(71)
+    c._on_result(w, *_runs_result("a-4", [(70, 3)]))
+    assert [r[0] for r in _rows(c)[13:]] == [70, 72] and 71 not in c.final
+
+
+def test_a_run_outside_the_job_is_a_malformed_result(tmp_path: Path) -> None:
+    c = _controller(tmp_path, 10)
+    w = _worker(1)
+    why: list[str] = []
+    c._disconnected = lambda worker, reason: why.append(reason)  # type: ignore[method-assign]
+    c._on_result(w, *_runs_result("a-1", [(8, 3)]))  # tasks 8, 9, 10: there is no task 10
+    assert why and "malformed RESULT" in why[0] and "is not one of this job's 10 tasks" in why[0]
+    assert not c.final and not c.to_record

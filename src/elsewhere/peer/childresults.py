@@ -102,8 +102,9 @@ class BatchResults:
         self._spans: list[tuple[int, int, int]] | None = None  # (position, address, size) of maps
         self.since = time.time()
         self.values: list[Any] = []
-        self.items: list[list[Any]] = []
-        self.logs: list[bytes] = []
+        self.items: list[list[Any]] = []  # [index, attempt, fate, item, t0, t1, rss, log length]
+        self.runs: list[list[Any]] = []  # [first, count, item, t0, t1, rss]: successes without output
+        self.logs: list[bytes] = []  # of the items
         self.oob = 0
         self.released: list[int] = []  # positions of the inputs the daemon may reuse
 
@@ -117,29 +118,45 @@ class BatchResults:
     def add_run(self, first: int, values: list[Any], t0: float, t1: float, logs: dict[int, bytes]) -> None:
         """Tasks ``first``, ``first + 1``... (first attempts) returned ``values``, all between
         ``t0`` and ``t1``; ``logs`` holds the output of those that wrote some (by position)."""
-        at, items = len(self.values), self.items
-        for k in range(len(values)):
-            items.append([first + k, 0, 0, at + k, t0, t1, 0, 0])
+        at, n = len(self.values), len(values)
         self.values += values
-        if not logs:
-            self.logs += [b""] * len(values)
-            return
-        for k, log in logs.items():
-            items[at + k][7] = len(log)
-        self.logs += [logs.get(k, b"") for k in range(len(values))]
+        start = 0  # the tasks between those with output: one entry each stretch
+        for k in sorted(logs) if logs else ():
+            if k > start:
+                self.runs.append([first + start, k - start, at + start, t0, t1, 0])
+            self.items.append([first + k, 0, 0, at + k, t0, t1, 0, len(logs[k])])
+            self.logs.append(logs[k])
+            start = k + 1
+        if start < n:
+            self.runs.append([first + start, n - start, at + start, t0, t1, 0])
+
+    def _spread(self) -> None:
+        """The runs as one item per task, the items in the order of their values (for the
+        rarer paths that look at values one by one: a value that fails to pickle, a group
+        sent in parts)."""
+        if self.runs:
+            logs = {item[3]: log for item, log in zip(self.items, self.logs, strict=True)}
+            for first, count, at, t0, t1, rss in self.runs:
+                self.items += [[first + k, 0, 0, at + k, t0, t1, rss, 0] for k in range(count)]
+            self.runs = []
+            self.items.sort(key=lambda item: item[3])
+            self.logs = [logs.get(item[3], b"") for item in self.items]
+
+    def _task_of(self, k: int) -> int:
+        self._spread()
+        return int(self.items[k][0])
 
     def _pickle(self) -> tuple[bytes, list[memoryview]]:
-        if self.mark is not None and self.items:
-            self.mark(int(self.items[0][0]))
+        if self.mark is not None and (self.items or self.runs):
+            self.mark(int(self.items[0][0] if self.items else self.runs[0][0]))
         if self.oob >= _MAX_RESULT_OOB:  # a RESULT carries at most 1024 buffers
             try:
                 return pickle.dumps(self.values, protocol=5), []
             except BaseException:  # (dump_values makes the error of the value that fails)
                 pass
-        items = self.items
-        data, bufs, bad = dump_values(self.values, lambda k, exc: self.error(exc, int(items[k][0])))
+        data, bufs, bad = dump_values(self.values, lambda k, exc: self.error(exc, self._task_of(k)))
         for k in bad:
-            items[k][2] = int(Outcome.ERROR)
+            self.items[k][2] = int(Outcome.ERROR)
         return data, bufs
 
     def _within_input(self, data: memoryview) -> tuple[int, int] | None:
@@ -168,10 +185,11 @@ class BatchResults:
                 self.mark(-1)  # pickled: no task's any more
 
     def _send(self, *, last: bool) -> None:
-        pickled = self._pickle() if self.items else None
-        if pickled is None or len(self.items) < 2 or _size(pickled) <= self.group_bytes:
+        pickled = self._pickle() if self.values else None
+        if pickled is None or len(self.values) < 2 or _size(pickled) <= self.group_bytes:
             self._send_group(pickled, last=last)
             return
+        self._spread()
         # A large group goes in parts of at most group_bytes (a value larger goes alone):
         # the daemon replaces a group that cannot travel (a RESULT is one frame) by errors,
         # and then only for the values too large themselves.
@@ -224,12 +242,16 @@ class BatchResults:
             rss = peak_rss()
             for item in self.items:
                 item[6] = rss
+            for r in self.runs:
+                r[5] = rss
+            if self.runs:
+                header["runs"] = self.runs
             body.extend(self.logs)
         if last:
             header["released"] = self.released
             self.finish(header)
         send_message(self.sock, header, body, fds)
-        self.values, self.items, self.logs = [], [], []
+        self.values, self.items, self.runs, self.logs = [], [], [], []
         self.since = time.time()
 
 

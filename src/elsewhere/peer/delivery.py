@@ -21,7 +21,7 @@ from .admission import Peer
 from .childmsg import Outcome
 from .children import ChildProcess
 from .messages import Result
-from .runs import Done, Run, build_result, cap_result, fill_unfinished
+from .runs import Done, Run, build_result, cap_result, fill_unfinished, run_tasks
 from .wire import Limits  # looked up where the connections look it up
 from .workerstate import WorkerState
 
@@ -37,10 +37,10 @@ class Delivery(WorkerState):
         self.running.pop(run.seq, None)
         charged = self.fair.finished(run.seq, now)
         self.stats["batches"] += 1
-        if len(run.outcomes) < len(run.info.get("items", ())):  # a batch cut short by maxnum
+        if run_tasks(run) < len(run.info.get("items", ())):  # a batch cut short by maxnum
             fill_unfinished(run, -1, None, "", b"", 0.0, 0, self.options.host)
         requeue = int(Outcome.REQUEUE)
-        self.tasks_done += len(run.outcomes) - sum(1 for row, _ in run.outcomes.values() if row[2] == requeue)
+        self.tasks_done += run_tasks(run) - sum(1 for row, _ in run.outcomes.values() if row[2] == requeue)
         self.stats["tasks"] = self.tasks_done
         self.last_busy = now
         self._announce_due = True
@@ -51,7 +51,8 @@ class Delivery(WorkerState):
             return
         peer = self.by_controller.get(run.controller)
         self.stats["results_too_large"] += cap_result(run, self._max_result(peer), self.options.host)
-        info, buffers = build_result(run, self.options.host, charged)
+        caps = peer.conn.peer.caps if peer is not None and peer.conn.peer is not None else ()
+        info, buffers = build_result(run, self.options.host, charged, runs="runs" in caps)
         self.unacked.setdefault(run.controller, {})[run.task_id] = Done(info, buffers, now, run.leases,
                                                                         run.held)  # fmt: skip
         run.held = []

@@ -34,9 +34,12 @@ __all__ = ["GroupWriter", "Recorder"]
 
 log = logging.getLogger(__name__)
 
-Row = tuple[int, bool, int, int, bytes, float, float, int, int, int]
-"""(task, ok, item, attempt, log, t_start, t_end, peak_rss, seed, flags) of one task in a group
-(``flags``: the journal record's, ``records.FLAG_RERUN`` for an error run again)."""
+Row = tuple[int, bool, int, int, bytes, float, float, int, int, int, int]
+"""(task, ok, item, attempt, log, t_start, t_end, peak_rss, seed, flags, count) of one task in
+a group (``flags``: the journal record's, ``records.FLAG_RERUN`` for an error run again), or,
+with ``count`` > 1, of a run of successes without output of consecutive tasks (``task``,
+``task + 1``...) held by consecutive items (``item``...), with seeds ``seed``, ``seed + 1``...
+that ran between ``t_start`` and ``t_end``: a worker reports those as one entry."""
 
 
 RANGE_SPAN_S = 0.01
@@ -67,19 +70,20 @@ class GroupWriter(OutcomeWriter):
         recs = []
         i, n = 0, len(rows)
         while i < n:
-            task, ok, item, attempt, log_bytes, t0, t1, rss, seed, flags = rows[i]
+            task, ok, item, attempt, log_bytes, t0, t1, rss, seed, flags, count = rows[i]
             j = i + 1
             if ok and not flags and not log_bytes:
                 while j < n:
-                    r, k = rows[j], j - i
-                    if not (r[1] and not r[9] and not r[4] and r[0] == task + k and r[2] == item + k
-                            and r[3] == attempt and r[8] == seed + k and r[6] - t0 <= RANGE_SPAN_S):  # fmt: skip
+                    r = rows[j]
+                    if not (r[1] and not r[9] and not r[4] and r[0] == task + count and r[2] == item + count
+                            and r[3] == attempt and r[8] == seed + count and r[6] - t0 <= RANGE_SPAN_S):  # fmt: skip
                         break
                     t1, rss = max(t1, r[6]), max(rss, r[7])
+                    count += r[10]
                     j += 1
             recs.append(records.Record(
                 kind=ok_kind if ok else err_kind, flags=flags, attempt=attempt, task=task, item=item,
-                count=j - i, res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes),
+                count=count, res_off=off, res_len=size, log_off=log_off, log_len=len(log_bytes),
                 t_start=t0, t_end=t1, peak_rss=rss, seed=seed,
             ))  # fmt: skip
             log_off += len(log_bytes)

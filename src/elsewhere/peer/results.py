@@ -20,6 +20,7 @@ arrived in take the next results.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import time
@@ -82,12 +83,14 @@ class Results(ControllerState):
             groups.append((pickles[ppos : ppos + plen], list(buffers[opos : opos + noob])))
             ppos, opos = ppos + plen, opos + noob
         items = info["items"]
-        if items and info.get("seconds"):
-            per_task = float(info["seconds"]) / len(items)
+        runs = info.get("runs") or ()
+        ntasks = len(items) + sum(int(r[1]) for r in runs)
+        if ntasks and info.get("seconds"):
+            per_task = float(info["seconds"]) / ntasks
             self.mean_s = per_task if not self.n_measured else 0.7 * self.mean_s + 0.3 * per_task
-            self.n_measured += len(items)
-        if items:  # batches are sized to bring back at most placement.BATCH_BYTES
-            per_task = nbytes / len(items)
+            self.n_measured += ntasks
+        if ntasks:  # batches are sized to bring back at most placement.BATCH_BYTES
+            per_task = nbytes / ntasks
             mean = self.result_bytes_per_task
             self.result_bytes_per_task = per_task if not mean else 0.7 * mean + 0.3 * per_task
         lpos = 0
@@ -98,6 +101,9 @@ class Results(ControllerState):
         # none of them ended before (the usual case): no lookup per task below (duplicates
         # within the RESULT are still caught by ``done``)
         clean = not self._ended_among([it[0] for it in items])
+        ran: list[int] = []  # the tasks of its runs (finalised with ``done``'s)
+        if runs:
+            items, clean = self._store_runs(runs, items, groups, rows, ran, clean and seed0 is not None)
         rerun = self.rerun_spec is not None
         last_group, dest = None, None  # (the rows of the group of the item before: the same, mostly)
         for index, attempt, status, group, item, t0, t1, rss, log_len in items:
@@ -129,10 +135,10 @@ class Results(ControllerState):
             if group != last_group or dest is None:
                 last_group, dest = group, rows.setdefault(int(group), [])
             dest.append((index, status == _OK, int(item), attempt, log_bytes, t0, t1, int(rss),
-                         seed0 + index if seed0 is not None else 0, flags))  # fmt: skip
+                         seed0 + index if seed0 is not None else 0, flags, 1))  # fmt: skip
             if not flags:
                 done[index] = None
-        finished = list(done)
+        finished = [*ran, *done] if ran else list(done)
         if finished:
             self._finalise_all(finished)
         if self.on_outcome is not None:
@@ -146,6 +152,43 @@ class Results(ControllerState):
         if not self.to_record:
             self.first_to_record = time.monotonic()
         self.to_record.append((w.writer, parts, (w, bid, finished), buffers))
+
+    def _store_runs(self, runs: Any, items: list[Any], groups: list[tuple[memoryview, list[Any]]],
+                    rows: dict[int, list[tuple[Any, ...]]], ran: list[int], clean: bool) -> tuple[list[Any], bool]:  # fmt: skip
+        """A RESULT's runs (``[first, count, attempt, group, item, t0, t1, rss]``: tasks
+        ``first``... ``first + count - 1``, successes without output, their values the
+        group's items ``item``...) go to ``rows`` as one row each, their tasks to ``ran``
+        (``clean``: none of the RESULT's other tasks ended before). Returns the items left
+        to store one by one, and whether they are clean still: all of them, the runs' tasks
+        too, and not clean, when a run is not the usual case (one of its tasks ended before
+        or is in the RESULT twice; a job without seed)."""
+        n, ngroups = self.n, len(groups)
+        spans: list[tuple[int, int]] = []
+        for first, count, attempt, group, item, *_times in runs:
+            first, count, group, item = int(first), int(count), int(group), int(item)
+            if count < 1 or first < 0 or first + count > n or not 0 <= group < ngroups or item < 0 or int(attempt) < 0:
+                raise ValueError(f"a run of {count} tasks from task {first} (group {group}, item {item}) "
+                                 f"is not one of this job's {n} tasks")  # fmt: skip
+            spans.append((first, first + count))
+        if clean:
+            final, cancelled = self.final, self.cancelled
+            clean = not any((final and final.overlaps(a, b)) or (cancelled and not cancelled.isdisjoint(range(a, b)))
+                            for a, b in spans)  # fmt: skip
+            spans += [(int(it[0]), int(it[0]) + 1) for it in items]
+            spans.sort()
+            clean = clean and all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+        if not clean:  # one by one, as rows (the usual path's checks catch what is amiss)
+            ok = int(Outcome.OK)
+            return [*items, *([int(first) + k, attempt, ok, group, int(item) + k, t0, t1, rss, 0]
+                              for first, count, attempt, group, item, t0, t1, rss in runs
+                              for k in range(int(count)))], False  # fmt: skip
+        seed0 = int(self.seed or 0)  # (not None: see ``clean``)
+        for first, count, attempt, group, item, t0, t1, rss in runs:
+            first, count = int(first), int(count)
+            rows.setdefault(int(group), []).append(
+                (first, True, int(item), int(attempt), b"", t0, t1, int(rss), seed0 + first, 0, count))
+            ran += range(first, first + count)
+        return items, True
 
     def _hand_out(self, groups: list[tuple[memoryview, list[Any]]],
                   rows: dict[int, list[tuple[Any, ...]]]) -> None:  # fmt: skip
@@ -161,8 +204,10 @@ class Results(ControllerState):
             except BaseException as exc:  # even a SystemExit from a value's loading: not the loop's
                 log.debug("a result is read back from the job folder: %s", exc)
                 continue
-            for index, ok, item, *_rest, seed, flags in group_rows:
-                if not flags:  # (an error run again is no outcome)
+            for index, ok, item, *_rest, seed, flags, count in group_rows:
+                if count > 1:  # a run: successes of consecutive tasks
+                    self.outcomes += [(index + k, ok, values[item + k], seed + k) for k in range(count)]
+                elif not flags:  # (an error run again is no outcome)
                     self.outcomes.append((index, ok, values[item], seed))
 
     def _deliver_outcomes(self) -> None:

@@ -45,6 +45,7 @@ class Run:
     started: float = 0.0
     child: ChildProcess[Run] | None = None
     outcomes: dict[int, tuple[list[Any], Any]] = field(default_factory=dict)  # index -> (row, log)
+    runs: list[list[Any]] = field(default_factory=list)  # [first, count, attempt, group, item, t0, t1, rss]
     groups: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (pickled values, oob)
     kill: tuple[Outcome, str] | None = None  # why we killed its child, if we did
     accepted: float = 0.0
@@ -158,13 +159,33 @@ def take_results(child: ChildProcess[Run], header: dict[str, Any], body: memoryv
             logged = b""
         if outcomes is not None:
             outcomes[int(index)] = ([index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged)
+    if run is not None:
+        for first, count, item_no, t0, t1, rss in header.get("runs", ()):  # successes without output
+            if int(count) > 0:
+                run.runs.append([int(first), int(count), 0, group_no, int(item_no), t0, t1, rss])
     for fd in fd_iter:
         os.close(fd)
+
+
+def run_tasks(run: Run) -> int:
+    """How many tasks of ``run`` reported an outcome."""
+    return len(run.outcomes) + sum(r[1] for r in run.runs) if run.runs else len(run.outcomes)
+
+
+def spread_runs(run: Run) -> None:
+    """The run's runs as one outcome row per task (for a controller that reads no ``runs``,
+    and before the rarer paths that look at tasks one by one)."""
+    ok = int(Outcome.OK)
+    for first, count, attempt, group, item, t0, t1, rss in run.runs:
+        for k in range(count):
+            run.outcomes[first + k] = ([first + k, attempt, ok, group, item + k, t0, t1, rss, 0], b"")
+    run.runs = []
 
 
 def fill_unfinished(run: Run, culprit_index: int, culprit: Outcome | None, why: str,
                     tail: bytes, since: float, pid: int, host: str) -> None:  # fmt: skip
     """Outcomes for the tasks of ``run`` that did not report one (``host``: this worker's)."""
+    spread_runs(run)
     job = run.info.get("job", {})
     seed0 = int(job.get("seed") or 0)
     for index, attempt in run.info.get("items", []):
@@ -197,6 +218,8 @@ def cap_result(run: Run, max_bytes: int, host: str) -> int:
     if sum(sizes) <= room:
         return 0
     from ..util.units import format_size
+
+    spread_runs(run)
 
     used = 0
     alone: dict[int, int] = {}  # group -> its size: too large even alone
@@ -232,16 +255,24 @@ def cap_result(run: Run, max_bytes: int, host: str) -> int:
     return lost
 
 
-def build_result(run: Run, host: str, charged: float) -> tuple[dict[str, Any], list[Any]]:
+def build_result(run: Run, host: str, charged: float, *, runs: bool = False) -> tuple[dict[str, Any], list[Any]]:
     """The info and buffers of the RESULT of a finished ``run``: its outcome rows in the
-    order of its items, the sizes of its groups, ``host``, its child's pid and the seconds
-    ``charged``; buffer 0 holds the groups' pickled values, 1 the logs, then the groups'
-    out-of-band buffers."""
-    order = [i for i, _ in run.info.get("items", [])]
-    rows = [run.outcomes[i] for i in order if i in run.outcomes]
+    order of its items (``runs``: the controller reads runs; then the runs of successes as
+    they are, and the rows of the other tasks in the order they came), the sizes of its
+    groups, ``host``, its child's pid and the seconds ``charged``; buffer 0 holds the
+    groups' pickled values, 1 the logs, then the groups' out-of-band buffers."""
+    if run.runs and not runs:
+        spread_runs(run)
+    if run.runs:
+        rows = list(run.outcomes.values())
+    else:
+        order = [i for i, _ in run.info.get("items", [])]
+        rows = [run.outcomes[i] for i in order if i in run.outcomes]
     info = {"items": [r[0] for r in rows], "groups": [[len(g[0]), len(g[1])] for g in run.groups],
             "host": host, "pid": run.child.pid if run.child else 0,
             "seconds": charged}  # fmt: skip
+    if run.runs:
+        info["runs"] = run.runs
     buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
     for g in run.groups:
         buffers.extend(g[1])
