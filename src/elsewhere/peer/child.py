@@ -42,6 +42,7 @@ from typing import Any
 
 from ..folder.store import CUR
 from ..run.runner import JobSetup, TaskOutcome, TaskRunner, flush_output, is_installed_path
+from ..util.system import CoreWatch
 from .childmsg import (
     GROUP_BYTES,
     HEAD,
@@ -438,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     cur = mmap.mmap(cur_fd, CUR.size)
     os.close(cur_fd)
     child = _Child(sock, cur)
+    child.reader.cores = CoreWatch()
     send_message(sock, {"op": "ready", "pid": os.getpid(), "rss": peak_rss()})
     poll_until = 0.0
     while True:

@@ -32,9 +32,12 @@ import socket
 import struct
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+
+if TYPE_CHECKING:
+    from ..util.system import CoreWatch
 
 __all__ = [
     "GROUP_BYTES",
@@ -118,6 +121,7 @@ class MessageReader:
         self._rview = memoryview(self._rbuf)
         self._eof = False  # the end of the stream was read (while polling)
         self.polls = 0  # reads that found nothing while polling
+        self.cores: CoreWatch | None = None  # polls only while a core is free (None: always)
 
     def _recv(self, size: int, flags: int = 0) -> int:
         """Read up to ``size`` bytes; how many (0 at the end of the stream)."""
@@ -185,13 +189,16 @@ class MessageReader:
 
     def _poll(self, until: float) -> bool:
         """Read what comes before ``until`` without sleeping: True if something (or the
-        end of the stream) came, False if nothing did."""
+        end of the stream) came, False if nothing did (or every core is wanted: see
+        :class:`~elsewhere.util.system.CoreWatch`)."""
+        cores = self.cores
         while True:
             try:
                 n = self._recv(1 << 18, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 self.polls += 1
-                if time.monotonic() >= until:
+                now = time.monotonic()
+                if now >= until or (cores is not None and not cores.may_spin(now)):
                     return False
                 os.sched_yield()
                 continue

@@ -158,7 +158,9 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
                 now = time.monotonic()
                 if self._finished(now):
                     break
-                polling = now < self._poll_until
+                polling = now < self._poll_until and self._cores.may_spin(now)
+                if not polling:
+                    self._poll_until = 0.0  # (until the next frame: every core was wanted)
                 events = self.sel.select(0.0 if polling else self._timeout())
                 if not events and polling:
                     self.stats["busy_polls"] += 1
@@ -338,4 +340,5 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
                 self._write_stats()
         self.waker.close()
         self.sel.close()
+        self._cores.close()
         log.info("peer worker %s stopped after %d task(s)", self.peer_id[:8], self.tasks_done)

@@ -49,7 +49,8 @@ class WorkerOptions:
     sockets, awake, for this long (0: never), and a child its socket after each batch. The next step of a tiny task then
     finds it running and warm: a sleeping process takes tens of microseconds to
     wake, and its code then runs cold, several times slower. It yields the core
-    to any process that wants it, and sleeps as soon as a step takes longer.
+    to any process that wants it, polls only while a core is free (see
+    :class:`~elsewhere.util.system.CoreWatch`), and sleeps as soon as a step takes longer.
     """
 
     key: GroupKey | None = None

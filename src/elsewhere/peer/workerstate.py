@@ -29,7 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..util.system import require_proc
+from ..util.system import CoreWatch, require_proc
 from .admission import Admission, Peer
 from .announce import new_peer_id
 from .children import ChildProcess
@@ -122,6 +122,7 @@ class WorkerState:
         self._announce_due = True
         self._last_announce = 0.0
         self._poll_until = 0.0  # see WorkerOptions.poll_s
+        self._cores = CoreWatch()  # it polls only while a core is free
         self._last_tick = 0.0
         self._last_stats = 0.0
         self._last_mem_check = 0.0

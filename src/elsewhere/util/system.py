@@ -21,7 +21,8 @@ import sys
 # (util.errors, and the typing it imports, only where one is raised: the worker imports this
 # module at its start, through the job folder's package, and pays for every import there)
 
-__all__ = ["aes_in_hardware", "missing_fcntl", "parse_aes_flag", "process_started", "require_fcntl", "require_proc"]
+__all__ = ["CoreWatch", "aes_in_hardware", "missing_fcntl", "parse_aes_flag", "process_started", "require_fcntl",
+           "require_proc"]
 
 _SUPPORTED = "it runs on Linux (see the README's Platforms)"
 
@@ -101,3 +102,63 @@ def aes_in_hardware() -> bool:
         except OSError:
             _AES.append(True)
     return _AES[0]
+
+
+class CoreWatch:
+    """Whether a core is free now: fewer runnable threads on the machine than the cores this
+    process may run on, by the running count of ``/proc/loadavg`` (read through one open
+    descriptor: about a microsecond). A process that busy-polls asks it before it spins on,
+    and sleeps instead when every core is wanted: spinning then only takes a core from work
+    (on 2 cores, a map of tiny tasks on peers ran a third slower for its polling). Where
+    there is no ``/proc/loadavg``, a core is always free (as before the watch)."""
+
+    __slots__ = ("_cores", "_every", "_fd", "_next", "_wanted")
+
+    def __init__(self, every_s: float = 1e-4, loadavg: str = "/proc/loadavg") -> None:
+        self._every = every_s
+        self._next = 0.0
+        self._wanted = 0
+        try:
+            self._cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self._cores = os.cpu_count() or 1
+        try:
+            self._fd: int | None = os.open(loadavg, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = None
+
+    @property
+    def cores(self) -> int:
+        """The cores this process may run on."""
+        return self._cores
+
+    def free(self) -> bool:
+        """True while the runnable threads (the caller among them) fit on the cores."""
+        if self._fd is None:
+            return True
+        try:  # "0.75 2.13 2.81 3/345 12345": 3 runnable of 345
+            running = os.pread(self._fd, 128, 0).split(b" ", 4)[3].partition(b"/")[0]
+            return int(running) <= self._cores
+        except (OSError, IndexError, ValueError):
+            return True
+
+    def may_spin(self, now: float) -> bool:
+        """For a busy-poll loop, at each turn (``now``: ``time.monotonic()``): False once
+        every core was wanted at two looks in a row (a look at most every ``every_s``: a
+        thread that wakes for a moment, a result's reader, does not stop the polling)."""
+        if now < self._next:
+            return True
+        self._next = now + self._every
+        if self.free():
+            self._wanted = 0
+            return True
+        self._wanted += 1
+        if self._wanted < 2:
+            return True
+        self._wanted = 0
+        return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
