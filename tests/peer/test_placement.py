@@ -25,6 +25,27 @@ def test_one_task_until_one_was_measured_then_a_batch_of_the_target_time() -> No
     assert batch_size(s, w, total_slots=2, pending=40, mean_s=0.001, n_measured=5) == 10
 
 
+def test_the_end_of_a_job_of_tiny_tasks_goes_in_batches_of_the_least_time_not_one_by_one() -> None:
+    s = ControllerSettings(batch_target_s=0.1, batch_min_s=0.002)
+    w = _worker()
+    # 10 us tasks: a batch holds at least 2 ms of them, however few are left to share
+    assert batch_size(s, w, total_slots=2, pending=40, mean_s=1e-5, n_measured=5) == 200
+    assert batch_size(s, w, total_slots=2, pending=10_000, mean_s=1e-5, n_measured=5) == 2500
+    # tasks of a second: half a fair share still, down to one (the least time is no task)
+    assert batch_size(s, w, total_slots=2, pending=40, mean_s=1.0, n_measured=5) == 1
+    assert batch_size(s, w, total_slots=2, pending=40, mean_s=1e-5, n_measured=0) == 1  # not measured yet
+    # a job of 10 000 tiny tasks on 2 slots: how many batches it takes, each of what is left
+
+    def batches(settings: ControllerSettings) -> int:
+        pending, n = 10_000, 0
+        while pending:
+            pending -= min(pending, batch_size(settings, w, total_slots=2, pending=pending, mean_s=1e-5, n_measured=5))
+            n += 1
+        return n
+
+    assert batches(s) == 13 and batches(ControllerSettings(batch_target_s=0.1, batch_min_s=0.0)) == 30
+
+
 def test_batches_bring_back_at_most_a_gigabyte_of_results() -> None:
     s = ControllerSettings(batch_target_s=0.02)
     w = _worker()

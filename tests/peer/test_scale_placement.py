@@ -286,6 +286,7 @@ def test_a_worker_that_refused_is_asked_again_when_its_wait_ends() -> None:
 def test_the_slots_of_all_workers_are_added_up_again_only_when_a_worker_changes() -> None:
     workers = [_worker(i, free=1, state=PeerState.IDLE) for i in range(2)]
     c = _Controller(workers)
+    c.settings = ControllerSettings(batch_min_s=0.0)  # no least batch: half a fair share alone
     c.mean_s = 1e-4  # tiny tasks: a batch is half a fair share of the tasks waiting
     c.pending.extend(range(100))
     c._place(1.0)

@@ -73,7 +73,7 @@ class Batching(ControllerState):
                     self.blocked_until = min(now + _RECHECK_S, pick.next_free)
                     return
                 k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
-                               self.result_bytes_per_task)  # fmt: skip
+                               self.result_bytes_per_task, least=not self.stream)  # fmt: skip
                 self._ask(best, k, now)
             self.blocked = None
         finally:
@@ -282,7 +282,7 @@ class Batching(ControllerState):
             total = sum(max(1, x.info.announcement.slots // self.settings.cores)
                         for x in self.workers.values() if x.state == "ready")  # fmt: skip
             k = batch_size(self.settings, b.worker, max(1, total), len(self.pending), self.mean_s,
-                           self.n_measured, self.result_bytes_per_task)  # fmt: skip
+                           self.n_measured, self.result_bytes_per_task, least=not self.stream)  # fmt: skip
         while self.pending and len(b.indices) < k:
             i = self.pending.popleft()
             if i in self.final or i in self.cancelled:

@@ -55,6 +55,7 @@ class ControllerSettings:
     diary: str = "always"
     prefer_local: bool = True
     batch_target_s: float = 0.1
+    batch_min_s: float = 0.002
     start_timeout_s: float = 5.0
     connect_timeout_s: float = 3.0
     peer_id: str = ""
@@ -162,14 +163,22 @@ class Worker:
 
 
 def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pending: int,
-               mean_s: float, n_measured: int, bytes_per_task: float = 0.0) -> int:  # fmt: skip
+               mean_s: float, n_measured: int, bytes_per_task: float = 0.0, *, least: bool = True) -> int:  # fmt: skip
     """How many tasks to ask ``w`` to take at once: ``settings.batch_target_s`` of work at
     the mean task time (``mean_s`` of ``n_measured`` tasks; one task until one was
-    measured), at most half a fair share of the ``pending`` tasks over ``total_slots``,
-    no more than ``w`` offers the time for, and no more than :data:`BATCH_BYTES` of
-    results at the mean ``bytes_per_task`` (a RESULT is one frame, at most 4 GiB)."""
-    k = 1 if n_measured == 0 else int(settings.batch_target_s / max(mean_s, 1e-6))
-    k = min(k, max(1, math.ceil(pending / (2 * total_slots))), _MAX_BATCH)
+    measured), at most half a fair share of the ``pending`` tasks over ``total_slots``
+    but, with ``least``, not less than ``settings.batch_min_s`` of work (the end of a job
+    of tiny tasks then takes a few batches, not a round trip per task or two: ends within
+    that much of each other are balanced enough; an Executor's job goes without it, since
+    its calls' results must not wait for a slow call placed in their batch), no more than ``w`` offers the time for, and no
+    more than :data:`BATCH_BYTES` of results at the mean ``bytes_per_task`` (a RESULT is
+    one frame, at most 4 GiB)."""
+    if n_measured == 0:
+        k = floor = 1
+    else:
+        mean = max(mean_s, 1e-6)
+        k, floor = int(settings.batch_target_s / mean), int(settings.batch_min_s / mean) if least else 1
+    k = min(k, max(1, floor, math.ceil(pending / (2 * total_slots))), _MAX_BATCH)
     if bytes_per_task > 0:
         k = min(k, int(BATCH_BYTES / bytes_per_task))
     offer = w.info.announcement.time_s
