@@ -17,19 +17,19 @@ child and warmed up before their clock starts.
    ACCEPT, between a bare controller and the daemon, the child running the
    task); dask ``client.submit(...).result()``;
    ipyparallel ``view.apply_sync``. Target: the Executor's round trip (what a
-   user does) <= 0.5 ms; the bare wire is shown as its lower bound. The
-   target was set where ``concurrent.futures.ProcessPoolExecutor`` (2
+   user does) <= 0.2 ms (the first round's was 0.5 ms); the bare wire is shown
+   as its lower bound. The target was set where ``concurrent.futures.ProcessPoolExecutor`` (2
    workers) took 0.15 ms for the same round trip; its round trip is measured
    in the same process as the Executor's (blocks of 20 taken in turn, each
    after a 50 ms pause, so that neither block runs while the worker still
    busy-polls after the other: a core kept awake changes how fast any
    process wakes on it, ProcessPoolExecutor's too), and
    the target scaled by it (its time over the
-   Executor's at least 0.15 / 0.5 = 0.3x) is judged too, so that a slower
+   Executor's at least 0.15 / 0.2 = 0.75x) is judged too, so that a slower
    machine or minute does not decide the verdict alone.
 2. ``tput``: 10 000 no-op tasks through ``ew.map(on=ew.peers())`` (discovery
-   included) against dask ``client.gather(client.map(...))`` and ipyparallel
-   ``load_balanced_view().map_sync``. Target: >= 30x dask's throughput.
+   included; the median of 5 maps in each round) against dask ``client.gather(client.map(...))`` and ipyparallel
+   ``load_balanced_view().map_sync``. Target: >= 150x dask's throughput (the first round's: 30x).
 3. ``big``: a task that gets a 100 MB NumPy array and returns it (100 MB each
    way), against a bare TCP socket between two Python processes on loopback
    that echoes the same 100 MB, with and without a GMAC over every byte (the
@@ -264,11 +264,13 @@ def m_ew_tput(port: int, key: str, n: int) -> dict:
     import elsewhere as ew
 
     ew.map(noop, range(100), on=_peers(port, key))  # the daemons' children are warm anyway
-    t0 = pc()
-    vals = ew.map(noop, range(n), on=_peers(port, key))
-    t = pc() - t0
-    assert vals[-1] == n - 1
-    return {"t": t}
+    ts = []
+    for _ in range(5):  # one map takes ~0.1 s: the median of 5 (dask's one map takes ~20 s)
+        t0 = pc()
+        vals = ew.map(noop, range(n), on=_peers(port, key))
+        ts.append(pc() - t0)
+        assert vals[-1] == n - 1
+    return {"t": _median(ts), "min": min(ts), "samples": ts}
 
 
 def m_ew_big(port: int, key: str, mb: int) -> dict:
@@ -681,12 +683,12 @@ def report(got: dict) -> str:
     rows = []
     ew_rt, wire_rt, dask_rt, ipp_rt = med("ew_rt"), med("wire_rt"), med("dask_rt"), med("ipp_rt")
     # The target is judged on what a user does (the Executor); the bare wire is its lower bound.
-    rows.append(["rt", "ew.Executor submit().result() (durable)", fmt_time(ew_rt), "", "<= 0.5 ms",
-                 "n/a" if ew_rt != ew_rt else ("PASS" if ew_rt <= 0.5e-3 else "FAIL")])
+    rows.append(["rt", "ew.Executor submit().result() (durable)", fmt_time(ew_rt), "", "<= 0.2 ms",
+                 "n/a" if ew_rt != ew_rt else ("PASS" if ew_rt <= 0.2e-3 else "FAIL")])
     ppe_rt = med("ew_rt", "ppe")
-    r = ppe_rt / ew_rt  # the target scaled by this machine's pace: 0.15 ms / 0.5 ms
+    r = ppe_rt / ew_rt  # the target scaled by this machine's pace: 0.15 ms / 0.2 ms
     rows.append(["rt", "ProcessPoolExecutor submit().result() (this machine's pace)", fmt_time(ppe_rt),
-                 f"{r:.2f}x", ">= 0.3x", verdict(r, 0.3)])
+                 f"{r:.2f}x", ">= 0.75x", verdict(r, 0.75)])
     rows.append(["rt", "peer wire: TASK+ask / RESULT+accept (lower bound)", fmt_time(wire_rt), "", "", "info"])
     rows.append(["rt", "dask client.submit().result()", fmt_time(dask_rt),
                  f"{dask_rt / ew_rt:.1f}x", "", "info"])
@@ -696,7 +698,7 @@ def report(got: dict) -> str:
     rows.append(["tput", f"ew.map, {n} no-op tasks ({fmt_rate(n / ew_t)})", fmt_time(ew_t), "", "", ""])
     r = dask_t / ew_t
     rows.append(["tput", f"dask client.map + gather ({fmt_rate(n / dask_t)})", fmt_time(dask_t),
-                 f"{r:.1f}x", ">= 30x", verdict(r, 30)])
+                 f"{r:.1f}x", ">= 150x", verdict(r, 150)])
     rows.append(["tput", f"ipyparallel map_sync ({fmt_rate(n / ipp_t)})", fmt_time(ipp_t),
                  f"{ipp_t / ew_t:.1f}x", "", "info"])
     bare, bare_mac = med("bare", "echo"), med("bare_mac", "echo")
