@@ -18,14 +18,18 @@ def _records(store: JobStore, wid: str) -> list:
     return scan_frames(data)[0]
 
 
+def _folder(tmp_path: Path, n: int) -> tuple[JobStore, bytes, list]:
+    """A job folder, and ``n`` values ("v0"...) pickled as one group."""
+    for sub in ("journal", "results", "logs"):
+        os.makedirs(tmp_path / sub, exist_ok=True)
+    pickled, oob = serial.dumps([f"v{t}" for t in range(n)])
+    return JobStore(tmp_path), pickled, oob
+
+
 def test_tiny_successes_of_consecutive_tasks_are_one_range_record_and_read_back_each(tmp_path: Path) -> None:
     # Before: one record per task, which the caller's wait parsed again record by record (a job of
     # 10 000 no-ops: 10 000 records, a quarter of the caller's CPU with the reading of results).
-    for sub in ("journal", "results", "logs"):
-        os.makedirs(tmp_path / sub, exist_ok=True)
-    store = JobStore(tmp_path)
-    values = [f"v{t}" for t in range(300)]
-    pickled, oob = serial.dumps(values)
+    store, pickled, oob = _folder(tmp_path, 300)
     t = 100.0
     rows = []
     for task in range(300):
@@ -55,11 +59,7 @@ def test_tiny_successes_of_consecutive_tasks_are_one_range_record_and_read_back_
 
 
 def test_a_run_reported_as_one_entry_is_one_record_and_joins_the_rows_beside_it(tmp_path: Path) -> None:
-    for sub in ("journal", "results", "logs"):
-        os.makedirs(tmp_path / sub, exist_ok=True)
-    store = JobStore(tmp_path)
-    values = [f"v{t}" for t in range(100)]
-    pickled, oob = serial.dumps(values)
+    store, pickled, oob = _folder(tmp_path, 100)
     rows = [
         (0, True, 0, 0, b"", 1.0, 1.005, 10, 7, 0, 40),  # tasks 0..39: one entry
         (40, True, 40, 0, b"", 1.005, 1.005, 30, 47, 0, 1),  # joins it (within RANGE_SPAN_S)
