@@ -5,11 +5,14 @@ controller that reads runs and to one that does not, and the paths that need tas
 from __future__ import annotations
 
 import pickle
+import types
 from typing import Any
+
+import pytest
 
 from elsewhere.peer.childmsg import Outcome
 from elsewhere.peer.messages import Ask
-from elsewhere.peer.runs import Run, build_result, cap_result, fill_unfinished, run_tasks
+from elsewhere.peer.runs import Run, build_result, cap_result, fill_unfinished, run_tasks, take_results
 
 
 def _run(n: int) -> Run:
@@ -65,3 +68,16 @@ def test_a_result_too_large_for_a_frame_keeps_each_task_once() -> None:
     got = _tasks(build_result(run, "h", 0.5, runs=True)[0])
     assert sorted(got) == list(range(100, 131)) and got[130][0] == int(Outcome.ERROR)
     assert got[105] == (int(Outcome.OK), 5)
+
+
+def test_a_run_larger_than_its_batch_is_garbage_from_the_child() -> None:
+    run = Run(1, "c", "t-1", Ask("t-1"), {"items": [[k, 0] for k in range(10)]})
+    child = types.SimpleNamespace(run=run)
+    pickled = pickle.dumps(list(range(10)))
+    header = {"op": "results", "items": [], "runs": [[0, 10, 0, 1.0, 1.1, 7]], "group": [len(pickled), []]}
+    take_results(child, header, memoryview(pickled), [])  # type: ignore[arg-type]
+    assert run.runs == [[0, 10, 0, 0, 0, 1.0, 1.1, 7]] and run_tasks(run) == 10
+    for count in (11, 0, 10**12):  # (the daemon replaces a child that sends such a thing)
+        header["runs"] = [[0, count, 0, 1.0, 1.1, 7]]
+        with pytest.raises(ValueError, match="a run of"):
+            take_results(child, header, memoryview(pickled), [])  # type: ignore[arg-type]

@@ -160,9 +160,11 @@ def take_results(child: ChildProcess[Run], header: dict[str, Any], body: memoryv
         if outcomes is not None:
             outcomes[int(index)] = ([index, attempt, status, group_no, item_no, t0, t1, rss, log_len], logged)
     if run is not None:
+        most = len(run.info.get("items", ()))
         for first, count, item_no, t0, t1, rss in header.get("runs", ()):  # successes without output
-            if int(count) > 0:
-                run.runs.append([int(first), int(count), 0, group_no, int(item_no), t0, t1, rss])
+            if not 0 < int(count) <= most:
+                raise ValueError(f"a run of {count} tasks in a batch of {most}")
+            run.runs.append([int(first), int(count), 0, group_no, int(item_no), t0, t1, rss])
     for fd in fd_iter:
         os.close(fd)
 
