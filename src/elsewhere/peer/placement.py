@@ -170,14 +170,15 @@ def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pendin
     but, with ``least``, not less than ``settings.batch_min_s`` of work (the end of a job
     of tiny tasks then takes a few batches, not a round trip per task or two: ends within
     that much of each other are balanced enough; an Executor's job goes without it, since
-    its calls' results must not wait for a slow call placed in their batch), no more than ``w`` offers the time for, and no
-    more than :data:`BATCH_BYTES` of results at the mean ``bytes_per_task`` (a RESULT is
-    one frame, at most 4 GiB)."""
-    if n_measured == 0:
-        k = floor = 1
-    else:
+    its calls' results must not wait for a slow call placed in their batch), no more than
+    ``w`` offers the time for, and no more than :data:`BATCH_BYTES` of results at the mean
+    ``bytes_per_task`` (a RESULT is one frame, at most 4 GiB)."""
+    k = floor = 1
+    if n_measured:
         mean = max(mean_s, 1e-6)
-        k, floor = int(settings.batch_target_s / mean), int(settings.batch_min_s / mean) if least else 1
+        k = int(settings.batch_target_s / mean)
+        if least:
+            floor = int(settings.batch_min_s / mean)
     k = min(k, max(1, floor, math.ceil(pending / (2 * total_slots))), _MAX_BATCH)
     if bytes_per_task > 0:
         k = min(k, int(BATCH_BYTES / bytes_per_task))

@@ -164,7 +164,7 @@ class Results(ControllerState):
         or is in the RESULT twice; a job without seed)."""
         n, ngroups = self.n, len(groups)
         spans: list[tuple[int, int]] = []
-        for first, count, attempt, group, item, *_times in runs:
+        for first, count, attempt, group, item, _t0, _t1, _rss in runs:
             first, count, group, item = int(first), int(count), int(group), int(item)
             if count < 1 or first < 0 or first + count > n or not 0 <= group < ngroups or item < 0 or int(attempt) < 0:
                 raise ValueError(f"a run of {count} tasks from task {first} (group {group}, item {item}) "

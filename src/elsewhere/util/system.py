@@ -107,7 +107,7 @@ def aes_in_hardware() -> bool:
 class CoreWatch:
     """Whether a core is free now: fewer runnable threads on the machine than the cores this
     process may run on, by the running count of ``/proc/loadavg`` (read through one open
-    descriptor: about a microsecond). A process that busy-polls asks it before it spins on,
+    descriptor: about 2 microseconds). A process that busy-polls asks it before it spins on,
     and sleeps instead when every core is wanted: spinning then only takes a core from work
     (on 2 cores, a map of tiny tasks on peers ran a third slower for its polling). Where
     there is no ``/proc/loadavg``, a core is always free (as before the watch)."""
