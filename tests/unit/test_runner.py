@@ -264,6 +264,35 @@ def test_the_late_writer_writes_and_fsyncs_results_while_a_long_task_runs(runner
         out.close()
 
 
+def test_one_late_writer_thread_serves_a_workers_jobs_one_after_another(runner, cur, tmp_path) -> None:
+    # a thread started for every job a warm worker runs cost it a thread start and a switch each
+    def late_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "elsewhere-late-writer"]
+
+    with worker_log(tmp_path):
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        seen = []
+        for job in ("job1", "job2"):
+            store = JobStore(tmp_path / job)
+            for sub in ("journal", "results", "logs"):
+                (tmp_path / job / sub).mkdir(parents=True)
+            out = ResultWriter(store, "w1", runner.error)
+            out.pending.append(runner.run(0, 0, entry(1), 0))
+            out.begin_task()  # a long task: the outcome before it is written meanwhile
+            try:
+                deadline = time.monotonic() + 10
+                while out.pending:
+                    assert time.monotonic() < deadline, f"{job}: the late writer never wrote the pending outcome"
+                    time.sleep(0.001)
+            finally:
+                out.end_task()
+            seen.append(late_threads())
+            out.close()
+            recs, _ = records.parse_frames((tmp_path / job / "journal" / "w1.rec").read_bytes())
+            assert [r.task for r in recs] == [0]
+        assert len(seen[0]) == 1 and seen[1] == seen[0], seen  # the same thread, still alive
+
+
 def test_outcomes_are_journal_records_pointing_into_one_body(runner, cur, tmp_path) -> None:
     with worker_log(tmp_path):
         store = JobStore(tmp_path / "job")

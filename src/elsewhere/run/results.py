@@ -39,6 +39,55 @@ LATE_S = 0.0002
 on their own (a thread in the worker writes them while that task runs)."""
 
 
+class _LateWriter:
+    """The thread that writes a :class:`ResultWriter`'s outcomes while its worker's task runs
+    (see :meth:`ResultWriter.begin_task`): one for the life of the process, serving the writer
+    whose task began last, so that a worker's jobs after its first start no thread. (threading
+    itself is imported only once a thread is needed: a worker starts faster without it.)"""
+
+    def __init__(self) -> None:
+        self.lock = _thread.allocate_lock()
+        self.wake: Any = None  # a threading.Condition of ``lock``, made with the thread
+        self.writer: ResultWriter | None = None  # the writer served
+        self.waits_until = 0.0  # when the thread wakes (monotonic; inf: when woken)
+
+    def start(self) -> None:
+        import threading
+
+        self.wake = threading.Condition(self.lock)
+        threading.Thread(target=self._run, name="elsewhere-late-writer", daemon=True).start()
+
+    def _run(self) -> None:
+        wake = self.wake
+        with self.lock:
+            while True:
+                w = self.writer
+                if w is None or not w.in_task or w.stuck or not (w.pending or w.unsynced):
+                    self.waits_until = math.inf
+                    wake.wait()  # until a task begins
+                    continue
+                delay = w.due - time.monotonic() if w.pending else SYNC_S
+                if w.unsynced:
+                    delay = min(delay, w.dirty_since + SYNC_S - time.time())
+                if delay > 0:
+                    self.waits_until = time.monotonic() + delay
+                    wake.wait(delay)
+                    continue
+                try:  # the task runs on: the worker's thread does not write meanwhile
+                    w.flush(sync=not w.pending or w.sync_due(time.time()))
+                except OSError:
+                    w.stuck = True  # the worker's own write after the task meets it again, and says so
+
+
+def _after_fork() -> None:
+    global _late
+    _late = _LateWriter()  # a forked child has none of its parent's threads (nor its lock's state)
+
+
+_late = _LateWriter()
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class ResultWriter:
     """Worker ``wid``'s results and journal in job ``store`` (their only writer).
 
@@ -59,20 +108,16 @@ class ResultWriter:
         self.dirty_since = 0.0  # when the oldest of those was written (unix time)
         # The late writer (see begin_task): while the worker's task runs, its thread writes the
         # outcomes pending and fsyncs what is written; the worker's thread does otherwise.
-        # ``in_task`` says which.
-        self.lock = _thread.allocate_lock()  # (threading itself only once a thread is needed:
-        self.in_task = False  # a worker starts faster without it)
+        # ``in_task`` says which (under the late writer's lock).
+        self.in_task = False
         self.due = 0.0
-        self.wake: Any = None  # a threading.Condition of ``lock``, made with the thread
-        self.waits_until = 0.0  # when the late writer wakes (monotonic; inf: when woken)
         self.stuck = False  # the late writer's last write failed: it waits for the next task
-        self.closed = False
 
     def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            if self.wake is not None:
-                self.wake.notify()  # the late writer ends
+        late = _late
+        with late.lock:
+            if late.writer is self:
+                late.writer = None  # the late writer waits for the next task, of another job
         for fd in (self.res_fd, self.jfd):
             os.close(fd)
 
@@ -93,44 +138,24 @@ class ResultWriter:
         are written meanwhile, by the late writer's thread, so that a finished result never
         waits for the task after it; should it run until those results are ``SYNC_S`` old, they
         are fsynced meanwhile, so that a long task never keeps them off the disk."""
-        with self.lock:
+        late = _late
+        with late.lock:
             self.in_task = True
             self.stuck = False
             self.due = time.monotonic() + LATE_S
-            if self.wake is None:
-                import threading
-
-                self.wake = threading.Condition(self.lock)
-                threading.Thread(target=self._late_writer, name="elsewhere-late-writer", daemon=True).start()
-            if self.waits_until > (self.due if self.pending else time.monotonic() + SYNC_S):
-                self.wake.notify()  # (a thread woken for every task costs a context switch each)
+            if late.wake is None:
+                late.start()
+            if late.writer is not self:
+                late.writer = self
+                late.wake.notify()
+            elif late.waits_until > (self.due if self.pending else time.monotonic() + SYNC_S):
+                late.wake.notify()  # (a thread woken for every task costs a context switch each)
 
     def end_task(self) -> None:
         """The task begun ends: the worker's thread writes again (after the late writer's
         write, if one is under way)."""
-        with self.lock:
+        with _late.lock:
             self.in_task = False
-
-    def _late_writer(self) -> None:
-        wake = self.wake
-        assert wake is not None
-        with self.lock:
-            while not self.closed:
-                if not self.in_task or self.stuck or not (self.pending or self.unsynced):
-                    self.waits_until = math.inf
-                    wake.wait()  # until a task begins
-                    continue
-                delay = self.due - time.monotonic() if self.pending else SYNC_S
-                if self.unsynced:
-                    delay = min(delay, self.dirty_since + SYNC_S - time.time())
-                if delay > 0:
-                    self.waits_until = time.monotonic() + delay
-                    wake.wait(delay)
-                    continue
-                try:  # the task runs on: the worker's thread does not write meanwhile
-                    self.flush(sync=not self.pending or self.sync_due(time.time()))
-                except OSError:
-                    self.stuck = True  # the worker's own write after the task meets it again, and says so
 
     def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
         """Write one result body; its (offset, size)."""
