@@ -267,6 +267,23 @@ def test_purge_removes_folder_and_registry_entry(ew_home):
         ew.recover("gone")
 
 
+def test_a_finished_job_is_read_and_purged_by_the_look_that_saw_it_end(ew_home, monkeypatch):
+    # ew.map's results and purge read the job's state again after its wait had read it done: a
+    # third of a warm map's reading of the folder
+    from elsewhere.folder.handle import JobHandle
+
+    looks = []
+    real = JobHandle.snapshot
+    monkeypatch.setattr(JobHandle, "snapshot", lambda self: (looks.append(1), real(self))[1])
+    job = ew.submit(abs, [-1, -2], name="looked-at")
+    job.wait(timeout=60)
+    assert looks, "the wait never looked at the job"
+    looks.clear()
+    path = job.path
+    job.purge()
+    assert looks == [] and not path.exists()
+
+
 def test_wait_timeout(ew_home):
     job = ew.submit(time.sleep, [5], name="slow")
     with pytest.raises(ew.TimeoutError):

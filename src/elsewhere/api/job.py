@@ -236,11 +236,14 @@ class Job(Generic[T]):
         if not self._meta.get("submitted") and target.rank > JobState.PENDING.rank:
             raise JobError(f"job {self.name!r} is not submitted; call job.submit() first")
         n_known = 0 if self._meta.get("stream") or target is not JobState.FINISHED else self.n_tasks
+        snap = None
         try:
-            waiting.wait_for(self.cluster, self._handle, target, timeout=timeout_s, progress=progress,
-                             poll_interval_s=poll_interval_s, n_known=n_known)  # fmt: skip
+            snap = waiting.wait_for(self.cluster, self._handle, target, timeout=timeout_s, progress=progress,
+                                    poll_interval_s=poll_interval_s, n_known=n_known)  # fmt: skip
         finally:
             self._dirty()
+        if snap is not None and snap.done:  # the look that saw the end: results() reads by it
+            self._snap, self._snap_at = snap, time.monotonic()
         return self
 
     def as_completed(self, timeout: float | str | None = None, *, errors: str = "return",

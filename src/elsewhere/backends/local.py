@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 _wake = wake  # the name api/streaming.py imports
 
 _DISPATCH_GRACE_S = 15.0
+_DONE_SEEN_S = 0.5  # a purge trusts a look this recent that saw the job done (ew.map's wait's)
 _START_LOOK_S = 1.0  # a worker on its way this long that took its lock and let it go is lost at start
 _START_LATE_S = 5.0  # ... one that never took it, once the process started for it has ended
 _START_LOSSES = 10  # ... and this many in a row halt the job
@@ -466,5 +467,5 @@ class LocalCluster(Cluster):
     def delete_job(self, job: JobHandle) -> None:
         # Workers of a finished job are about to leave it for the pool: let them
         # (they notice the folder is gone). Only a job with work left is stopped.
-        if not (job.snapshot().done or job.state.done):  # the last look, if recent, is enough when done
+        if not (job.seen_done(_DONE_SEEN_S) or job.snapshot().done):  # a recent look that saw it done will do
             self.cancel_job(job)

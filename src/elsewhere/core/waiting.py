@@ -25,19 +25,21 @@ from . import control
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
+    from ..folder.snapshot import Snapshot
 
 LOOK_S = 0.1  # the whole state is read at least this often
 
 
 def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: float | None,
              progress: bool | None, poll_interval_s: float, n_known: int = 0,
-             until: Callable[[], bool] | None = None) -> None:  # fmt: skip
+             until: Callable[[], bool] | None = None) -> Snapshot | None:  # fmt: skip
     """Block until the job of ``handle`` reaches ``target`` (any end, for FINISHED); raise
     :class:`~elsewhere.TimeoutError` after ``timeout`` seconds (the job goes on running) and
     JobError if the job is purged meanwhile. ``n_known``: the job's task count when the wait
     is for its end (0: unknown, an open stream). ``until``: also return as soon as it is true,
     asked at every wake-up just after the journals were read (``handle.reader`` is fresh):
-    at least every ``LOOK_S`` when ``n_known`` is given, else at every poll interval."""
+    at least every ``LOOK_S`` when ``n_known`` is given, else at every poll interval.
+    Returns the snapshot that saw ``target`` reached (None when ``until`` ended the wait)."""
     from ..util.progress import Progress
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -45,8 +47,8 @@ def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: 
     bar = Progress(handle.name, enabled=progress)
     looked = time.monotonic() if n_known else 0.0  # just submitted: the journals first
     try:
-        _loop(cluster, handle, target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s,
-              until)  # fmt: skip
+        return _loop(cluster, handle, target, timeout, deadline, fd, bar, n_known, looked, poll_interval_s,
+                     until)  # fmt: skip
     except FileNotFoundError:
         if handle.path.is_dir():
             raise
@@ -59,7 +61,7 @@ def wait_for(cluster: Cluster, handle: JobHandle, target: JobState, *, timeout: 
 
 def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float | None,
           deadline: float | None, fd: int, bar: Any, n_known: int, looked: float,
-          poll_interval_s: float, until: Callable[[], bool] | None = None) -> None:  # fmt: skip
+          poll_interval_s: float, until: Callable[[], bool] | None = None) -> Snapshot | None:  # fmt: skip
     last_poll = time.monotonic()
     interval = poll_interval_s
     reader = handle.reader
@@ -78,15 +80,15 @@ def _loop(cluster: Cluster, handle: JobHandle, target: JobState, timeout: float 
             if st.rank >= target.rank:
                 if snap.cancelled:  # perhaps by another process: the cluster acts on it
                     control.poll(cluster, handle)  # (a peer controller here tells its workers)
-                return
+                return snap
             looked = now = time.monotonic()
         if until is not None and until():
-            return
+            return None
         if deadline is not None and now >= deadline:
             snap = control.snapshot(cluster, handle)  # the last word, and the message's
             st = snap.job_state()
             if st.rank >= target.rank:
-                return
+                return snap
             held = f"; {snap.note}" if snap.note else ""
             raise TimeoutError(
                 f"job {handle.name!r} did not reach {target.value} within {timeout} s "

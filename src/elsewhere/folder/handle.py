@@ -76,6 +76,7 @@ class JobHandle:
         self.after: list[JobHandle] = []  # the jobs to wait for, for a backend that does so itself
         self.upstream: dict[str, Any] = {}  # the core's look at the jobs it waits for (after=)
         self.rerun_types: dict[tuple[str, int, int], str] = {}  # errors run again: their types
+        self._last: tuple[float, Snapshot] | None = None  # the last snapshot (monotonic time, it)
 
     def for_tasks(self, tasks: list[int], resources: Mapping[str, Any] | None = None) -> JobHandle:
         """The same job, about ``tasks`` only (what the core passes to start them again)."""
@@ -178,10 +179,18 @@ class JobHandle:
         final = reader.final
         running = {idx: (wid, since) for idx, wid, since in marked if idx not in final}
         n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
-        return Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
+        snap = Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
                         cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts),
                         damaged=self.damage(q),
                         reruns={t: e[1].attempt + 1 for t, e in reader.reruns.items()})  # fmt: skip
+        self._last = (time.monotonic(), snap)
+        return snap
+
+    def seen_done(self, within_s: float) -> bool:
+        """Whether a snapshot of the last ``within_s`` seconds saw the job done (a done job
+        stays done, unless tasks of it are run again)."""
+        last = self._last
+        return last is not None and time.monotonic() - last[0] <= within_s and last[1].done
 
     @property
     def state(self) -> JobState:
