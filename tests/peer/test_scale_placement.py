@@ -167,7 +167,7 @@ class _Controller(Retries, Batching):
         self.mean_s, self.n_measured, self.result_bytes_per_task = 0.1, 10, 0.0
         self.stream, self.closed, self.standing_after = False, True, 0.0
         self._seq, self.short = 0, "ctl"
-        self.placing_epoch, self.blocked, self.blocked_until = 0, None, 0.0
+        self.placing_epoch, self.blocked, self.blocked_until, self.freed = 0, None, 0.0, {}
         self.roster_epoch, self.roster_slots = 0, (-1, 0)
         self.sent: list[tuple[Worker, Any]] = []
 
@@ -253,6 +253,62 @@ def test_a_turn_with_every_worker_full_is_skipped_until_a_batch_comes_back() -> 
     assert _asks(c) == [w] and c.stats["placing_skipped"] == 3
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_a_turn_after_batches_came_back_looks_at_their_workers_alone_and_asks_as_a_full_pass_would(
+    seed: int,
+) -> None:
+    # Under contention every worker is full and a placing turn follows each batch that comes
+    # back: the pass over every worker cost most of a turn (bench/peer_scale.py: 99 us a task
+    # at 32 workers). The narrow turn must choose as the full pass would, whatever happened.
+    def controller() -> _Controller:
+        rng = random.Random(seed)
+        workers = []
+        for i in range(32):
+            slots = rng.choice([1, 1, 2])
+            w = _worker(i, slots=slots, free=0, host=rng.randint(1, 3), mem_gb=rng.choice([4, 8, 16]))
+            _hold(w, 2 * slots, sent=slots)
+            workers.append(w)
+        c = _Controller(workers)
+        c.settings = ControllerSettings(prefer_local=rng.random() < 0.5, mem_bytes=rng.choice([0, 2 << 30]))
+        c.pending.extend(range(1000, 3000))
+        return c
+
+    narrow, full = controller(), controller()
+    rng = random.Random(seed + 100)
+    now = 1.0
+    for step in range(800):
+        i, r, free = rng.randrange(32), rng.random(), rng.randint(0, 2)
+        more = rng.sample(range(32), rng.choice([0, 0, 1, 2]))  # batches back from others too
+        for c in (narrow, full):
+            w = list(c.workers.values())[i]
+            if r < 0.1:  # its announcement: idle or busy, its free slots (no room of ours changes)
+                a = w.info.announcement
+                free = min(free, a.slots)
+                fields = {**{k: getattr(a, k) for k in a.__dataclass_fields__}, "slots_free": free,
+                          "state": PeerState.IDLE if free else PeerState.BUSY}  # fmt: skip
+                w.info = PeerInfo(Announcement(**fields), w.info.connect_address, 0.0, 0.0)
+            elif r < 0.75:  # batches came back (from one worker or a few, between two turns)
+                for back in [w, *(list(c.workers.values())[j] for j in more)]:
+                    if back.batches:
+                        c._forget(next(iter(back.batches.values())))
+            elif r < 0.85 and w.batches:  # the worker refused one: it rests a moment
+                c._forget(next(reversed(w.batches.values())))
+                w.busy_until = now + 0.05
+            elif r < 0.9:
+                c.pending.extend(range(10_000 + 10 * step, 10_000 + 10 * step + 10))
+            if c is full and c.blocked is not None:
+                c.blocked = (*c.blocked[:2], -1, *c.blocked[3:])  # a pass over every worker, always
+            c._place(now)
+            for _w, m in c.sent:
+                b = c.batches.get(m.task_id)
+                if b is not None:
+                    b.sent = b.sent or now  # (admitted at once)
+        assert [(w.peer_id, m.task_id) for w, m in narrow.sent] == [(w.peer_id, m.task_id) for w, m in full.sent], step
+        now += rng.choice([0.0005, 0.002, 0.01, 0.03])
+    assert narrow.stats["placing_narrow"] > 200 and full.stats["placing_narrow"] == 0
+    assert len(narrow.sent) > 200  # (it placed)
+
+
 def test_a_skipped_turn_places_when_tasks_come_or_a_while_passed() -> None:
     c = _full_controller()
     c._place(1.0)
@@ -317,10 +373,23 @@ def test_a_worker_found_or_offering_more_ends_the_skip_its_free_slots_alone_do_n
 
     announce(slots_free=1, state=PeerState.IDLE)  # a task ended there: no room of ours changes
     assert c.placing_epoch == 1
-    announce(slots=4)  # more slots: room for more batches
+    # its free memory and time left move in nearly every announcement: nothing of ours changes
+    # while they cross no need of the job's (with every such change a pass over the workers)
+    announce(mem_bytes=w.info.announcement.mem_bytes + 12345, time_s=w.info.announcement.time_s - 7)
+    assert c.placing_epoch == 1
+    c.settings = ControllerSettings(mem_bytes=4 << 30, time_s=600.0)  # a job that needs 4 GiB, 10 min
+    announce(mem_bytes=6 << 30, time_s=3600.0)  # less, still enough
+    assert c.placing_epoch == 1
+    announce(mem_bytes=2 << 30)  # too little memory now
     assert c.placing_epoch == 2
-    announce(state=PeerState.ZOMBIE)  # stopping: none
+    announce(mem_bytes=8 << 30)  # enough again
     assert c.placing_epoch == 3
+    announce(time_s=60.0)  # too little time
+    assert c.placing_epoch == 4
+    announce(slots=4)  # more slots: room for more batches
+    assert c.placing_epoch == 5
+    announce(state=PeerState.ZOMBIE)  # stopping: none
+    assert c.placing_epoch == 6
 
 
 # -- the daemon's memory check: the task's own processes, not all of /proc --------------------------

@@ -44,6 +44,10 @@ where results come faster than the job folder's disk takes them, the controller'
 stays bounded (it waits for the disk instead of growing by every result)."""
 
 
+def _found(w: Worker) -> int:
+    return w.seq
+
+
 class Batching(ControllerState):
     """How :class:`~.controller.Controller` places its tasks (see the module doc)."""
 
@@ -58,19 +62,36 @@ class Batching(ControllerState):
         if not self.pending:
             self._stand(now)
             return
-        if self.blocked == (self.placing_epoch, len(self.pending)) and now < self.blocked_until:
+        if self.blocked is not None and self.blocked[:2] == (self.placing_epoch, len(self.pending)) \
+                and now < self.blocked_until:  # fmt: skip
             self.stats["placing_skipped"] += 1  # no worker has gained room since the last turn
             return
         s = self.settings
         epoch, slots = self.roster_slots
-        pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending),
-                          total_slots=slots if epoch == self.roster_epoch else -1)  # fmt: skip
+        freed, self.freed = self.freed, {}
+        total = slots if epoch == self.roster_epoch else -1
+        blocked = self.blocked
+        if blocked is not None and blocked[2] == self.roster_epoch and now < self.blocked_until and total >= 0:
+            # The last turn found no worker with room, and since then only batches came back
+            # (or were taken back): their workers alone may have room now, and the best of them
+            # is the best of all. A turn under contention looks at one worker, not every one.
+            _, _, _, connecting, known_slots = blocked
+            depth = 1 if connecting and len(self.pending) <= known_slots else 2
+            pick = Candidates(sorted(freed, key=_found), s, self.local_addresses, now, len(self.pending),
+                              total_slots=total, depth=depth)  # fmt: skip
+            recheck = self.blocked_until  # (the pass over every worker stays due by then)
+            self.stats["placing_narrow"] += 1
+        else:
+            pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending),
+                              total_slots=total)  # fmt: skip
+            recheck = now + _RECHECK_S
+            connecting, known_slots = pick.connecting, pick.known
         try:
             while self.pending:
                 best = pick.take()
                 if best is None:
-                    self.blocked = (self.placing_epoch, len(self.pending))
-                    self.blocked_until = min(now + _RECHECK_S, pick.next_free)
+                    self.blocked = (self.placing_epoch, len(self.pending), self.roster_epoch, connecting, known_slots)
+                    self.blocked_until = min(recheck, pick.next_free)
                     return
                 k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
                                self.result_bytes_per_task, least=not self.stream)  # fmt: skip
@@ -318,6 +339,7 @@ class Batching(ControllerState):
         self.batches.pop(b.bid, None)
         b.worker.batches.pop(b.bid, None)
         self.placing_epoch += 1
+        self.freed[b.worker] = None
         inflight, view, bid = self.inflight, self.running_view, b.bid
         with self.lock:
             for i in b.indices:

@@ -151,11 +151,15 @@ class ControllerState:
         self.standing_after = 0.0
         # what may give a worker room for a batch bumps this (a batch gone, a connection
         # made or lost, a worker's offer changed); a placing turn that placed what it could
-        # and left tasks waiting keeps (this, the tasks waiting) until when to look again
-        # anyway, and the turns after it skip the pass over the workers while both hold
+        # and left tasks waiting keeps (this, the tasks waiting, roster_epoch, the workers
+        # connecting, their slots and the ready ones') and until when to look at every worker
+        # again anyway: the turns after it skip the pass over the workers while the first two
+        # hold, and look only at the workers a batch came back from (``freed``) while the
+        # roster holds
         self.placing_epoch = 0
-        self.blocked: tuple[int, int] | None = None
+        self.blocked: tuple[int, int, int, int, int] | None = None
         self.blocked_until = 0.0
+        self.freed: dict[Worker, None] = {}
         self.roster_epoch = 0  # the part of it that changes which workers are ready and usable
         self.roster_slots = (-1, 0)  # (roster_epoch, the slots of those workers) when last added up
         self._seq = 0

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..util.errors import PeerError, ProtocolError
 from .access import same_user
-from .announce import PeerState
+from .announce import Announcement, PeerState
 from .controlstate import ControllerState
 from .handshake import HandshakeRefused
 from .messages import Accept, Bye, Error, Ping, Refuse, Result
@@ -61,10 +61,8 @@ class Links(ControllerState):
                 w = self.workers[a.peer_id] = Worker(a.peer_id, info)
                 self._roster_changed()
             elif w.info is not info:
-                was = w.info.announcement
-                if not w.listed or (was.slots, was.time_s, was.mem_bytes, was.state is PeerState.ZOMBIE) != (
-                        a.slots, a.time_s, a.mem_bytes, a.state is PeerState.ZOMBIE):  # fmt: skip
-                    self._roster_changed()  # what it offers changed (not only its free slots)
+                if not w.listed or self._fit(w.info.announcement) != self._fit(a):
+                    self._roster_changed()  # what it offers this job changed (not only its free slots)
                 w.info = info
                 w.listed = True
             if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
@@ -84,6 +82,16 @@ class Links(ControllerState):
                 self._roster_changed()
                 self._lose(w, "its announcements stopped (it expired)")
         self._update_note()
+
+    def _fit(self, a: Announcement) -> tuple[int, bool, bool, bool]:
+        """What of a worker's offer decides whether this job's tasks may go there, and how
+        many: its slots, whether it stops, whether its time and its memory fall short of the
+        tasks' needs. Its free memory and time left change in nearly every announcement; a
+        change that crosses no need changes nothing a placing turn would find (each
+        announcement a pass over every worker, two of every three turns that placed nothing)."""
+        s = self.settings
+        return (a.slots, a.state is PeerState.ZOMBIE, bool(s.time_s) and a.time_s < s.time_s,
+                bool(s.mem_bytes) and a.mem_bytes < s.mem_bytes)  # fmt: skip
 
     def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import itertools
 import math
 import socket
 from collections.abc import Iterable
@@ -87,10 +88,14 @@ class Standing:
     ask: Ask  # its ASK, sent alone or inside a TASK
 
 
+_made = itertools.count()
+
+
 class Worker:
     """A worker as this controller knows it: its announcement and our connection."""
 
     def __init__(self, peer_id: str, info: PeerInfo) -> None:
+        self.seq = next(_made)  # the order workers were found in (a pass over them goes in it)
         self.peer_id = peer_id
         self.info = info
         self.sock: socket.socket | None = None
@@ -214,7 +219,7 @@ class Candidates:
     worker's state or offer changes (the controller passes the sum it kept, ``total_slots``).
     """
 
-    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "depth", "next_free")
+    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "connecting", "depth", "known", "next_free")
 
     def __init__(
         self,
@@ -225,6 +230,7 @@ class Candidates:
         pending: int,
         *,
         total_slots: int = -1,
+        depth: int = 0,
     ) -> None:
         s = settings
         cores, prefer_local, mem, time_s = s.cores, s.prefer_local, s.mem_bytes, s.time_s
@@ -252,7 +258,10 @@ class Candidates:
                     next_free = w.busy_until
         self._ready, self._settings, self._total_slots = ready, s, total_slots
         self.next_free = next_free
-        self.depth = depth = 1 if connecting and pending <= known else 2
+        self.known, self.connecting = known, connecting
+        if not depth:
+            depth = 1 if connecting and pending <= known else 2
+        self.depth = depth
         heap: list[tuple[int, float, int, int, Worker, int, int]] = []
         for order, (w, a, slots, n) in enumerate(room):
             # Worker.usable, written out (here and in total_slots): a call per worker would
