@@ -162,14 +162,17 @@ def instrument(counters: collections.Counter[str], ids: list[str]) -> dict[str, 
     def counted_place(self: Any, now: float) -> None:
         before = len(self.pending)
         inside[0] = True
+        t0 = time.thread_time_ns()
         try:
             place(self, now)
         finally:
+            spent = time.thread_time_ns() - t0
             inside[0] = False
             placed = before - len(self.pending)
             counters["placed"] += max(0, placed)
             if before and placed <= 0:
                 counters["futile"] += 1
+                counters["futile_ns"] += spent  # (the ASKs' sending in the others' alone)
 
     close_all, withdraw = controller.Controller._close_all, batching.Batching._withdraw
 
@@ -1042,6 +1045,9 @@ def main(argv: list[str]) -> int:
                   f"({c.get('counters', {}).get('futile', 0)} futile): {cpu / max(1, placed) * 1e6:.0f} us a task, "
                   f"{cpu / max(1, calls) * 1e6:.0f} us a call; nested overhead "
                   f"{c.get('nested_overhead', 0) * 1e6:.1f} us", file=sys.stderr)  # fmt: skip
+            futile, futile_s = c.get("counters", {}).get("futile", 0), c.get("counters", {}).get("futile_ns", 0) / 1e9
+            print(f"  turns that placed nothing: {futile_s / max(1, futile) * 1e6:.1f} us each; the others "
+                  f"{(cpu - futile_s) / max(1, calls - futile) * 1e6:.0f} us each", file=sys.stderr)  # fmt: skip
         total: collections.Counter[str] = collections.Counter()
         for d in got["ew"]["daemon_stats"]:
             total.update(
