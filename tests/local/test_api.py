@@ -284,6 +284,21 @@ def test_a_finished_job_is_read_and_purged_by_the_look_that_saw_it_end(ew_home, 
     assert looks == [] and not path.exists()
 
 
+def test_map_asks_its_workers_to_wake_it_at_their_end_alone_unless_the_job_is_kept(ew_home, monkeypatch):
+    # (a kept job may be followed later, as_completed: its results wake its client one by one)
+    from elsewhere.api.job import Job
+
+    seen = {}
+    real = Job.wait
+    monkeypatch.setattr(Job, "wait", lambda self, *a, **k: (seen.setdefault(self.name, self._meta.get("notify")),
+                                                             real(self, *a, **k))[1])  # fmt: skip
+    assert ew.map(abs, [-1, -2], name="purged-after") == [1, 2]
+    assert ew.map(abs, [-3], name="kept", keep=True) == [3]
+    job = ew.submit(abs, [-4], name="submitted")
+    job.wait(timeout=60)
+    assert seen == {"purged-after": "end", "kept": None, "submitted": None}
+
+
 def test_wait_timeout(ew_home):
     job = ew.submit(time.sleep, [5], name="slow")
     with pytest.raises(ew.TimeoutError):

@@ -293,6 +293,31 @@ def test_one_late_writer_thread_serves_a_workers_jobs_one_after_another(runner, 
         assert len(seen[0]) == 1 and seen[1] == seen[0], seen  # the same thread, still alive
 
 
+def test_a_client_waiting_for_the_end_alone_is_woken_once_for_a_workers_part(runner, cur, tmp_path, monkeypatch) -> None:
+    # ew.map's caller waits for the job's end: woken at every group of results, it took the
+    # cores of the workers that were still writing theirs
+    told: list[str] = []
+    with worker_log(tmp_path):
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        for job, at_end in (("each", False), ("end", True)):
+            store = JobStore(tmp_path / job)
+            for sub in ("journal", "results", "logs"):
+                (tmp_path / job / sub).mkdir(parents=True)
+            monkeypatch.setattr(store, "notify", lambda job=job: told.append(job))
+            out = ResultWriter(store, "w1", runner.error, tell_at_end=at_end)
+            out.pending.append(runner.run(0, 0, entry(1), 0))
+            out.flush(sync=False)
+            out.write_range(1, [2, 3], 0.0, 0.0, 0, 0, 1)
+            out.flush()
+            assert told.count(job) == (2 if job == "each" else 0), told
+            out.tell_client()  # its part is written
+            out.tell_client()  # (nothing new since)
+            assert told.count(job) == (2 if job == "each" else 1), told
+            out.close()
+            recs, _ = records.parse_frames((tmp_path / job / "journal" / "w1.rec").read_bytes())
+            assert [(r.task, r.count) for r in recs] == [(0, 1), (1, 2)]  # written all the same
+
+
 def test_outcomes_are_journal_records_pointing_into_one_body(runner, cur, tmp_path) -> None:
     with worker_log(tmp_path):
         store = JobStore(tmp_path / "job")

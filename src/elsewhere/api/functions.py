@@ -95,6 +95,7 @@ def create_job(
     _n_tasks: int = 0,
     _submitting: bool = False,
     _waited: bool = False,
+    _purged: bool = False,
 ) -> Job[Any]:
     """A new, empty job (MATLAB's createJob): add tasks, then ``submit()``.
 
@@ -150,6 +151,8 @@ def create_job(
         meta["submitted"] = time.time()
     if _waited:  # ew.map: its caller waits for the end (a peer controller then runs there)
         meta["waited"] = True
+        if _purged:  # ... and purges the job then: its workers wake it once each, at their end
+            meta["notify"] = "end"
     if not cl.shares_filesystem():
         # Paths of this machine mean nothing over there (even where they happen
         # to exist): tasks run in the job's files folder, code travels by value.
@@ -206,6 +209,7 @@ def submit(
     on: Cluster | str | None = None,
     name: str | None = None,
     _waited: bool = False,
+    _purged: bool = False,
     **options: Unpack[JobOptions],
 ) -> Job[T]:
     """Run ``fn`` once per element of the zipped ``iterables``; return the Job at once.
@@ -233,7 +237,7 @@ def submit(
             raise _NoTasks("nothing to run: the inputs are empty (ew.map returns [] for them)")
         _warn_repeated(fn, tasks, form, stacklevel=4 if _waited else 3)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
-                         **options)  # fmt: skip
+                         _purged=_purged, **options)  # fmt: skip
         write_and_submit(job, fn, tasks, form)
     return job
 
@@ -372,7 +376,7 @@ def map(
         raise ConfigError(f'errors must be "raise" or "return", not {errors!r}')
     timeout_s = parse_duration(timeout, what="timeout")  # before a job is made of bad input
     try:
-        job = submit(fn, *iterables, on=on, _waited=True, **options)
+        job = submit(fn, *iterables, on=on, _waited=True, _purged=not keep, **options)
     except _NoTasks:
         return []  # as the built-in map: nothing in, nothing out
     ok = False

@@ -86,6 +86,7 @@ class JobRun:
         self.rerun_spec = meta.get("retry") if not worker.mpi else None
         self.deferred: list[tuple[float, int, int]] = []  # given tasks to run again: (due, task, attempt)
         self.after = list(meta.get("after") or ())  # the jobs it waits for (after=)
+        self.tell_at_end = meta.get("notify") == "end"  # its client waits for the end alone (ew.map)
 
     def join(self, lock_path: str) -> Any:
         """Become a member of the job and claim its first tasks, in one queue update.
@@ -131,7 +132,7 @@ class JobRun:
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
-        self.out = ResultWriter(store, wid, self.runner.error)
+        self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end)
         if not os.fstat(self.out.jfd).st_size:
             # An empty first frame: the journal's first block is taken now, while there is room,
             # so that on a full disk this worker can still write there why it stopped.
@@ -157,7 +158,7 @@ class JobRun:
                 steps.append(self._trim)
             steps.append(out.close)
             if not _disk_full(failure):
-                steps.insert(0, out.flush)
+                steps[:0] = [out.flush, out.tell_client]
         if cur is not None:
             steps.append(cur.close)
         if self.payload is not None:
@@ -216,9 +217,11 @@ class JobRun:
             if claim is _NO_CLAIM:
                 claim = self.claims.claim(self.mean_s, self.n_done)
             if claim is None:
+                self.out.tell_client()  # (before the fsyncs of the end: see _close)
                 return
             if claim is WAIT:
                 self.out.flush()
+                self.out.tell_client()
                 if self.payload is not None:
                     self.payload.forget()  # nothing of the calls run is held while waiting
                 wake_at = self.claims.wake_at

@@ -95,9 +95,14 @@ class ResultWriter:
     as one group. ``error`` makes the error record of a task whose value cannot be pickled.
     """
 
-    def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord]) -> None:
+    def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord], *,
+                 tell_at_end: bool = False) -> None:  # fmt: skip
         self.store = store
         self.error = error
+        # Its client waits for the job's end alone (ew.map): woken once this worker's part is
+        # written (tell_client), not at every group of results (it looks every 0.1 s anyway)
+        self.tell_at_end = tell_at_end
+        self.untold = False  # results written that its client was not woken for
         self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.res_end = os.fstat(self.res_fd).st_size
         self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -199,7 +204,7 @@ class ResultWriter:
         self.last_flush = time.time()
         # The client reads the frame from the page cache: it hears of it before the journal's
         # fsync, which is the worker's own business (a crash before it: the tasks run again)
-        self.store.notify()
+        self._written()
         if sync:
             os.fsync(self.jfd)
             self.unsynced = False
@@ -227,7 +232,19 @@ class ResultWriter:
         os.write(self.jfd, records.pack_frame([rec]))
         self._dirty()
         self.last_flush = t1
-        self.store.notify()
+        self._written()
+
+    def _written(self) -> None:
+        if self.tell_at_end:
+            self.untold = True
+        else:
+            self.store.notify()
+
+    def tell_client(self) -> None:
+        """This worker's part is written (or it waits): wake a client told nothing of it yet."""
+        if self.untold:
+            self.untold = False
+            self.store.notify()
 
 
 def dump_values(values: list[Any], error_of: Callable[[int, BaseException], ErrorRecord]
