@@ -269,8 +269,8 @@ class Candidates:
             if (n >= depth * slots or w.unsuitable or not w.listed or a.state is zombie or a.slots < cores
                     or (time_s and a.time_s < time_s) or (mem and a.mem_bytes < mem)):  # fmt: skip
                 continue
-            running = sum(1 for b in w.batches.values() if b.sent) if a.slots_free < cores else 0
-            idle = a.slots_free >= cores or (a.state is PeerState.IDLE and running < slots)
+            idle = a.slots_free >= cores or (
+                a.state is PeerState.IDLE and sum(1 for b in w.batches.values() if b.sent) < slots)  # fmt: skip
             local = prefer_local and w.info.connect_address[0] in local_addresses
             rank = (0 if idle else 2) + (0 if local else 1)
             heap.append((rank, n / slots, (a.mem_bytes - mem) if mem else 0, order, w, slots, n))
