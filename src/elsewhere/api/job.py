@@ -242,7 +242,9 @@ class Job(Generic[T]):
                                     poll_interval_s=poll_interval_s, n_known=n_known)  # fmt: skip
         finally:
             self._dirty()
-        if snap is not None and snap.done:  # the look that saw the end: results() reads by it
+        if snap is not None and snap.done and self.cluster.shares_filesystem():
+            # the look that saw the end: results() reads by it (where workers write elsewhere,
+            # results() fetches what they wrote first: see _snapshot)
             self._snap, self._snap_at = snap, time.monotonic()
         return self
 
