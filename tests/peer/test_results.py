@@ -139,3 +139,21 @@ def test_a_run_outside_the_job_is_a_malformed_result(tmp_path: Path) -> None:
     c._on_result(w, *_runs_result("a-1", [(8, 3)]))  # tasks 8, 9, 10: there is no task 10
     assert why and "malformed RESULT" in why[0] and "is not one of this job's 10 tasks" in why[0]
     assert not c.final and not c.to_record
+
+
+def test_a_workers_record_names_no_task_process_of_it(tmp_path: Path) -> None:
+    # Before: the pid of the task process that sent a daemon's last RESULT went into the
+    # daemon's record, which says who runs its tasks; on a daemon of several slots another of
+    # its task processes runs the next task: the record named the wrong process (the
+    # conformance suite's "who ran the task" check failed on a loaded machine)
+    import json
+
+    c = _controller(tmp_path, 4)
+    w = _worker(1)
+    w.wid, w.host = "peer-h-00000001-j", "h"
+    c._write_worker_info(w)  # as when it connected
+    msg, buffers = _result("a-1", [0])
+    c._on_result(w, Result(msg.task_id, {**msg.info, "host": "h", "pid": 4242}), buffers)
+    info = json.loads((c.store.path / "workers" / f"{w.wid}.json").read_text())
+    assert info["peer_id"] == w.peer_id and info["host"] == "h"
+    assert "pid" not in info, info

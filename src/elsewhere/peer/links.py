@@ -193,7 +193,9 @@ class Links(ControllerState):
     def _write_worker_info(self, w: Worker) -> None:
         from ..folder.store import write_json
 
-        info = {"host": w.host, "pid": w.pid, "peer_id": w.peer_id, "user": w.info.announcement.user,
+        # (no pid: the daemon's is not told, and the task process that sent the last RESULT
+        # need not be the one running the task now, on a daemon of several slots)
+        info = {"host": w.host, "peer_id": w.peer_id, "user": w.info.announcement.user,
                 "address": list(w.info.connect_address), "python": ""}  # fmt: skip
         with contextlib.suppress(OSError):
             write_json(self.store.path / "workers" / f"{w.wid}.json", info, fsync=False)

@@ -111,7 +111,6 @@ class Worker:
         self.unsuitable_since = 0.0
         self.wid = ""
         self.writer: GroupWriter | None = None
-        self.pid = 0
         self.host = info.announcement.host
         self.failures = 0
         self.listed = True

@@ -49,10 +49,6 @@ class Results(ControllerState):
 
     def _on_result(self, w: Worker, msg: Result, buffers: tuple[Any, ...]) -> None:
         info = msg.info
-        pid = int(info.get("pid") or 0)
-        if pid and pid != w.pid:
-            w.pid = pid
-            self._write_worker_info(w)
         b = self.batches.get(msg.task_id)
         if b is not None:
             self._forget(b)
