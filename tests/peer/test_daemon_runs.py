@@ -12,7 +12,14 @@ import pytest
 
 from elsewhere.peer.childmsg import Outcome
 from elsewhere.peer.messages import Ask
-from elsewhere.peer.runs import Run, build_result, cap_result, fill_unfinished, run_tasks, take_results
+from elsewhere.peer.runs import (
+    Run,
+    build_result,
+    cap_result,
+    fill_unfinished,
+    run_tasks,
+    take_results,
+)
 
 
 def _run(n: int) -> Run:

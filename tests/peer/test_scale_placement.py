@@ -167,7 +167,7 @@ class _Controller(Retries, Batching):
         self.mean_s, self.n_measured, self.result_bytes_per_task = 0.1, 10, 0.0
         self.stream, self.closed, self.standing_after = False, True, 0.0
         self._seq, self.short = 0, "ctl"
-        self.placing_epoch, self.blocked, self.blocked_until, self.freed = 0, None, 0.0, {}
+        self.placing_epoch, self.blocked, self.blocked_until, self.freed = 0, None, 0.0, set()
         self.roster_epoch, self.roster_slots = 0, (-1, 0)
         self.sent: list[tuple[Worker, Any]] = []
 
@@ -297,7 +297,7 @@ def test_a_turn_after_batches_came_back_looks_at_their_workers_alone_and_asks_as
             elif r < 0.9:
                 c.pending.extend(range(10_000 + 10 * step, 10_000 + 10 * step + 10))
             if c is full and c.blocked is not None:
-                c.blocked = (*c.blocked[:2], -1, *c.blocked[3:])  # a pass over every worker, always
+                c.blocked = c.blocked._replace(roster=-1)  # a pass over every worker, always
             c._place(now)
             for _w, m in c.sent:
                 b = c.batches.get(m.task_id)

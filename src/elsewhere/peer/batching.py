@@ -19,11 +19,12 @@ A batch whose tasks are done elsewhere, cancelled or moved is withdrawn
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Any
 
 from ..util.errors import PeerError
-from .controlstate import ControllerState
+from .controlstate import Blocked, ControllerState
 from .messages import Ask, Cancel, Refuse, RefuseReason, Task
 from .placement import Batch, Candidates, Standing, Worker, batch_size, choose_standing
 from .wire import Limits
@@ -44,8 +45,7 @@ where results come faster than the job folder's disk takes them, the controller'
 stays bounded (it waits for the disk instead of growing by every result)."""
 
 
-def _found(w: Worker) -> int:
-    return w.seq
+_found_order = operator.attrgetter("seq")  # workers in the order they were found (Worker.seq)
 
 
 class Batching(ControllerState):
@@ -62,22 +62,22 @@ class Batching(ControllerState):
         if not self.pending:
             self._stand(now)
             return
-        if self.blocked is not None and self.blocked[:2] == (self.placing_epoch, len(self.pending)) \
+        blocked = self.blocked
+        if blocked is not None and blocked.epoch == self.placing_epoch and blocked.pending == len(self.pending) \
                 and now < self.blocked_until:  # fmt: skip
             self.stats["placing_skipped"] += 1  # no worker has gained room since the last turn
             return
         s = self.settings
         epoch, slots = self.roster_slots
-        freed, self.freed = self.freed, {}
+        freed, self.freed = self.freed, set()
         total = slots if epoch == self.roster_epoch else -1
-        blocked = self.blocked
-        if blocked is not None and blocked[2] == self.roster_epoch and now < self.blocked_until and total >= 0:
+        if blocked is not None and blocked.roster == self.roster_epoch and now < self.blocked_until and total >= 0:
             # The last turn found no worker with room, and since then only batches came back
             # (or were taken back): their workers alone may have room now, and the best of them
             # is the best of all. A turn under contention looks at one worker, not every one.
-            _, _, _, connecting, known_slots = blocked
-            depth = 1 if connecting and len(self.pending) <= known_slots else 2
-            pick = Candidates(sorted(freed, key=_found), s, self.local_addresses, now, len(self.pending),
+            connecting, known = blocked.connecting, blocked.known
+            depth = 1 if connecting and len(self.pending) <= known else 2
+            pick = Candidates(sorted(freed, key=_found_order), s, self.local_addresses, now, len(self.pending),
                               total_slots=total, depth=depth)  # fmt: skip
             recheck = self.blocked_until  # (the pass over every worker stays due by then)
             self.stats["placing_narrow"] += 1
@@ -85,12 +85,12 @@ class Batching(ControllerState):
             pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending),
                               total_slots=total)  # fmt: skip
             recheck = now + _RECHECK_S
-            connecting, known_slots = pick.connecting, pick.known
+            connecting, known = pick.connecting, pick.known
         try:
             while self.pending:
                 best = pick.take()
                 if best is None:
-                    self.blocked = (self.placing_epoch, len(self.pending), self.roster_epoch, connecting, known_slots)
+                    self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, connecting, known)
                     self.blocked_until = min(recheck, pick.next_free)
                     return
                 k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
@@ -339,7 +339,7 @@ class Batching(ControllerState):
         self.batches.pop(b.bid, None)
         b.worker.batches.pop(b.bid, None)
         self.placing_epoch += 1
-        self.freed[b.worker] = None
+        self.freed.add(b.worker)
         inflight, view, bid = self.inflight, self.running_view, b.bid
         with self.lock:
             for i in b.indices:

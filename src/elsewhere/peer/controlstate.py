@@ -35,7 +35,7 @@ import selectors
 import socket
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..folder.taskmap import TaskSet
 from ..util.progress import NoteTeller
@@ -51,7 +51,18 @@ from .stream import ReusableBuffers
 if TYPE_CHECKING:
     from ..folder.store import JobStore
 
-__all__ = ["ControllerState"]
+__all__ = ["Blocked", "ControllerState"]
+
+
+class Blocked(NamedTuple):
+    """What a placing turn that left tasks waiting (no worker had room) saw: until one of
+    these changes, the next turns need not look at every worker (see ``Batching._place``)."""
+
+    epoch: int  # ControllerState.placing_epoch
+    pending: int  # the tasks waiting
+    roster: int  # ControllerState.roster_epoch
+    connecting: int  # the workers still connecting ...
+    known: int  # ... and the slots of those and of the ready ones (a batch's depth: Candidates)
 
 
 class ControllerState:
@@ -151,15 +162,14 @@ class ControllerState:
         self.standing_after = 0.0
         # what may give a worker room for a batch bumps this (a batch gone, a connection
         # made or lost, a worker's offer changed); a placing turn that placed what it could
-        # and left tasks waiting keeps (this, the tasks waiting, roster_epoch, the workers
-        # connecting, their slots and the ready ones') and until when to look at every worker
-        # again anyway: the turns after it skip the pass over the workers while the first two
-        # hold, and look only at the workers a batch came back from (``freed``) while the
-        # roster holds
+        # and left tasks waiting keeps what it saw (Blocked) and until when to look at every
+        # worker again anyway: the turns after it skip the pass over the workers while its
+        # epoch and tasks waiting hold, and look only at the workers a batch came back from
+        # (``freed``) while its roster holds
         self.placing_epoch = 0
-        self.blocked: tuple[int, int, int, int, int] | None = None
+        self.blocked: Blocked | None = None
         self.blocked_until = 0.0
-        self.freed: dict[Worker, None] = {}
+        self.freed: set[Worker] = set()
         self.roster_epoch = 0  # the part of it that changes which workers are ready and usable
         self.roster_slots = (-1, 0)  # (roster_epoch, the slots of those workers) when last added up
         self._seq = 0

@@ -171,7 +171,7 @@ def take_results(child: ChildProcess[Run], header: dict[str, Any], body: memoryv
 
 def run_tasks(run: Run) -> int:
     """How many tasks of ``run`` reported an outcome."""
-    return len(run.outcomes) + sum(r[1] for r in run.runs) if run.runs else len(run.outcomes)
+    return len(run.outcomes) + sum(r[1] for r in run.runs)
 
 
 def spread_runs(run: Run) -> None:
