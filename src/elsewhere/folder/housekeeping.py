@@ -10,7 +10,11 @@ costs as much again. So a client process
   atomic rename; any process of the user may take a spare, only one
   succeeds), and makes the next spare in a background thread;
 - removes a purged job folder in the background once it has been renamed
-  away (the rename is what makes the job gone; see ``jobfolder.remove_folder``);
+  away (the rename is what makes the job gone; see ``lifecycle.remove_folder``); or,
+  where its storage holds fewer than ``SPARES_KEPT`` spares, makes it the next spare:
+  emptied, its files made anew (new files: a process that still holds one of the old
+  ones open cannot write into the next job), which costs the disk about half as much as
+  removing it and building a spare (a loop of ``ew.map`` calls makes no folder at all);
 - makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
   in the background, ``SYNC_DELAY_S`` after the submission: a job must survive a
   crash of the machine, but its workers do not wait for the disk to start, and a
@@ -32,6 +36,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +60,9 @@ _called: set[str] = set()
 _busy = 0  # hot sections running now (see hot())
 _DEFER_MAX_S = 1.0  # ... which hold the housekeeping back at most this long
 SYNC_DELAY_S = 1.0  # a submitted job's inputs are made durable this long after (see above)
+SPARES_KEPT = 2  # a purged folder is made a spare while its storage holds fewer than this
+_GRAVE = ".purged-"  # in the name of a job folder renamed away by a purge: .<id>.purged-<pid>-<ns>
+_OLD_S = 3600.0  # a grave or a half-built spare this old was left by a process that died
 _due: dict[Any, float] = {}  # when each sync of _todo is due (time.monotonic())
 
 
@@ -105,9 +113,34 @@ def call_later(key: str, fn: Callable[[], object]) -> None:
     _later("call", fn)
 
 
-def remove_later(path: Path) -> None:
-    """Remove ``path`` (already renamed away from where anyone looks) in the background."""
+def remove_later(path: Path, was: Path | None = None) -> None:
+    """Remove ``path`` (already renamed away from where anyone looks) in the background, or
+    make it a spare (a purged job folder: see above). The syncs queued for ``was``, its name
+    before, are dropped: nothing of it is left to keep."""
+    if was is not None:
+        with _lock:
+            for t in [t for t in _todo if t[0] == "sync" and t[1].parent == was]:
+                _todo.remove(t)
+                _due.pop(t[1], None)
     _later("remove", path)
+
+
+def grave_name(folder: str) -> str:
+    """The name a purge renames the job folder named ``folder`` to: ``.<folder>.purged-<pid>-<ns>-<host>``,
+    so that a sweep knows whether the process that purged it still runs (see :func:`_sweep`)."""
+    return f".{folder}{_GRAVE}{os.getpid()}-{time.monotonic_ns()}-{os.uname().nodename}"
+
+
+def _abandoned(name: str, changed: float, now: float) -> bool:
+    """Whether the grave ``name`` (renamed there at ``changed``, its ctime) was left by a
+    process that ended: one of this machine that does not run, or any, an hour on."""
+    if now - changed > _OLD_S:
+        return True
+    pid, _, rest = name.rpartition(_GRAVE)[2].partition("-")
+    host = rest.partition("-")[2]  # (none in the names of earlier versions: this machine's)
+    if host and host != os.uname().nodename:
+        return False  # another machine's, on a shared storage: it may still be removing it
+    return not (pid.isdigit() and process_alive(int(pid)))
 
 
 def sync_later(folder: Path, names: tuple[str, ...]) -> None:
@@ -138,9 +171,76 @@ def _build(path: Path) -> None:
     path.mkdir(mode=0o700)
     for sub in SUBDIRS:
         (path / sub).mkdir(mode=0o700)
+    _fill(str(path))
+
+
+def _fill(folder: str) -> None:
+    """The empty files of a job folder, and its FIFO, made new."""
     for name in FILES:
-        os.close(os.open(path / name, os.O_WRONLY | os.O_CREAT, 0o600))
-    os.mkfifo(path / NOTIFY, 0o600)
+        os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    os.mkfifo(os.path.join(folder, NOTIFY), 0o600)
+
+
+def _remove(path: Path, *, recycle: bool = True) -> None:
+    """Remove ``path``; or, a purged job folder whose storage has fewer than SPARES_KEPT
+    spares, make it one."""
+    if not (recycle and _GRAVE in path.name and _recycled(path)):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _recycled(grave: Path) -> bool:
+    """Make the purged job folder ``grave`` a spare, where its storage has fewer than
+    SPARES_KEPT; True if it is gone from where it was (a spare now, or removed)."""
+    spares = os.path.join(grave.parent, SPARES)
+    try:
+        if sum(not n.startswith(".") for n in os.listdir(spares)) >= SPARES_KEPT:
+            return False
+    except OSError:
+        return False  # a storage that makes no spares
+    # Out of the sweep's way first (a half-built spare is swept only an hour on)
+    building = os.path.join(spares, f".building-{os.getpid()}-{os.urandom(4).hex()}")
+    try:
+        os.rename(grave, building)
+    except OSError:
+        return False
+    try:
+        _empty(building)
+        _fill(building)
+        os.rename(building, os.path.join(spares, os.urandom(6).hex()))
+    except OSError:
+        shutil.rmtree(building, ignore_errors=True)
+    return True
+
+
+def _as_built(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+
+
+def _empty(folder: str) -> None:
+    """Empty a job folder down to its subfolders, having checked that it and they are as
+    :func:`_build` made them (a task may have changed what it found there: a link in place
+    of a subfolder is not followed); OSError if not."""
+    if not _as_built(os.lstat(folder)):
+        raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
+    with os.scandir(folder) as it:
+        entries = list(it)
+    subs = [e for e in entries if e.name in SUBDIRS]
+    if len(subs) != len(SUBDIRS) or not all(_as_built(e.stat(follow_symlinks=False)) for e in subs):
+        raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
+    for e in entries:
+        if e.name not in SUBDIRS:
+            _unlink(e)
+    for e in subs:
+        with os.scandir(e.path) as inner:
+            for f in inner:
+                _unlink(f)
+
+
+def _unlink(entry: os.DirEntry[str]) -> None:
+    if entry.is_dir(follow_symlinks=False):
+        shutil.rmtree(entry.path)
+    else:
+        os.unlink(entry.path)
 
 
 def _make_spare(root: Path) -> None:
@@ -161,10 +261,11 @@ def _make_spare(root: Path) -> None:
         shutil.rmtree(building, ignore_errors=True)
 
 
-def _sweep(root: Path, older_than_s: float = 3600.0) -> None:
-    """Remove what killed processes left: purged folders, spares half built long ago."""
+def _sweep(root: Path) -> None:
+    """Remove what killed processes left: purged folders (not those of a process that
+    runs: it may be making one a spare), spares half built an hour ago."""
     now = time.time()
-    for base, pick in ((root, ".purged-"), (root / SPARES, ".building-")):
+    for base, pick in ((root, _GRAVE), (root / SPARES, ".building-")):
         try:
             names = os.listdir(base)
         except OSError:
@@ -173,7 +274,8 @@ def _sweep(root: Path, older_than_s: float = 3600.0) -> None:
             if name.startswith(".") and pick in name:
                 p = base / name
                 try:
-                    if pick == ".purged-" or now - p.stat().st_mtime > older_than_s:
+                    st = p.stat()
+                    if _abandoned(name, st.st_ctime, now) if pick == _GRAVE else now - st.st_mtime > _OLD_S:
                         shutil.rmtree(p, ignore_errors=True)
                 except OSError:
                     pass
@@ -258,12 +360,12 @@ def _run() -> None:
                 _todo.remove((kind, path))
 
 
-def _do(kind: str, path: Any) -> None:
+def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
     try:
         if kind == "call":
             path()
         elif kind == "remove":
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path, recycle=recycle)
         elif kind == "sync":
             _sync(path)
         else:
@@ -279,7 +381,7 @@ def finish() -> None:
         _todo.clear()
         _due.clear()
     for kind, path in todo:
-        _do(kind, path)
+        _do(kind, path, recycle=False)
 
 
 def _after_fork_in_child() -> None:

@@ -34,7 +34,9 @@ def remove_folder(path: Path) -> bool:
     several processes that remove one folder at once, exactly one renames it
     (and gets True).
     """
-    grave = path.with_name(f".{path.name}.purged-{os.getpid()}-{time.monotonic_ns()}")
+    from . import housekeeping
+
+    grave = path.with_name(housekeeping.grave_name(path.name))
     try:
         os.rename(path, grave)
     except FileNotFoundError:
@@ -47,9 +49,7 @@ def remove_folder(path: Path) -> bool:
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
         return True
-    from . import housekeeping
-
-    housekeeping.remove_later(grave)  # gone for everyone already; the bytes go in the background
+    housekeeping.remove_later(grave, path)  # gone for everyone already; the bytes go in the background
     return True
 
 
