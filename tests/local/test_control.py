@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -46,6 +49,36 @@ def test_a_cancelled_task_ends_cancelled_and_the_job_finished(ew_home):
     err = job.results()[1]
     assert isinstance(err, ew.TaskError) and err.reason == "cancelled"
     assert job.tasks[0].cancel() is False
+
+
+def test_cancelling_a_task_claimed_and_not_started_stops_the_worker_that_claimed_it(ew_home, tmp_path):
+    # From its claim to the start of a task, a worker does not look at the queue again: a
+    # task cancelled in between (Executor.kill just after running() said a worker took the
+    # call) ran all the same, and held the executor's only worker for its whole length.
+    job = ew.submit(nap, [30, 30], on=ew.local(cores=1))
+    _until(lambda: job.tasks[0].state is ew.TaskState.RUNNING, job.check)
+    lock = tmp_path / "claimed.lock"
+    # A worker between its claim of task 1 and that task's start: a process leading its own
+    # session and holding its lock, task 1 its claim in the queue, no task in its map yet
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(60)", str(lock)],
+        stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == b"locked\n"
+        with job.handle.store.locked_queue() as q:
+            assert q.take_next(1) == 1
+            q.join("between", {"pid": holder.pid, "host": os.uname().nodename, "lock": str(lock), "fifo": ""})
+            q.set_member("between", "active", [1, 2])
+        assert job.tasks[1].cancel() is True
+        assert holder.wait(timeout=20) == -signal.SIGKILL
+        assert job.tasks[0].state is ew.TaskState.RUNNING  # the worker running another task goes on
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        holder.stdout.close()
+    job.cancel()
 
 
 def test_retry_of_given_tasks_checks_their_states(ew_home, tmp_path):

@@ -456,11 +456,15 @@ class LocalCluster(Cluster):
             reap(job.store, q, dead=set(q.members))
 
     def cancel_task(self, job: JobHandle, index: int) -> None:
-        """Stop the worker running task ``index`` (its other claimed tasks go back to the
-        queue, and another worker takes them)."""
+        """Stop the worker running task ``index``, or that claimed it and starts no task yet
+        (it would start it: a worker does not look at the queue again before each task of
+        its claim); its other claimed tasks go back to the queue, and another worker takes them."""
         with job.store.locked_queue() as q:
             for wid, m in q.members.items():
-                if m.get("state") == "active" and job.store.read_running(wid)[0] == index:
+                if m.get("state") != "active":
+                    continue
+                running = job.store.read_running(wid)[0]
+                if running == index or (running < 0 and _holds(m.get("claim") or [], index)):
                     kill(m)
             reap(job.store, q)
 
@@ -469,3 +473,10 @@ class LocalCluster(Cluster):
         # (they notice the folder is gone). Only a job with work left is stopped.
         if not (job.seen_done(_DONE_SEEN_S) or job.snapshot().done):  # a recent look that saw it done will do
             self.cancel_job(job)
+
+
+def _holds(claim: list[int], index: int) -> bool:
+    """Whether a member's claim (``[start, stop]`` or ``[-1, i, j, ...]``) holds task ``index``."""
+    if claim and claim[0] == -1:
+        return index in claim[1:]
+    return len(claim) == 2 and claim[0] <= index < claim[1]
