@@ -89,12 +89,16 @@ def test_leftovers_of_killed_processes_are_swept(tmp_path, monkeypatch):
     elsewhere = tmp_path / f".20260101-000000-abd0.purged-{ended_pid()}-2-{host}-not-this-one"
     for grave in (dead, older, alive, elsewhere):
         (grave / "logs").mkdir(parents=True)
+    # a purged folder being made a spare: renamed there just now, its mtime its job's
+    building = tmp_path / housekeeping.SPARES / ".building-1-abcd"
+    building.mkdir(parents=True)
+    os.utime(building, (time.time() - 7200, time.time() - 7200))
     housekeeping.make_job_folder(tmp_path / "job")
     wait_for(lambda: not dead.exists() and not older.exists())
-    assert alive.is_dir() and elsewhere.is_dir()
+    assert alive.is_dir() and elsewhere.is_dir() and building.is_dir()
     monkeypatch.setattr(housekeeping, "_OLD_S", -1.0)  # an hour on, they are taken for left behind
     housekeeping._sweep(tmp_path)
-    assert not alive.exists() and not elsewhere.exists()
+    assert not alive.exists() and not elsewhere.exists() and not building.exists()
 
 
 def test_a_purged_job_folder_is_made_the_next_spare(tmp_path):

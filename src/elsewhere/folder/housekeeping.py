@@ -61,7 +61,7 @@ _busy = 0  # hot sections running now (see hot())
 _DEFER_MAX_S = 1.0  # ... which hold the housekeeping back at most this long
 SYNC_DELAY_S = 1.0  # a submitted job's inputs are made durable this long after (see above)
 SPARES_KEPT = 2  # a purged folder is made a spare while its storage holds fewer than this
-_GRAVE = ".purged-"  # in the name of a job folder renamed away by a purge: .<id>.purged-<pid>-<ns>
+_GRAVE = ".purged-"  # in the name of a job folder renamed away by a purge (see grave_name)
 _OLD_S = 3600.0  # a grave or a half-built spare this old was left by a process that died
 _due: dict[Any, float] = {}  # when each sync of _todo is due (time.monotonic())
 
@@ -263,7 +263,9 @@ def _make_spare(root: Path) -> None:
 
 def _sweep(root: Path) -> None:
     """Remove what killed processes left: purged folders (not those of a process that
-    runs: it may be making one a spare), spares half built an hour ago."""
+    runs: it may be making one a spare), spares half built an hour ago (by their ctime,
+    which their rename there set: a purged folder being made a spare is one, its mtime
+    that of its job's last change)."""
     now = time.time()
     for base, pick in ((root, _GRAVE), (root / SPARES, ".building-")):
         try:
@@ -275,7 +277,7 @@ def _sweep(root: Path) -> None:
                 p = base / name
                 try:
                     st = p.stat()
-                    if _abandoned(name, st.st_ctime, now) if pick == _GRAVE else now - st.st_mtime > _OLD_S:
+                    if _abandoned(name, st.st_ctime, now) if pick == _GRAVE else now - st.st_ctime > _OLD_S:
                         shutil.rmtree(p, ignore_errors=True)
                 except OSError:
                     pass
