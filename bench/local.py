@@ -65,7 +65,7 @@ from _tasks import arr_sum, noop, spin_cpu
 # -- measurements (run in a fresh child process each) ------------------------------
 pc = time.perf_counter
 W = 2  # workers / cores everywhere
-WARM_REPS = 6  # warm jobs per round and side (their median; elsewhere's 3 variants take turns)
+WARM_REPS = 20  # warm jobs per round and side (their median; elsewhere's 3 variants take turns)
 
 
 def _chunk(n: int) -> int:
