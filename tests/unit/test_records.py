@@ -35,3 +35,9 @@ def test_body_round_trip_and_damage():
     broken[30] ^= 1
     with pytest.raises(ValueError):
         records.unpack_body(broken)
+
+
+def test_a_claim_in_either_form_holds_its_tasks_and_no_other():
+    for claim in ([3, 6], [-1, 3, 4, 5]):
+        assert [i for i in range(8) if records.claim_holds(claim, i)] == [3, 4, 5] == list(records.iter_ranges(claim))
+    assert not records.claim_holds([], 0) and not records.claim_holds([-1], 0)

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..folder.housekeeping import is_disk_full, no_space
 from ..folder.journal import reap
+from ..folder.records import claim_holds
 from ..run.claims import write_off
 from ..util import paths
 from ..util.command import PythonCommand
@@ -464,7 +465,7 @@ class LocalCluster(Cluster):
                 if m.get("state") != "active":
                     continue
                 running = job.store.read_running(wid)[0]
-                if running == index or (running < 0 and _holds(m.get("claim") or [], index)):
+                if running == index or (running < 0 and claim_holds(m.get("claim") or [], index)):
                     kill(m)
             reap(job.store, q)
 
@@ -473,10 +474,3 @@ class LocalCluster(Cluster):
         # (they notice the folder is gone). Only a job with work left is stopped.
         if not (job.seen_done(_DONE_SEEN_S) or job.snapshot().done):  # a recent look that saw it done will do
             self.cancel_job(job)
-
-
-def _holds(claim: list[int], index: int) -> bool:
-    """Whether a member's claim (``[start, stop]`` or ``[-1, i, j, ...]``) holds task ``index``."""
-    if claim and claim[0] == -1:
-        return index in claim[1:]
-    return len(claim) == 2 and claim[0] <= index < claim[1]

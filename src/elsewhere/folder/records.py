@@ -436,3 +436,10 @@ def iter_ranges(claim: list[int]) -> Iterator[int]:
         yield from claim[1:]
     elif len(claim) == 2:
         yield from range(claim[0], claim[1])
+
+
+def claim_holds(claim: list[int], index: int) -> bool:
+    """Whether a claim stored as ``[start, stop]`` or ``[-1, i, j, ...]`` holds task ``index``."""
+    if claim and claim[0] == -1:
+        return index in claim[1:]
+    return len(claim) == 2 and claim[0] <= index < claim[1]
