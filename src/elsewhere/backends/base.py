@@ -228,8 +228,9 @@ class Cluster(abc.ABC):
 
     def cancel_task(self, job: JobHandle, index: int) -> None:
         """Stop task ``index``; the others go on. The library has marked it cancelled in the
-        job folder already (it will not start; a result, if one comes, is kept); stop it if
-        it runs. The default does nothing more."""
+        job folder already (no worker claims it from then on; a result, if one comes, is
+        kept); stop it if it runs, or if a worker has claimed it already (a worker does not
+        look at the queue again before each task of its claim). The default does nothing more."""
 
     def delete_job(self, job: JobHandle) -> None:
         """Remove what the backend keeps of ``job`` outside its folder (copies on other
