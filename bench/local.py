@@ -10,7 +10,8 @@ its workers detached, ``on=ew.local(cores=2)``:
    ``ELSEWHERE_HOME``): ``ew.map``, ``ew.map(seed=False)``, ``ew.submit(...)
    .wait(); .get()`` against ProcessPoolExecutor(2) one submit per task and
    ``ProcessPoolExecutor.map`` with a good chunksize, pool start included;
-   also multiprocessing.Pool and loky.
+   also multiprocessing.Pool and loky. A job from cold is one sample of ~30 ms: each
+   ``map`` is timed ``COLD_REPS`` times a round, in turn with the others.
 2. ``cold100k``: the same with 100 000 tasks (against the ``map`` APIs).
 3. ``warm10k``: 10 000 no-op tasks on warm workers (one job run first, and
    the workers idle again) against warm pools' ``map``; each side's figure
@@ -66,6 +67,7 @@ from _tasks import arr_sum, noop, spin_cpu
 pc = time.perf_counter
 W = 2  # workers / cores everywhere
 WARM_REPS = 20  # warm jobs per round and side (their median; elsewhere's 3 variants take turns)
+COLD_REPS = 3  # cold 10k jobs per round and side, each in a fresh process (the figure: their median)
 
 
 def _chunk(n: int) -> int:
@@ -453,11 +455,13 @@ def plan(quick: bool, calls: int = 200_000) -> list[tuple[str, str, dict, bool]]
     n10, n100 = 10_000, 100_000
     pools = ["ppe", "mp"] + (["loky"] if have("loky") else [])
     m: list[tuple[str, str, dict, bool]] = []
-    for v in ("map", "map_noseed", "submit"):
-        m.append((f"cold10k/ew/{v}", "ew_cold", {"n": n10, "variant": v}, True))
-    for s in pools:
+    for _ in range(1 if quick else COLD_REPS):  # one job of ~30 ms each: several a round, in turn
+        for v in ("map", "map_noseed", "submit"):
+            m.append((f"cold10k/ew/{v}", "ew_cold", {"n": n10, "variant": v}, True))
+        for s in pools:
+            m.append((f"cold10k/{s}/map", "pool_cold", {"system": s, "n": n10, "mode": "map"}, False))
+    for s in pools:  # (seconds each, and tens of times slower: once a round)
         m.append((f"cold10k/{s}/each", "pool_cold", {"system": s, "n": n10, "mode": "each"}, False))
-        m.append((f"cold10k/{s}/map", "pool_cold", {"system": s, "n": n10, "mode": "map"}, False))
     for v in ("map", "map_noseed") + (() if quick else ("submit",)):
         m.append((f"cold100k/ew/{v}", "ew_cold", {"n": n100, "variant": v}, True))
     for s in pools:
