@@ -87,13 +87,7 @@ class hot:
 def make_job_folder(path: Path) -> None:
     """Make an empty job folder at ``path``: a spare renamed into place, or a new one."""
     spares = path.parent / SPARES
-    try:
-        names = os.listdir(spares)
-    except FileNotFoundError:
-        names = []
-    for name in names:
-        if name.startswith("."):
-            continue  # one being built
+    for name in _ready(spares) or ():
         try:
             os.rename(spares / name, path)
             break
@@ -102,6 +96,26 @@ def make_job_folder(path: Path) -> None:
     else:
         _build(path)
     _later("spare", path.parent)
+
+
+def _ready(spares: str | Path) -> list[str] | None:
+    """The names of the spares ready in the folder ``spares`` (not those half built); None
+    if there is no such folder."""
+    try:
+        names = os.listdir(spares)
+    except FileNotFoundError:
+        return None
+    return [n for n in names if not n.startswith(".")]
+
+
+def _building(spares: str | Path) -> str:
+    """A name in ``spares`` to make a spare under (swept only an hour on, see _sweep)."""
+    return os.path.join(spares, f".building-{os.getpid()}-{os.urandom(4).hex()}")
+
+
+def _publish(building: str, spares: str | Path) -> None:
+    """The spare made under ``building`` is ready: any process may take it now."""
+    os.rename(building, os.path.join(spares, os.urandom(6).hex()))
 
 
 def call_later(key: str, fn: Callable[[], object]) -> None:
@@ -191,22 +205,22 @@ def _remove(path: Path, *, recycle: bool = True) -> None:
 def _recycled(grave: Path) -> bool:
     """Make the purged job folder ``grave`` a spare, where its storage has fewer than
     SPARES_KEPT; True if it is gone from where it was (a spare now, or removed)."""
-    spares = os.path.join(grave.parent, SPARES)
+    spares = grave.parent / SPARES
     try:
-        if sum(not n.startswith(".") for n in os.listdir(spares)) >= SPARES_KEPT:
-            return False
+        ready = _ready(spares)
     except OSError:
-        return False  # a storage that makes no spares
-    # Out of the sweep's way first (a half-built spare is swept only an hour on)
-    building = os.path.join(spares, f".building-{os.getpid()}-{os.urandom(4).hex()}")
+        return False
+    if ready is None or len(ready) >= SPARES_KEPT:
+        return False  # (None: a storage that makes no spares)
+    building = _building(spares)
     try:
-        os.rename(grave, building)
+        os.rename(grave, building)  # out of the sweep's way first
     except OSError:
         return False
     try:
         _empty(building)
         _fill(building)
-        os.rename(building, os.path.join(spares, os.urandom(6).hex()))
+        _publish(building, spares)
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
     return True
@@ -245,18 +259,18 @@ def _unlink(entry: os.DirEntry[str]) -> None:
 
 def _make_spare(root: Path) -> None:
     spares = root / SPARES
-    try:
-        if any(not n.startswith(".") for n in os.listdir(spares)):
-            return
-    except FileNotFoundError:
+    ready = _ready(spares)
+    if ready:
+        return
+    if ready is None:
         spares.mkdir(mode=0o700, exist_ok=True)
     if root not in _swept:
         _swept.add(root)
         _sweep(root)
-    building = spares / f".building-{os.getpid()}-{os.urandom(4).hex()}"
+    building = _building(spares)
     try:
-        _build(building)
-        os.rename(building, spares / os.urandom(6).hex())
+        _build(Path(building))
+        _publish(building, spares)
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
 
