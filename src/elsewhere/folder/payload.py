@@ -86,6 +86,24 @@ class PayloadWriter:
         return chunks
 
 
+def common_check(path: str) -> int | None:
+    """The checksum of the function and job data the tasks of the payload ``path`` share (its
+    first chunk), read from its header alone; None if it has none or cannot be read (missing,
+    still being written, damaged: whoever reads it for its tasks says why). The same in two
+    jobs, the same function and job data."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        head = records.read_chunk_header(lambda offset, n: os.pread(fd, n, offset), 0)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return head.check if head is not None and head.kind is ChunkKind.COMMON else None
+
+
 class PayloadReader:
     """Reads chunks on demand, keeping the last one decoded (workers).
 
@@ -225,6 +243,11 @@ class PayloadReader:
             return None, None
         fn, job_data = self._load(self._common, None)
         return fn, job_data
+
+    def common_check(self) -> int | None:
+        """The checksum of the function and job data the tasks share, once read (see
+        :func:`common_check`); None before, or if the job has none."""
+        return self._common.check if self._common is not None else None
 
     def _chunk(self, index: int) -> tuple[int, str, list[Any]]:
         """(first task, tag, entries) of the chunk holding ``index``: the last one is kept."""

@@ -3,8 +3,11 @@ claim tasks, leave.
 
 Claims are guided: the first is one task (its time is unknown), then about 20 ms of work, a
 share of what is left that shrinks towards the end, never less than ~2 ms of work (a claim
-costs a lock and a rewrite of the queue). Tasks to run again (retried, or given back by a lost
-worker) are claimed first. A worker that finds nothing left reaps lost members (their tasks
+costs a lock and a rewrite of the queue). A warm worker whose last job had the same function
+(and job data) sizes its first claim by that job's time a task instead, and takes no more than
+an even share of the job between the workers that joined or are on their way: should the tasks
+now take longer, it holds no more than its part. Tasks to run again (retried, or given back by
+a lost worker) are claimed first. A worker that finds nothing left reaps lost members (their tasks
 come back) and looks again; in a job that may still grow (an open stream) it then waits.
 
 A worker never leaves with tasks it did not finish (see ``jobrun.py``): interrupted, or out of
@@ -67,16 +70,20 @@ class Claims:
         self.left = False  # the last claim found nothing left and recorded that the worker left
         self.wake_at: float | None = None  # a WAIT for a task held for a later rerun: when it is due
 
-    def join(self, *, pid: int, host: str, lock: str, fifo: str, mean_s: float, n_done: int) -> Any:
+    def join(self, *, pid: int, host: str, lock: str, fifo: str, mean_s: float, n_done: int,
+             guess_s: float = 0.0) -> Any:  # fmt: skip
         """Become a member (who this worker is: ``pid``, ``host``, the path of its ``lock``,
         its wake-up ``fifo``) and make the first claim, in one queue update; None if the job
-        needs no more workers."""
+        needs no more workers. ``guess_s``: the seconds a task took in this worker's last job
+        of the same function (0: unknown), which sizes a first claim (see the module)."""
         with self.store.locked_queue() as q:
             q.forget_dispatched(self.wid)  # arrived, whatever happens next
             if q.cancelled or q.live_members() >= q.max_workers:
                 return None
             m = q.join(self.wid, {"pid": pid, "host": host, "python": sys.executable, "version": _PY_VERSION,
                                   "lock": lock, "fifo": fifo, "joined": time.time()})
+            if guess_s > 0 and n_done == 0:
+                return self._claim_in(q, m, guess_s, 0, sized=True)
             return self._claim_in(q, m, mean_s, n_done)
 
     def claim(self, mean_s: float, n_done: int) -> Any:
@@ -90,10 +97,11 @@ class Claims:
         except FileNotFoundError:
             return None  # the job was withdrawn (its submission failed) or purged
 
-    def _claim_in(self, q: Queue, m: dict[str, Any], mean_s: float, n_done: int) -> Any:
-        """Claim tasks in queue state ``q`` (locked) for member ``m`` (this worker's entry)."""
+    def _claim_in(self, q: Queue, m: dict[str, Any], mean_s: float, n_done: int, sized: bool = False) -> Any:
+        """Claim tasks in queue state ``q`` (locked) for member ``m`` (this worker's entry);
+        ``sized``: ``mean_s`` is a guess from another job, though none has run in this one."""
         wid = self.wid
-        want, least = claim_size(mean_s, n_done)
+        want, least = claim_size(mean_s, n_done or int(sized))
         if not q.submitted:
             # Started early, while the client still writes the inputs (a client killed
             # meanwhile never submits: its folder is housekeeping's to remove).
@@ -116,12 +124,18 @@ class Claims:
             remaining = q.n - q.next
             if remaining > 0:
                 # Guided: a share of what is left, halved while that is more than a few ms of
-                # work per worker; at the end, what is left is split evenly at once.
-                active = max(1, q.live_members())
-                share = -(-remaining // active)
-                if remaining * mean_s > _TARGET_BATCH_S * active / 2 or n_done == 0:
-                    share = -(-share // 2)
-                k = min(remaining, max(least, min(want, share)))
+                # work per worker; at the end, what is left is split evenly at once. A first
+                # claim sized by a guess takes at most an even share between the workers that
+                # joined and those on their way (the guess may be wrong).
+                if sized:
+                    k = min(want, -(-remaining // (q.live_members() + len(q.dispatched()))))
+                else:
+                    active = max(1, q.live_members())
+                    share = -(-remaining // active)
+                    if remaining * mean_s > _TARGET_BATCH_S * active / 2 or n_done == 0:
+                        share = -(-share // 2)
+                    k = max(least, min(want, share))
+                k = min(remaining, k)
                 a = q.take_next(k)
                 if skip and any(i in skip for i in range(a, a + k)):
                     kept = [i for i in range(a, a + k) if i not in skip]

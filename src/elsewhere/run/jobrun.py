@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         stdio: tuple[int, int]  # copies of its own stdout and stderr
 
         task_failed: bool  # a task it ran ended with an error (not run again)
+        known: tuple[int, float] | None  # its last job's function (common_check) and seconds a task
 
         def wait_for_work(self, timeout_s: float | None = None) -> None: ...
 
@@ -87,6 +88,7 @@ class JobRun:
         self.deferred: list[tuple[float, int, int]] = []  # given tasks to run again: (due, task, attempt)
         self.after = list(meta.get("after") or ())  # the jobs it waits for (after=)
         self.tell_at_end = meta.get("notify") == "end"  # its client waits for the end alone (ew.map)
+        self.stream = bool(meta.get("stream"))  # an open job (an Executor's): its payload grows
 
     def join(self, lock_path: str) -> Any:
         """Become a member of the job and claim its first tasks, in one queue update.
@@ -95,8 +97,15 @@ class JobRun:
         (host, pid, python) is in its member entry.
         """
         w = self.w
+        guess_s = 0.0
+        known = w.known
+        if known is not None and not self.mpi and not self.stream:
+            from ..folder.payload import common_check
+
+            if common_check(self.store._p("payload.log")) == known[0]:
+                guess_s = known[1]  # the function of its last job: as fast, most likely
         return self.claims.join(pid=w.pid, host=w.host, lock=lock_path, fifo=w.fifo_path, mean_s=self.mean_s,
-                                n_done=self.n_done)  # fmt: skip
+                                n_done=self.n_done, guess_s=guess_s)  # fmt: skip
 
     def run(self, cur_fd: int, first: Any = _NO_CLAIM) -> None:
         """Run the job's tasks: those given, or ``first`` (the claim made at ``join``), then
@@ -115,6 +124,9 @@ class JobRun:
             failure = exc
         failure = self._close(cur, failure)
         self._account(failure)
+        check = self.payload.common_check() if self.payload is not None else None
+        if check is not None and self.n_done and self.mean_s > 0:
+            self.w.known = (check, self.mean_s)  # for its next job, if of the same function
         if failure is not None:
             raise failure
 

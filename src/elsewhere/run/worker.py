@@ -82,6 +82,7 @@ class Worker:
         self._started_at = time.time()
         self._jobs_done = 0
         self.task_failed = False  # a task it ran ended with an error: an array element exits 1
+        self.known: tuple[int, float] | None = None  # its last job's function and time a task (JobRun.join)
         self.deadline: float | None = None  # a claiming array element's walltime ends then
         self._watched: list[str] = []  # files of loaded modules that may change under us
         self._watched_n = -1  # len(sys.modules) when _watched was made

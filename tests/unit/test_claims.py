@@ -1,0 +1,46 @@
+"""A worker's claims (run/claims.py): the first is one task, unless a warm worker knows the
+function from its last job; then an even share of the workers that joined or are on their way."""
+
+import pytest
+
+from elsewhere.folder.queue import new_queue, write_queue
+from elsewhere.folder.store import JobStore
+from elsewhere.run.claims import Claims
+
+
+@pytest.fixture
+def store(tmp_path):
+    (tmp_path / "queue.lock").touch()
+    (tmp_path / "journal").mkdir()
+    s = JobStore(str(tmp_path))
+    write_queue(s, new_queue(1000, max_workers=4), 1, 0)
+    with s.locked_queue() as q:
+        q.submit()
+    return s
+
+
+def _join(store, wid, guess_s=0.0):
+    return Claims(store, wid).join(pid=1, host="h", lock="l", fifo="", mean_s=0.0, n_done=0, guess_s=guess_s)
+
+
+def test_a_first_claim_is_one_task_when_the_function_is_unknown(store):
+    assert _join(store, "a") == range(0, 1)
+
+
+def test_a_known_fast_function_takes_an_even_share_of_the_workers_joined_and_on_their_way(store):
+    with store.locked_queue() as q:
+        q.note_dispatched(["b", "c", "d"], 0.0)  # four workers for the job: this one and three coming
+    assert _join(store, "a", guess_s=1e-6) == range(0, 250)
+    # the next to arrive: a fourth of the 750 left (the first may still claim more)
+    assert _join(store, "b", guess_s=1e-6) == range(250, 438)
+
+
+def test_the_guess_sizes_the_claim_to_about_20_ms_of_its_tasks(store):
+    assert _join(store, "a", guess_s=0.001) == range(0, 20)
+    assert _join(store, "b", guess_s=5.0) == range(20, 21)  # slow tasks: one at a time, as ever
+
+
+def test_a_guessed_claim_takes_no_more_than_what_is_left(store):
+    with store.locked_queue() as q:
+        q.take_next(999)
+    assert _join(store, "a", guess_s=1e-6) == range(999, 1000)
