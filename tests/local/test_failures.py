@@ -49,6 +49,67 @@ def test_lost_task_is_retried_with_retries(ew_home, tmp_path):
     assert job.results() == [x * 10 for x in range(8)]
 
 
+class _KillsWhenPickled:
+    """A value whose pickling kills the process (as a value too large for its worker's memory
+    would, or a crash in a library's reduce)."""
+
+    def __reduce__(self):
+        os._exit(9)
+
+
+def _result_kills_its_worker(x, bad):
+    return _KillsWhenPickled() if x == bad else x
+
+
+def test_a_result_that_kills_its_worker_fails_its_own_task_alone(ew_home):
+    # Its value is pickled with others (a batch of tiny tasks: one body): the death charges
+    # none of them; they come back one by one, each written alone, and it is found. Not one
+    # worker after another killed for ever, nor another task failed in its place.
+    one = ew.local(cores=1)
+    assert ew.map(_result_kills_its_worker, [0], [-1], on=one) == [0]  # warm, with this module loaded
+    job = ew.submit(_result_kills_its_worker, range(50), [20] * 50, on=one)
+    job.wait(timeout=60)
+    res = job.results()
+    assert isinstance(res[20], ew.TaskError) and res[20].reason == "lost", res[20]
+    assert [r for i, r in enumerate(res) if i != 20] == [i for i in range(50) if i != 20]
+
+
+class _LooksAtItsWorker:
+    """A value that, when its worker pickles it, writes down which task the worker's map names
+    (the reaper's reading, should the worker die now), and pickles as 0."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def __reduce__(self):
+        import glob
+        import struct
+
+        task = ew.task()
+        folder = os.path.join(os.environ["ELSEWHERE_HOME"], "jobs", task.job_id)
+        named = []
+        for cur in glob.glob(os.path.join(folder, "workers", "*.cur")):
+            with open(cur, "rb") as f:
+                named.append(struct.unpack("<qdq", f.read(24))[0])
+        with open(self.out, "a") as f:
+            f.write(f"{task.index} {named}\n")
+        return (int, (0,))
+
+
+def _looks_at_its_worker(x, out):
+    return _LooksAtItsWorker(out)
+
+
+def test_while_a_result_is_pickled_the_worker_map_names_its_task(ew_home, tmp_path):
+    one = ew.local(cores=1)
+    # a warm worker that has loaded this module: its task takes microseconds, its outcome is
+    # written after it, when no task runs
+    assert ew.map(_looks_at_its_worker, [0], [str(tmp_path / "warm.txt")], on=one) == [0]
+    out = tmp_path / "seen.txt"
+    assert ew.map(_looks_at_its_worker, [0], [str(out)], on=one) == [0]
+    assert out.read_text().splitlines() == ["0 [0]"]
+
+
 def _pid_then_sleep(x, d):
     if x == 2:
         with open(os.path.join(d, "pid"), "w") as f:

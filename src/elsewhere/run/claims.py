@@ -67,6 +67,7 @@ class Claims:
         self.wid = wid
         self.client = client or {}  # who makes the job (job.json's "client": host, pid)
         self.attempts: dict[int, int] = {}  # the attempts due of the last claim's tasks run again
+        self.again = False  # the last claim holds tasks run again (retried, or back from a lost worker)
         self.left = False  # the last claim found nothing left and recorded that the worker left
         self.wake_at: float | None = None  # a WAIT for a task held for a later rerun: when it is due
 
@@ -113,12 +114,14 @@ class Claims:
             return WAIT
         skip = q.cancelled_tasks
         self.attempts = {}
+        self.again = False
         for _ in range(2):
             take, were = q.take_reruns(want)
             if were:
                 if not take:
                     continue
                 self.attempts = {i: q.attempt(i) for i in take}
+                self.again = True
                 q.set_member(wid, "active", [-1, *take])
                 return take
             remaining = q.n - q.next

@@ -144,7 +144,7 @@ class JobRun:
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
-        self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end)
+        self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end, charge=self.runner.charge)
         if not os.fstat(self.out.jfd).st_size:
             # An empty first frame: the journal's first block is taken now, while there is room,
             # so that on a full disk this worker can still write there why it stopped.
@@ -289,6 +289,7 @@ class JobRun:
         run = self.runner.run
         load = self._load_payload().task
         attempts = self.claims.attempts
+        alone = self.claims.again  # tasks run again: each written alone (see ResultWriter._charge)
         out = self.out
         pending = out.pending
         for idx in indices:
@@ -309,7 +310,7 @@ class JobRun:
             self.mean_s += (o.busy_s - self.mean_s) / (n if n < 20 else 20)
             if o.busy_s > self.longest_s:
                 self.longest_s = o.busy_s
-            if o.t_end - out.last_flush > _FLUSH_S:
+            if alone or o.t_end - out.last_flush > _FLUSH_S:
                 out.flush(sync=out.sync_due(o.t_end))
         self.runner.idle()
 

@@ -92,13 +92,16 @@ class ResultWriter:
     """Worker ``wid``'s results and journal in job ``store`` (their only writer).
 
     ``pending`` holds the outcomes not written yet (in task order); :meth:`flush` writes them
-    as one group. ``error`` makes the error record of a task whose value cannot be pickled.
+    as one group. ``error`` makes the error record of a task whose value cannot be pickled;
+    ``charge(i)`` names task ``i`` in the worker's map while its value is pickled, and returns
+    what puts the map back (``TaskRunner.charge``).
     """
 
     def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord], *,
-                 tell_at_end: bool = False) -> None:  # fmt: skip
+                 tell_at_end: bool = False, charge: Callable[[int], Callable[[], None]] | None = None) -> None:  # fmt: skip
         self.store = store
         self.error = error
+        self.charge = charge
         # Its client waits for the job's end alone (ew.map): woken once this worker's part is
         # written (tell_client), not at every group of results (it looks every 0.1 s anyway)
         self.tell_at_end = tell_at_end
@@ -162,6 +165,14 @@ class ResultWriter:
         with _late.lock:
             self.in_task = False
 
+    def _charge(self, index: int) -> Callable[[], None] | None:
+        """While values are pickled on the worker's thread, a death costs task ``index``, the
+        one pickled alone, or none (-1): the tasks of a group go back to the queue, and come
+        back one by one (a claim of tasks run again: ``JobRun._run_each``), each pickled
+        alone, so that the one whose value kills its worker is found, and no other is
+        charged. (The late writer's writes, while a task runs, leave the map to that task.)"""
+        return self.charge(index) if self.charge is not None and not self.in_task else None
+
     def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
         """Write one result body; its (offset, size)."""
         parts = records.pack_body(data, bufs)
@@ -181,7 +192,12 @@ class ResultWriter:
                 self.unsynced = False
             return
         values = [o.value for o in pending]
-        data, bufs, bad = dump_values(values, lambda k, exc: self.error(exc, pending[k].index))
+        back = self._charge(pending[0].index if len(pending) == 1 else -1)
+        try:
+            data, bufs, bad = dump_values(values, lambda k, exc: self.error(exc, pending[k].index))
+        finally:
+            if back is not None:
+                back()
         for k in bad:
             pending[k] = pending[k]._replace(ok=False, value=values[k])
         off, size = self._append_body(data, bufs)
@@ -218,6 +234,7 @@ class ResultWriter:
         self.flush(sync=False)  # the journal stays in task order
         from ..folder import serial
 
+        back = self._charge(start if len(values) == 1 else -1)
         try:
             data, bufs = serial.dumps_plain(values)
         except BaseException:
@@ -226,6 +243,9 @@ class ResultWriter:
                 TaskOutcome(start + k, 0, True, v, t0, t1, log_off, 0, seed + k, 0.0) for k, v in enumerate(values)
             )
             return
+        finally:
+            if back is not None:
+                back()
         off, size = self._append_body(data, bufs)
         rec = Record(int(Kind.OK), 0, 0, start, 0, len(values), off, size, log_off, log_len, t0, t1, peak_rss(),
                      seed)  # fmt: skip

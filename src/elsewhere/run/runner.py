@@ -59,6 +59,10 @@ __all__ = ["JobSetup", "TaskOutcome", "TaskRunner", "flush_output"]
 _time = time.time
 _lseek = os.lseek
 _pack_cur = CUR.pack_into
+
+
+def _nothing() -> None:
+    pass
 _new_tuple = tuple.__new__
 _INSTALLED = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python3")
 
@@ -353,6 +357,26 @@ class TaskRunner:
     def idle(self) -> None:
         """No task runs now (the map says so)."""
         _pack_cur(self._cur, 0, -1, 0.0, 0)
+
+    def charge(self, index: int) -> Callable[[], None]:
+        """Task ``index`` (-1: none) is charged should the process die now, while values are
+        pickled after their tasks ran: the map names it, as if it ran, until the call returned
+        is called, which puts the map back as it was. A value whose pickling kills its worker
+        (too large for its memory, a crash in a library) then fails its own task as lost, not
+        another's, nor goes back to the queue, unrun for all the reaper knows, to kill the next."""
+        cur = self._cur
+        if cur is None:
+            return _nothing
+        was = cur[:CUR.size]
+        if index < 0:
+            _pack_cur(cur, 0, -1, 0.0, 0)
+        else:
+            _pack_cur(cur, 0, index, _time(), self.log_pos)
+
+        def back() -> None:
+            cur[:CUR.size] = was
+
+        return back
 
     def function(self) -> Any:
         """The function the job's tasks share (loaded at the first call)."""
