@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -297,6 +299,17 @@ def test_map_asks_its_workers_to_wake_it_at_their_end_alone_unless_the_job_is_ke
     job = ew.submit(abs, [-4], name="submitted")
     job.wait(timeout=60)
     assert seen == {"purged-after": "end", "kept": None, "submitted": None}
+
+
+def test_map_leaves_no_job_behind_even_when_its_process_ends_right_after(ew_home):
+    # ew.map on local workers purges its job once it has returned the values: in the
+    # background, at the process's exit at the latest; ew.jobs() in the process waits for it
+    assert ew.map(abs, [-1, -2]) == [1, 2]
+    assert not ew.jobs()
+    code = "import elsewhere as ew; assert ew.map(abs, [-3, -4]) == [3, 4]"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    left = [p.name for p in (ew_home / "jobs").iterdir() if not p.name.startswith(".")]
+    assert left == [] and not ew.jobs()
 
 
 def test_wait_timeout(ew_home):

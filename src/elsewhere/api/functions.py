@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from ..backends.base import Cluster
 from ..core.dependencies import resolve as resolve_after
 from ..core.submit import making
+from ..folder import housekeeping
 from ..folder.lifecycle import busy, create_store, new_job_meta
 from ..folder.registry import Registry
 from ..folder.store import JobStore
@@ -361,7 +362,8 @@ def map(
     """Like the built-in ``map``, but tasks run on a cluster; returns a list.
 
     ``submit`` + ``wait`` + results + ``purge`` in one call (dMod2's
-    ``wait = TRUE``). ``errors="raise"`` (default) raises the first task's
+    ``wait = TRUE``); on local workers the job is purged once the values are
+    returned (in the background, at the process's exit at the latest). ``errors="raise"`` (default) raises the first task's
     error (a TaskError, and an instance of the original type where it can be
     rebuilt); ``errors="return"`` puts TaskError values in the list.
     ``timeout``: seconds or a duration ("10min") to wait before raising
@@ -385,18 +387,32 @@ def map(
         values = job.results()
         ok = True
     finally:
-        if not keep:
+        if keep:
+            Registry().set_state(job.id, job.state.value)
+        elif ok and job.cluster.kind == "local":
+            # A local job read whole: purged once the values are returned (in the background,
+            # at exit at the latest; ew.jobs() here waits for it), which takes a tenth of a
+            # warm map of tiny tasks off its time
+            housekeeping.soon(functools.partial(_purge_quietly, job))
+        else:
             if not ok:
                 try:
                     job.cancel()
                 except Exception:
                     pass
             job.purge()
-        else:
-            Registry().set_state(job.id, job.state.value)
     if errors == "raise":
         raise_first_failure(job, values)
     return combine_values(values) if combine else values
+
+
+def _purge_quietly(job: Job[Any]) -> None:
+    try:
+        job.purge()
+    except Exception as exc:  # (purged by another process meanwhile: JobGone)
+        import logging
+
+        logging.getLogger(__name__).debug("purging job %r after ew.map: %s", job.name, exc)
 
 
 def _open(path: Path) -> Job[Any]:
@@ -423,6 +439,7 @@ def jobs(*, refresh: bool = True) -> list[dict[str, Any]]:
     a list that shows as a table in Jupyter."""
     from .notebook import JobTable
 
+    housekeeping.drain()  # the jobs of this process's ew.map calls, purged once they returned
     out = JobTable()
     reg = Registry()
     for row in reg.all():

@@ -15,6 +15,8 @@ costs as much again. So a client process
   emptied, its files made anew (new files: a process that still holds one of the old
   ones open cannot write into the next job), which costs the disk about half as much as
   removing it and building a spare (a loop of ``ew.map`` calls makes no folder at all);
+- purges the job an ``ew.map`` call returned the values of (on the local backend: see
+  ``api/functions.py``), after it returned them;
 - makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
   in the background, ``SYNC_DELAY_S`` after the submission: a job must survive a
   crash of the machine, but its workers do not wait for the disk to start, and a
@@ -51,7 +53,7 @@ NOTIFY = "notify.fifo"
 FILES = (QUEUE_LOCK, "job.json", "queue.json", "queue.b.json", "payload.log")
 
 _lock = threading.Lock()
-_todo: list[tuple[str, Any]] = []  # (kind, a path; for "call", a function)
+_todo: list[tuple[str, Any]] = []  # (kind, a path; for "call" and "soon", a function)
 _wake = threading.Condition(_lock)
 _thread: threading.Thread | None = None
 _thread_pid = 0
@@ -125,6 +127,26 @@ def call_later(key: str, fn: Callable[[], object]) -> None:
             return
         _called.add(key)
     _later("call", fn)
+
+
+def soon(fn: Callable[[], object]) -> None:
+    """Call ``fn`` in the background once the client is not busy, or at exit at the latest
+    (``ew.map``'s purge of the job it read: the call returns its values first)."""
+    _later("soon", fn)
+
+
+def drain() -> None:
+    """Make the calls of :func:`soon` not made yet now, in this thread (a listing of jobs
+    would show a job an ``ew.map`` of this process returned from, purged in the background)."""
+    while True:
+        with _lock:
+            todo = [t for t in _todo if t[0] == "soon"]
+            for t in todo:
+                _todo.remove(t)
+        if not todo:
+            return
+        for kind, fn in todo:
+            _do(kind, fn)
 
 
 def remove_later(path: Path, was: Path | None = None) -> None:
@@ -378,7 +400,7 @@ def _run() -> None:
 
 def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
     try:
-        if kind == "call":
+        if kind in ("call", "soon"):
             path()
         elif kind == "remove":
             _remove(path, recycle=recycle)
@@ -391,13 +413,18 @@ def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
 
 
 def finish() -> None:
-    """Do what is still to be done, now (at exit: syncs and removals; no new spares, no sweeps)."""
-    with _lock:
-        todo = [t for t in _todo if t[0] not in ("spare", "call")]
-        _todo.clear()
-        _due.clear()
-    for kind, path in todo:
-        _do(kind, path, recycle=False)
+    """Do what is still to be done, now (at exit: purges, syncs and removals; no new spares,
+    no sweeps)."""
+    while True:  # (a purge queues a removal)
+        with _lock:
+            todo = [t for t in _todo if t[0] not in ("spare", "call")]
+            _todo.clear()
+            _due.clear()
+        if not todo:
+            return
+        todo.sort(key=lambda t: t[0] != "soon")
+        for kind, path in todo:
+            _do(kind, path, recycle=False)
 
 
 def _after_fork_in_child() -> None:
