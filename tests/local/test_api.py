@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -310,6 +311,69 @@ def test_map_leaves_no_job_behind_even_when_its_process_ends_right_after(ew_home
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     left = [p.name for p in (ew_home / "jobs").iterdir() if not p.name.startswith(".")]
     assert left == [] and not ew.jobs()
+
+
+def test_a_short_map_does_no_registry_work_and_a_long_one_is_listed_while_it_runs(ew_home, monkeypatch):
+    from elsewhere.folder import housekeeping
+    from elsewhere.folder.registry import Registry
+
+    calls = []
+    for op in ("add", "remove"):
+        real = getattr(Registry, op)
+        monkeypatch.setattr(Registry, op, lambda self, *a, _op=op, _real=real, **k: (calls.append(_op),
+                                                                                     _real(self, *a, **k))[1])
+    assert ew.map(abs, [-1, -2]) == [1, 2]
+    housekeeping.drain()  # its purge, which forgets its registration, not made yet
+    time.sleep(housekeeping.SYNC_DELAY_S + 0.2)
+    assert calls == []
+    # one that runs longer than a second is listed meanwhile, and forgotten at its purge
+    out = []
+    mapper = threading.Thread(target=lambda: out.append(ew.map(time.sleep, [3.0])))
+    mapper.start()
+    deadline = time.monotonic() + 20
+    while not [j for j in ew.jobs() if j["name"].startswith("sleep-")]:
+        assert time.monotonic() < deadline, "the map's job was never listed"
+        time.sleep(0.1)
+    mapper.join(timeout=60)
+    assert out == [[None]]
+    deadline = time.monotonic() + 10  # (purged in the background: ew.jobs() here waits for a purge not begun)
+    while ew.jobs() or calls != ["add", "remove"]:
+        assert time.monotonic() < deadline, (ew.jobs(), calls)
+        time.sleep(0.05)
+
+
+def test_a_named_map_is_registered_at_once(ew_home):
+    running = ew.submit(time.sleep, [2.0], name="taken")
+    with pytest.raises(ew.NameInUse):
+        ew.map(abs, [-1], name="taken")
+    running.wait(timeout=60)
+
+
+def test_a_map_whose_client_is_killed_in_its_first_second_is_listed_by_the_next_sweep(ew_home):
+    from elsewhere.core.submit import sweep_unsubmitted
+
+    code = textwrap.dedent("""
+        import os, signal, time
+        import elsewhere as ew
+        import elsewhere.core.submit as S
+        real = S.hand_over
+        def hand_over(cluster, handle, **kw):
+            real(cluster, handle, **kw)
+            print(handle.id, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)  # handed over, not registered yet
+        S.hand_over = hand_over
+        ew.map(time.sleep, [0.5, 0.5])
+    """)
+    assert not ew.jobs()  # (the registry made: a missing one is made anew from the job folders)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr
+    job_id = proc.stdout.strip()
+    assert not ew.jobs()
+    sweep_unsubmitted(ew_home / "jobs", grace_s=0.0)
+    job = ew.recover(job_id)  # listed: recovered, waited for, purged like any job
+    job.wait(timeout=60)
+    assert job.results() == [None, None]
+    job.purge()
 
 
 def test_wait_timeout(ew_home):

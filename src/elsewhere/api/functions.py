@@ -239,7 +239,9 @@ def submit(
         _warn_repeated(fn, tasks, form, stacklevel=4 if _waited else 3)
         job = create_job(on, name=name, _fn=fn, _n_tasks=len(tasks), _submitting=True, _waited=_waited,
                          _purged=_purged, **options)  # fmt: skip
-        write_and_submit(job, fn, tasks, form)
+        # ew.map's job, its name made unique: listed once it has run a second (its purge
+        # forgets the registration of a shorter one: no registry work at all)
+        write_and_submit(job, fn, tasks, form, register_late=_purged and name is None)
     return job
 
 

@@ -423,7 +423,7 @@ def value_of(job: Job[Any], index: int) -> Any:
 
 
 def write_and_submit(job: Job[Any], fn: Any = None, tasks: list[Any] | None = None, form: str = "entries",
-                     *, communicating: bool = False) -> None:
+                     *, communicating: bool = False, register_late: bool = False) -> None:
     """Submit ``job`` with ``tasks`` (in ``form``, see ``tasks_from_inputs``) and the tasks
     staged by ``add_task``: the core writes, registers and hands it to its cluster."""
     entries: list[Any] = list(tasks or [])
@@ -432,7 +432,8 @@ def write_and_submit(job: Job[Any], fn: Any = None, tasks: list[Any] | None = No
         entries = as_entries(entries, form) + staged
         form = "entries"
     meta = submit_job(job.cluster, job._handle, fn, entries, form, job._job_data, queue_n=job._queue_n,
-                      communicating=communicating, extra_fns=tuple(e[0] for e in staged))  # fmt: skip
+                      communicating=communicating, extra_fns=tuple(e[0] for e in staged),
+                      register_late=register_late)  # fmt: skip
     job._staged = []
     job._meta = meta
     job._dirty()

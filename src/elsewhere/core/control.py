@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..folder import housekeeping
 from ..folder.handle import JobHandle
 from ..folder.lifecycle import remove_folder
 from ..folder.registry import Registry
@@ -276,9 +277,15 @@ def purge(cluster: Cluster, handle: JobHandle, *, local: bool = True) -> None:
     finally:
         if local:
             removed = remove_folder(handle.path)
-            Registry().remove(handle.id)
+            if not housekeeping.drop(registration(handle.id)):  # (an ew.map job not registered yet)
+                Registry().remove(handle.id)
     if not removed:
         raise gone(handle)
+
+
+def registration(job_id: str) -> str:
+    """The housekeeping key of the registration of job ``job_id``, made late (``submit.py``)."""
+    return f"register {job_id}"
 
 
 # -- jobs that wait for others (after=; dependencies.py) -----------------------------------------

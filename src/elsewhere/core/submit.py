@@ -8,6 +8,9 @@ The one path every submission takes (``ew.submit``, ``ew.map``, ``job.submit()``
       ├─ payload.log                       the function, the job data, one entry per task
       ├─ job.json: n_tasks, submitted      (made durable in the background)
       ├─ the registry                      the name is checked against running jobs here
+      │                                    (ew.map's job, its name made unique: after the
+      │                                    hand-over, once it has run a second; its purge
+      │                                    forgets a registration not made yet)
       ├─ cluster.submit_independent(handle) / submit_communicating(handle)
       └─ queue: submitted                  whatever the backend did, the job is in its hands
 
@@ -21,11 +24,13 @@ said as such: a JobError "cannot submit job NAME: no space left on <folder> (<n>
 A client killed inside ``submit`` leaves a job that is registered (the next poll, of any
 backend, hands it over: ``handover.py``) or none: a folder not registered yet is removed in the background
 by a later process (:func:`sweep_unsubmitted`), and the workers started early in it leave when
-they see its client gone.
+they see its client gone. An ``ew.map`` job whose client was killed before it registered it
+(in its first second) is registered by that sweep.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -88,7 +93,11 @@ def sweep_unsubmitted(root: Path, grace_s: float = UNSUBMITTED_GRACE_S,
     behind: never submitted (their queue says so, or is not written yet), not in the registry,
     their client (the process in ``job.json``) ended, untouched for ``grace_s`` (a client of
     another machine, or none written yet: ``foreign_grace_s``). Workers waiting in one leave it
-    (they watch their client too). Returns the folders removed."""
+    (they watch their client too). Returns the folders removed.
+
+    An ``ew.map`` job whose client was killed in its first second (submitted, registered only
+    once it runs a second: see :func:`submit_job`) is registered instead, as it would have
+    been: its workers run it to its end, and it is listed, recovered and purged by name."""
     from ..folder.housekeeping import process_alive
     from ..folder.queue import QUEUE, QUEUE_B, QUEUE_LOCK
 
@@ -99,22 +108,38 @@ def sweep_unsubmitted(root: Path, grace_s: float = UNSUBMITTED_GRACE_S,
         return []
     removed: list[Path] = []
     registered: set[str] | None = None
+
+    def listed(name: str) -> bool | None:  # None: the registry cannot be read
+        nonlocal registered
+        if registered is None:
+            try:
+                registered = Registry().ids()
+            except Exception:
+                return None
+        return name in registered
+
     for name in names:
         folder = root / name
         try:
-            if not (folder / QUEUE_LOCK).exists() or JobStore(folder).queue().submitted:
+            if not (folder / QUEUE_LOCK).exists():
                 continue
+            submitted = JobStore(folder).queue().submitted
         except ValueError:
             # no slot whole: damaged (left alone), or never written (made, not yet queued)
             if not _empty(folder / QUEUE) or not _empty(folder / QUEUE_B):
                 continue
+            submitted = False
         except OSError:
             continue
+        if submitted and listed(name) is not False:
+            continue  # (the registry read first: most submitted jobs are in it)
         try:
             meta = JobStore(folder).meta()
         except (OSError, ValueError):
             meta = {}
-        client = meta.get("client") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict) or (submitted and meta.get("notify") != "end"):
+            continue
+        client = meta.get("client")
         if not isinstance(client, dict):
             client = {}
         here = client.get("host") == os.uname().nodename
@@ -123,12 +148,14 @@ def sweep_unsubmitted(root: Path, grace_s: float = UNSUBMITTED_GRACE_S,
             continue
         if now - _last_written(folder) < (grace_s if here else max(grace_s, foreign_grace_s)):
             continue
-        if registered is None:
-            try:
-                registered = {str(row["id"]) for row in Registry().all()}
-            except Exception:
-                return removed  # the registry cannot be read: nothing is known to be unregistered
-        if name not in registered:
+        known = listed(name)
+        if known is None:
+            return removed  # the registry cannot be read: nothing is known to be unregistered
+        if known:
+            continue
+        if submitted:
+            register_found(meta, folder)
+        else:
             remove_folder(folder)
             removed.append(folder)
     return removed
@@ -153,17 +180,20 @@ def _last_written(folder: Path) -> float:
 
 def submit_job(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], form: str, job_data: Any,
                *, queue_n: int | None = None, communicating: bool = False,
-               extra_fns: tuple[Any, ...] = ()) -> dict[str, Any]:  # fmt: skip
+               extra_fns: tuple[Any, ...] = (), register_late: bool = False) -> dict[str, Any]:  # fmt: skip
     """Write ``entries`` (tasks in ``form``) as the job's payload, register the job and hand it
     to ``cluster``; returns the job's metadata as written. ``queue_n``: the task count the
-    queue was made with, if known (else it is written here)."""
+    queue was made with, if known (else it is written here). ``register_late``: a job that its
+    caller purges once it ends, and whose name was made unique (``ew.map``'s): registered
+    only once it has run ``housekeeping.SYNC_DELAY_S`` (see the module)."""
     with making(handle.path, handle.name):
-        args = (fn, entries, form, job_data, queue_n, communicating, extra_fns)
+        args = (fn, entries, form, job_data, queue_n, communicating, extra_fns, register_late)
         return _submit(cluster, handle, *args)
 
 
 def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], form: str, job_data: Any,
-            queue_n: int | None, communicating: bool, extra_fns: tuple[Any, ...]) -> dict[str, Any]:  # fmt: skip
+            queue_n: int | None, communicating: bool, extra_fns: tuple[Any, ...],
+            register_late: bool) -> dict[str, Any]:  # fmt: skip
     store = handle.store
     root = store.path.parent
     housekeeping.call_later(f"unsubmitted {root}", lambda: sweep_unsubmitted(root))
@@ -199,7 +229,9 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
     if waits:
         dependencies.hold(handle)  # before it is registered: nobody hands it over early
     reg = Registry()
-    reg.add(meta, store.path, current_state)
+    late = register_late and not waits and not meta.get("stream")
+    if not late:
+        reg.add(meta, store.path, current_state)
     try:
         if meta.get("stream"):
             with store.locked_queue() as q:
@@ -219,11 +251,27 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
         except Exception:
             pass
         try:
-            reg.remove(handle.id)
+            if not late:
+                reg.remove(handle.id)
         finally:
             remove_folder(store.path)  # (and again by making: a no-op)
         raise
+    if late:
+        path = store.path
+        housekeeping.later(control.registration(handle.id), lambda: register_found(meta, path))
     return meta
+
+
+def register_found(meta: dict[str, Any], path: Path) -> None:
+    """Register the job ``meta`` of the folder ``path``, if it is still there, registered late
+    (an ``ew.map`` job that ran a second) or found unregistered by a sweep. Its name was made
+    unique: one in use (by chance) is said in the log, and the job left unlisted."""
+    if not (path / META).exists():
+        return
+    try:
+        Registry().add(meta, path, current_state)
+    except JobError as exc:
+        logging.getLogger(__name__).warning("elsewhere: job %r is not listed: %s", meta.get("name"), exc)
 
 
 def current_state(row: dict[str, Any]) -> str | None:

@@ -53,7 +53,7 @@ NOTIFY = "notify.fifo"
 FILES = (QUEUE_LOCK, "job.json", "queue.json", "queue.b.json", "payload.log")
 
 _lock = threading.Lock()
-_todo: list[tuple[str, Any]] = []  # (kind, a path; for "call" and "soon", a function)
+_todo: list[tuple[str, Any]] = []  # (kind, a path; for "call" and "soon", a function; for "later", a key)
 _wake = threading.Condition(_lock)
 _thread: threading.Thread | None = None
 _thread_pid = 0
@@ -65,7 +65,8 @@ SYNC_DELAY_S = 1.0  # a submitted job's inputs are made durable this long after 
 SPARES_KEPT = 2  # a purged folder is made a spare while its storage holds fewer than this
 _GRAVE = ".purged-"  # in the name of a job folder renamed away by a purge (see grave_name)
 _OLD_S = 3600.0  # a grave or a half-built spare this old was left by a process that died
-_due: dict[Any, float] = {}  # when each sync of _todo is due (time.monotonic())
+_due: dict[Any, float] = {}  # when each sync or later call of _todo is due (time.monotonic())
+_calls: dict[str, Callable[[], object]] = {}  # the calls of later(), by key
 
 
 class hot:
@@ -133,6 +134,27 @@ def soon(fn: Callable[[], object]) -> None:
     """Call ``fn`` in the background once the client is not busy, or at exit at the latest
     (``ew.map``'s purge of the job it read: the call returns its values first)."""
     _later("soon", fn)
+
+
+def later(key: str, fn: Callable[[], object]) -> None:
+    """Call ``fn`` in the background ``SYNC_DELAY_S`` from now, unless :func:`drop` of ``key``
+    comes first; at exit at the latest (an ``ew.map`` job registered once it has run that long:
+    see ``core/submit.py``)."""
+    with _lock:
+        _calls[key] = fn
+        _due[key] = time.monotonic() + SYNC_DELAY_S
+    _later("later", key)
+
+
+def drop(key: str) -> bool:
+    """Forget the call of :func:`later` for ``key``: True if it was not made (nor begun)."""
+    with _lock:
+        if _calls.pop(key, None) is None:
+            return False
+        _due.pop(key, None)
+        if ("later", key) in _todo:
+            _todo.remove(("later", key))
+        return True
 
 
 def drain() -> None:
@@ -386,12 +408,14 @@ def _run() -> None:
             # (a sync until it is due)
             now = time.monotonic()
             pick = next((t for t in _todo if t[0] == "spare"), None) or next(
-                (t for t in _todo if t[0] != "sync" or _due.get(t[1], 0.0) <= now), None)
+                (t for t in _todo if t[0] not in ("sync", "later") or _due.get(t[1], 0.0) <= now), None)
             if pick is None:
                 _wake.wait(max(0.0, min(_due.get(t[1], now) for t in _todo) - now))
                 continue
             kind, path = pick
             _due.pop(path, None)
+            if kind in ("soon", "later"):
+                _todo.remove(pick)  # taken: drain() and finish() must not make the call again
         _do(kind, path)
         with _lock:
             if (kind, path) in _todo:
@@ -406,6 +430,11 @@ def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
             _remove(path, recycle=recycle)
         elif kind == "sync":
             _sync(path)
+        elif kind == "later":
+            with _lock:
+                fn = _calls.pop(path, None)
+            if fn is not None:
+                fn()
         else:
             _make_spare(path)
     except Exception:
@@ -436,6 +465,7 @@ def _after_fork_in_child() -> None:
     _wake = threading.Condition(_lock)
     _thread, _todo, _busy = None, [], 0
     _due.clear()
+    _calls.clear()
 
 
 FORK_SAFE_THREAD = "elsewhere-housekeeping"

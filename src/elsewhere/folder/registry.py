@@ -391,6 +391,12 @@ class Registry:
         return [r for r in rows if r["id"] not in gone]
 
 
+    def ids(self) -> set[str]:
+        """The ids of every registered job (what a sweep of the job folders asks)."""
+        rows = self._run(lambda con: con.execute("SELECT id FROM jobs").fetchall(), "be read", read=True)
+        return {str(r[0]) for r in rows}
+
+
 def _gone(path: str) -> bool:
     """The job folder ``path`` is gone while its storage location is there."""
     return not os.path.lexists(path) and os.path.isdir(os.path.dirname(path))
