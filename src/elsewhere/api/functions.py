@@ -365,9 +365,10 @@ def map(
 
     ``submit`` + ``wait`` + results + ``purge`` in one call (dMod2's
     ``wait = TRUE``); on local workers the job is purged once the values are
-    returned (in the background, at the process's exit at the latest). ``errors="raise"`` (default) raises the first task's
-    error (a TaskError, and an instance of the original type where it can be
-    rebuilt); ``errors="return"`` puts TaskError values in the list.
+    returned (in the background, at the process's exit at the latest).
+    ``errors="raise"`` (default) raises the first task's error (a TaskError, and
+    an instance of the original type where it can be rebuilt);
+    ``errors="return"`` puts TaskError values in the list.
     ``timeout``: seconds or a duration ("10min") to wait before raising
     :class:`elsewhere.TimeoutError` (the job is cancelled and purged, unless kept).
     ``keep=True`` keeps the job (name it to recover it); ``combine=True``

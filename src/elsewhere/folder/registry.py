@@ -390,7 +390,6 @@ class Registry:
                           "forget purged jobs")  # fmt: skip
         return [r for r in rows if r["id"] not in gone]
 
-
     def ids(self) -> set[str]:
         """The ids of every registered job (what a sweep of the job folders asks)."""
         rows = self._run(lambda con: con.execute("SELECT id FROM jobs").fetchall(), "be read", read=True)

@@ -84,7 +84,7 @@ class Claims:
             m = q.join(self.wid, {"pid": pid, "host": host, "python": sys.executable, "version": _PY_VERSION,
                                   "lock": lock, "fifo": fifo, "joined": time.time()})
             if guess_s > 0 and n_done == 0:
-                return self._claim_in(q, m, guess_s, 0, sized=True)
+                return self._claim_in(q, m, guess_s, 1, sized=True)  # (as if one had run)
             return self._claim_in(q, m, mean_s, n_done)
 
     def claim(self, mean_s: float, n_done: int) -> Any:
@@ -100,9 +100,9 @@ class Claims:
 
     def _claim_in(self, q: Queue, m: dict[str, Any], mean_s: float, n_done: int, sized: bool = False) -> Any:
         """Claim tasks in queue state ``q`` (locked) for member ``m`` (this worker's entry);
-        ``sized``: ``mean_s`` is a guess from another job, though none has run in this one."""
+        ``sized``: ``mean_s`` is a guess from another job (``n_done`` 1: as if a task had run)."""
         wid = self.wid
-        want, least = claim_size(mean_s, n_done or int(sized))
+        want, least = claim_size(mean_s, n_done)
         if not q.submitted:
             # Started early, while the client still writes the inputs (a client killed
             # meanwhile never submits: its folder is housekeeping's to remove).

@@ -59,12 +59,12 @@ __all__ = ["JobSetup", "TaskOutcome", "TaskRunner", "flush_output"]
 _time = time.time
 _lseek = os.lseek
 _pack_cur = CUR.pack_into
+_new_tuple = tuple.__new__
+_INSTALLED = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python3")
 
 
 def _nothing() -> None:
     pass
-_new_tuple = tuple.__new__
-_INSTALLED = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python3")
 
 
 class JobSetup:
