@@ -345,6 +345,55 @@ def test_a_crashing_task_is_retried_and_the_worker_survives(on: PeerCluster) -> 
     assert ew.map(square, [5], on=on) == [25]  # the daemons carried on
 
 
+class _KillsWhenPickled:
+    """A value whose pickling kills its task process (as a value too large for its memory
+    would, or a crash in a library's reduce)."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        os._exit(9)
+
+
+def _result_kills_its_process(x: int, bad: int) -> object:
+    return _KillsWhenPickled() if x == bad else x
+
+
+def test_a_result_that_kills_its_task_process_fails_its_own_task_alone(on: PeerCluster) -> None:
+    # 50 tiny tasks: a batch's values are pickled together (one group), so the death cannot
+    # say whose value did it. Not the first task of the group charged in its place: the tasks
+    # come back each in a batch of its own, and the culprit alone is charged.
+    assert ew.map(_result_kills_its_process, [0], [-1], on=on) == [0]  # this module loaded
+    out = ew.map(_result_kills_its_process, range(50), [20] * 50, on=on, errors="return")
+    assert isinstance(out[20], TaskError) and out[20].reason == "lost", out[20]
+    assert "task 20 was lost" in out[20].message, out[20].message
+    assert [r for i, r in enumerate(out) if i != 20] == [i for i in range(50) if i != 20]
+    assert ew.map(square, range(4), on=on) == [0, 1, 4, 9]  # the daemons carried on
+
+
+class _KillsWhenUnpickled:
+    """An input whose unpickling kills a process other than the one that made it (the
+    controller, in the caller, reads the inputs again to send them in batches)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_kills_when_loaded, (self.pid,))
+
+
+def _kills_when_loaded(pid: int) -> _KillsWhenUnpickled:
+    if os.getpid() != pid:
+        os._exit(9)
+    return _KillsWhenUnpickled(pid)
+
+
+def test_an_input_that_kills_its_task_process_fails_its_own_task_alone(on: PeerCluster) -> None:
+    inputs: list[object] = list(range(50))
+    inputs[30] = _KillsWhenUnpickled(os.getpid())
+    out = ew.map(str, inputs, on=on, errors="return")
+    assert isinstance(out[30], TaskError) and out[30].reason == "lost", out[30]
+    assert [r for i, r in enumerate(out) if i != 30] == [str(i) for i in range(50) if i != 30]
+
+
 def test_a_task_past_its_time_is_stopped(lab: tuple[Path, int, Workers], ew_home: Path) -> None:
     key, port, _ = lab
     t0 = time.monotonic()

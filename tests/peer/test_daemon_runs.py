@@ -88,3 +88,35 @@ def test_a_run_larger_than_its_batch_is_garbage_from_the_child() -> None:
         header["runs"] = [[0, count, 0, 1.0, 1.1, 7]]
         with pytest.raises(ValueError, match="a run of"):
             take_results(child, header, memoryview(pickled), [])  # type: ignore[arg-type]
+
+
+def _daemon_of(caps: tuple[str, ...]) -> Any:
+    """What :meth:`Dispatch._several` looks at: the controller's connection and its caps."""
+    peer = types.SimpleNamespace(conn=types.SimpleNamespace(peer=types.SimpleNamespace(caps=caps)))
+    return types.SimpleNamespace(by_controller={"c": peer})
+
+
+def test_a_child_that_died_for_several_tasks_charges_none_to_a_controller_that_sends_them_alone() -> None:
+    from elsewhere.peer.dispatch import Dispatch
+
+    run = Run(1, "c", "t-1", Ask("t-1"), {"items": [[100 + k, 0] for k in range(4)], "job": {"seed": 3}})
+    run.outcomes[100] = ([100, 0, int(Outcome.OK), 0, 0, 1.0, 1.0, 7, 0], b"")
+    assert Dispatch._several(_daemon_of(("alone", "runs")), run, Outcome.LOST) == -1
+    assert run.alone == [101, 102, 103]
+    fill_unfinished(run, -1, Outcome.LOST, "died", b"", 1.0, 9, "h")
+    info, _ = build_result(run, "h", 0.1)
+    assert info["alone"] == [101, 102, 103]
+    assert {t: fate for t, (fate, _item) in _tasks(info).items()} == {
+        100: int(Outcome.OK), 101: int(Outcome.REQUEUE), 102: int(Outcome.REQUEUE), 103: int(Outcome.REQUEUE)}
+
+
+def test_to_a_controller_that_cannot_send_tasks_alone_the_first_unfinished_is_charged() -> None:
+    # as before the cap: otherwise they would run together, and kill a child, for ever
+    from elsewhere.peer.dispatch import Dispatch
+
+    run = Run(1, "c", "t-1", Ask("t-1"), {"items": [[100 + k, 0] for k in range(4)], "job": {"seed": 3}})
+    run.outcomes[100] = ([100, 0, int(Outcome.OK), 0, 0, 1.0, 1.0, 7, 0], b"")
+    assert Dispatch._several(_daemon_of(("runs",)), run, Outcome.LOST) == 101
+    assert run.alone == []
+    # a death the daemon asked for, to hand the batch back: no one is charged
+    assert Dispatch._several(_daemon_of(("alone",)), run, Outcome.REQUEUE) == -1 and run.alone == []

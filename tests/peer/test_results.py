@@ -157,3 +157,23 @@ def test_a_workers_record_names_no_task_process_of_it(tmp_path: Path) -> None:
     info = json.loads((c.store.path / "workers" / f"{w.wid}.json").read_text())
     assert info["peer_id"] == w.peer_id and info["host"] == "h"
     assert "pid" not in info, info
+
+
+def test_tasks_a_worker_asks_to_get_back_alone_go_each_in_a_batch_of_its_own(tmp_path: Path) -> None:
+    c = _controller(tmp_path, 8)
+    a = _worker(1)
+    c.pending.clear()
+    c._on_result(a, *_result("a-1", [0, 1]))
+    back, _ = _result("a-1", [2, 3, 4], Outcome.REQUEUE)
+    c._on_result(a, Result("a-1", {**back.info, "alone": [3, 4]}), (b"", b""))
+    assert c.alone == {3, 4}
+    assert set(c.pending) == {2, 3, 4}  # placed again
+    c.pending.clear()
+    c.pending.extend([2, 5, 3, 6, 7])
+    assert c._alone_cut(4) == 2  # 2 and 5 together, up to 3
+    c.pending.popleft(), c.pending.popleft()
+    assert c._alone_cut(4) == 1  # 3 alone
+    c.pending.popleft()
+    assert c._alone_cut(4) == 4  # 6 and 7: nothing alone among them (the batch takes what is left)
+    c._on_result(a, *_result("a-2", [3]))  # an outcome: no longer to be sent alone
+    assert c.alone == {4}

@@ -157,6 +157,7 @@ class _Controller(Retries, Batching):
                 self.inflight.setdefault(i, set()).add(b.bid)
         self.final, self.cancelled = TaskSet(), set()
         self.later: dict[int, float] = {}
+        self.alone: set[int] = set()
         self.attempts: dict[int, int] = {}
         self.resubmits: dict[int, int] = {}
         self.stats: collections.Counter[str] = collections.Counter()

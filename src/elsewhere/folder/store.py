@@ -48,6 +48,7 @@ NOTIFY = "notify.fifo"
 CONTROL = "_control"  # pseudo-worker id of records written by reapers and cancel
 
 CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
+SEVERAL = -2  # CUR's task while a peer's task process loads or pickles for several tasks at once
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -95,7 +95,7 @@ class Batching(ControllerState):
                     return
                 k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
                                self.result_bytes_per_task, least=not self.stream)  # fmt: skip
-                self._ask(best, k, now)
+                self._ask(best, self._alone_cut(k) if self.alone else k, now)
             self.blocked = None
         finally:
             if pick.slots_known:
@@ -130,6 +130,20 @@ class Batching(ControllerState):
         if not self._send(w, ask):
             self._unplace(b, requeue_front=True)
         self.stats["asks"] += 1
+
+    def _alone_cut(self, k: int) -> int:
+        """How many of the next ``k`` pending tasks one batch takes when some must go alone
+        (:attr:`alone`: a task process died working for them together, loading their inputs
+        or pickling their values, and could not tell which did it): one if the first must,
+        else those before the first that must. Alone, a task that kills its process again
+        is charged for it (lost, or run again while its retries last), and no other."""
+        pending, alone = self.pending, self.alone
+        if pending[0] in alone:
+            return 1
+        for pos in range(1, min(k, len(pending))):
+            if pending[pos] in alone:
+                return pos
+        return k
 
     def _encode(self, w: Worker, b: Batch) -> tuple[dict[str, Any], list[Any]]:
         """The TASK of a batch (see :meth:`TaskEncoder.encode`)."""
@@ -304,6 +318,8 @@ class Batching(ControllerState):
                         for x in self.workers.values() if x.state == "ready")  # fmt: skip
             k = batch_size(self.settings, b.worker, max(1, total), len(self.pending), self.mean_s,
                            self.n_measured, self.result_bytes_per_task, least=not self.stream)  # fmt: skip
+        if self.alone and self.pending:
+            k = self._alone_cut(k)
         while self.pending and len(b.indices) < k:
             i = self.pending.popleft()
             if i in self.final or i in self.cancelled:

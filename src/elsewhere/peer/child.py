@@ -15,7 +15,8 @@ dies; the daemon starts another::
                                       <--     "results" {items, group} + memfds
                                               (every 10 ms and at the end of a batch)
     reads CUR (shared map) after a crash:     CUR = (task now running, since, log offset)
-    which task was running
+    which task was running                    (or SEVERAL while it loads or pickles for
+                                              several tasks at once: they run again alone)
 
 The messages are in ``childmsg.py``, the groups of results in ``childresults.py``, the
 daemon's side in ``children.py``. The task process's stdout and stderr (file descriptors 1 and
@@ -40,7 +41,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..folder.store import CUR
+from ..folder.store import CUR, SEVERAL
 from ..run.runner import JobSetup, TaskOutcome, TaskRunner, flush_output, is_installed_path
 from ..util.system import CoreWatch
 from .childmsg import (
@@ -202,14 +203,14 @@ class _Child:
             self.enter_job(job)
             for old in header.get("forget") or ():  # the daemon bounds what is kept here
                 self.common.pop(old, None)
+            if items:  # a crash while loading costs the batch's one task, or none of several
+                self.runner.mark(int(items[0][0]) if len(items) == 1 else SEVERAL)
             if fn_parts and digest not in self.common:
                 self.common[digest] = pickle.loads(fn_parts[0], buffers=fn_parts[1:])
             if job_parts and jdigest not in self.common:  # (job data, files or None)
                 self.common[jdigest] = pickle.loads(job_parts[0], buffers=job_parts[1:])
             if jdigest and self.common.get(jdigest, (None, None))[1] is not None:
                 self.attach_files(job, self.common[jdigest][1])
-            if items:
-                self.runner.mark(int(items[0][0]))  # a crash while loading costs the first task
             entries = pickle.loads(task_parts[0], buffers=task_parts[1:])
             if not isinstance(entries, list) or len(entries) < len(items):  # items: what to run
                 raise ValueError("the batch does not match its items")

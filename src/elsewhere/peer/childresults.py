@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..folder.errorrecord import ErrorRecord
+from ..folder.store import SEVERAL
 from ..run.results import dump_values, peak_rss
 from ..run.runner import TaskOutcome
 from .childmsg import GROUP_BYTES, MAX_FDS, OOB_MEMFD_BYTES, Outcome, send_message
@@ -147,8 +148,8 @@ class BatchResults:
         return int(self.items[k][0])
 
     def _pickle(self) -> tuple[bytes, list[memoryview]]:
-        if self.mark is not None and (self.items or self.runs):
-            self.mark(int(self.items[0][0] if self.items else self.runs[0][0]))
+        if self.mark is not None and self.values:  # a death now costs this task, or none of several
+            self.mark(int(self.items[0][0] if self.items else self.runs[0][0]) if len(self.values) == 1 else SEVERAL)
         if self.oob >= _MAX_RESULT_OOB:  # a RESULT carries at most 1024 buffers
             try:
                 return pickle.dumps(self.values, protocol=5), []

@@ -106,6 +106,7 @@ class ControllerState:
         self.retries = int(meta.get("retries", 0))
         self.rerun_spec = meta.get("retry")  # retries=ew.Retry(on=...): errors run again
         self.later: dict[int, float] = {}  # errors run again: task -> when (monotonic) to place it
+        self.alone: set[int] = set()  # tasks to send each in a batch of its own (see Batching._alone_cut)
         self.seed = meta.get("seed")
         self.peer_id = settings.peer_id or new_peer_id()
         self.short = os.urandom(3).hex()

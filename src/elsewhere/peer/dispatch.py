@@ -24,6 +24,7 @@ import selectors
 import time
 from typing import Any
 
+from ..folder.store import SEVERAL
 from ..hosts.probe import usable_cores
 from .childmsg import Outcome
 from .children import ChildProcess, describe_exit, read_capture, tree_rss
@@ -260,6 +261,8 @@ class Dispatch(WorkerState):
             tail = b""
             if culprit is not Outcome.REQUEUE:
                 tail = read_capture(child.capture_fd, log_off)
+            if idx == SEVERAL:
+                idx = self._several(run, culprit)
             fill_unfinished(run, idx, culprit, why, tail, since, child.pid, self.options.host)
             self._complete(run)
         with contextlib.suppress(OSError):
@@ -267,6 +270,21 @@ class Dispatch(WorkerState):
         if not self.stopping and not self.hand_back and not child.retiring:
             self._spawn_child()  # (a retired child's successor was started with its retirement)
         self._dispatch()
+
+    def _several(self, run: Run, culprit: Outcome) -> int:
+        """The task a child's death costs when it died working for several of ``run``'s tasks
+        at once (loading their inputs, pickling their values): none, and they run again each
+        alone (``alone`` in the RESULT), where a death costs the task that did it; to a
+        controller that cannot send them alone (it did not say ``alone``), the first, as
+        before (they would otherwise run together, and kill a child, for ever)."""
+        unfinished = [int(i) for i, _ in run.info.get("items", []) if int(i) not in run.outcomes]
+        if culprit is Outcome.REQUEUE or not unfinished:
+            return -1
+        peer = self.by_controller.get(run.controller)
+        if peer is not None and peer.conn.peer is not None and "alone" in peer.conn.peer.caps:
+            run.alone = unfinished
+            return -1
+        return unfinished[0]
 
     def _retire(self, child: ChildProcess) -> None:
         child.retiring = True

@@ -139,6 +139,10 @@ class Results(ControllerState):
             self._finalise_all(finished)
         if self.on_outcome is not None:
             self._hand_out(groups, rows)
+        if self.alone:
+            self.alone = {i for i in self.alone if i not in self.final}
+        if "alone" in info:  # their task process died working for them together: each alone now
+            self.alone.update(i for i in map(int, info["alone"]) if 0 <= i < n)
         if w.writer is None:
             if not w.wid:
                 w.wid = f"peer-x-{w.peer_id[:8]}-{self.short}"

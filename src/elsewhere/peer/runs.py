@@ -53,6 +53,7 @@ class Run:
     kept: set[int] = field(default_factory=set)  # positions of inputs a result is a view of
     held: list[tuple[Any, bool]] = field(default_factory=list)  # those buffers, reusable after?
     context: tuple[Any, ...] = ()  # who sent it and the job's surroundings: see job_context
+    alone: list[int] = field(default_factory=list)  # tasks to run again each alone (its child died)
 
 
 def job_context(user: str, host: str, job: dict[str, Any]) -> tuple[Any, ...]:
@@ -275,6 +276,8 @@ def build_result(run: Run, host: str, charged: float, *, runs: bool = False) -> 
             "seconds": charged}  # fmt: skip
     if run.runs:
         info["runs"] = run.runs
+    if run.alone:
+        info["alone"] = run.alone
     buffers: list[Any] = [b"".join(g[0] for g in run.groups), b"".join(r[1] for r in rows)]
     for g in run.groups:
         buffers.extend(g[1])

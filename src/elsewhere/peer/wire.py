@@ -97,7 +97,7 @@ __all__ = [
     "Role",
 ]
 
-CAPABILITIES = ("ack-many", "fold", "job-part", "runs")
+CAPABILITIES = ("ack-many", "alone", "fold", "job-part", "runs")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
 lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
@@ -105,7 +105,9 @@ task (``ask``) and a RESULT that carries ACCEPTs (``accepted``), two frames a ta
 instead of four; ``job-part``, a TASK whose job data and files travel in a part of their
 own (``jpart``, ``njpart``), once per connection whatever the functions; ``runs``, a
 RESULT whose ``runs`` hold the successes without output of consecutive tasks as one entry
-each (see "Layout of TASK and RESULT" in docs/peer.md)."""
+each (see "Layout of TASK and RESULT" in docs/peer.md); ``alone``, a RESULT whose ``alone``
+lists tasks its sender asks to get back each in a batch of its own (their task process died
+working for them together, and could not tell which of them did it)."""
 
 _MAX_SEQ = 2**64 - 1
 _PACKER_BYTES = 4 << 10

@@ -42,7 +42,7 @@ import sys
 import time
 from collections import namedtuple
 
-from ..folder.store import CUR
+from ..folder.store import CUR, SEVERAL
 from .context import TaskContext, _current
 from .threads import ThreadLimits
 
@@ -348,11 +348,17 @@ class TaskRunner:
         return None
 
     def mark(self, index: int) -> None:
-        """The process works for task ``index`` now, outside its call: loading its inputs
-        with others of its batch, or pickling its value. A process that dies meanwhile
-        costs that task (its daemon reads the map), not a batch run again for ever."""
+        """The process works for task ``index`` now, outside its call: loading its inputs,
+        or pickling its value. A process that dies meanwhile costs that task (its daemon
+        reads the map), not a batch run again for ever. :data:`SEVERAL`: for several tasks
+        at once (their inputs loaded, or their values pickled, together): a death then
+        costs none of them, and they run again each alone, where it costs the one that
+        did it (see ``peer/dispatch.py``). Below that: none."""
         if self._cur is not None:
-            _pack_cur(self._cur, 0, index, _time(), self.log_pos) if index >= 0 else self.idle()
+            if index >= 0 or index == SEVERAL:
+                _pack_cur(self._cur, 0, index, _time(), self.log_pos)
+            else:
+                self.idle()
 
     def idle(self) -> None:
         """No task runs now (the map says so)."""
