@@ -14,7 +14,7 @@ def _start(folder: str, index: int) -> int:
     """Note a start of task ``index``; how many starts it had before this one."""
     path = Path(folder, f"starts-{index}")
     with open(path, "a") as f:
-        f.write(f"{os.getpid()} {time.time():.3f}\n")
+        f.write(f"{os.getpid()} {time.time():.6f}\n")
     return len(path.read_text().splitlines()) - 1
 
 

@@ -83,3 +83,26 @@ def starts_of(folder: Path, index: int) -> int:
     """How many times task ``index`` started (its lines in ``folder/starts-<index>``)."""
     path = folder / f"starts-{index}"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+class KillsWhenPickled:
+    """A value whose pickling kills the process that pickles it (as a value too large for
+    its worker's memory would, or a crash in a library's reduce)."""
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        os._exit(9)
+
+
+def result_kills_its_worker(index: int, bad: int) -> object:
+    """Task ``bad``'s value kills its worker when it is pickled; the others' are their index."""
+    return KillsWhenPickled() if index == bad else index
+
+
+def crash_on(index: int, bad: int) -> int:
+    """Task ``bad`` kills its process (SIGKILL, as the kernel's OOM killer does; a segfault
+    would leave a core file), the others return their index."""
+    if index == bad:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return index

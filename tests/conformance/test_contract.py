@@ -26,12 +26,14 @@ import elsewhere as ew
 from conformance.contract import Backend, end_running_task, gone, lacks, recorded_worker, wait_until
 from conformance.tasks import (
     chatty,
+    crash_on,
     fail_first_time,
     hold,
     long_unless_marked,
     nap,
     pid_of,
     raise_on_two,
+    result_kills_its_worker,
     square_late,
     starts_of,
 )
@@ -189,6 +191,29 @@ def test_a_task_whose_worker_is_killed_is_lost_with_a_reason_or_rerun_with_retri
     # the job folder knew which worker ran the task (where a process was killed)
     for folder, problem in recorded.items():
         assert not problem, f"{folder.name}: {problem}"
+
+
+def test_a_task_that_crashes_its_worker_is_lost_alone_and_the_tasks_after_it_run(backend: Backend) -> None:
+    # however the backend gives out tasks (claimed from the queue, or a list to each worker or
+    # array element), the crash costs the task that crashed, not the others its worker held
+    job = ew.submit(crash_on, range(12), [3] * 12, on=backend())
+    job.wait(timeout=END_S * 2)
+    res = job.results()
+    assert isinstance(res[3], ew.TaskError) and res[3].reason == "lost", repr(res[3])
+    assert res[3].message.strip(), "a lost task's error says why"
+    assert [r for i, r in enumerate(res) if i != 3] == [i for i in range(12) if i != 3], res
+
+
+def test_a_value_that_kills_its_worker_fails_its_own_task_and_no_other(backend: Backend) -> None:
+    # 50 tiny tasks: their values are pickled together, so a death then cannot say whose value
+    # did it; the backend finds it (the tasks run again one by one) rather than failing another
+    # task in its place, or running the batch, and killing a worker, for ever
+    job = ew.submit(result_kills_its_worker, range(50), [20] * 50, on=backend())
+    job.wait(timeout=END_S * 2)
+    res = job.results()
+    assert isinstance(res[20], ew.TaskError) and res[20].reason == "lost", repr(res[20])
+    assert [r for i, r in enumerate(res) if i != 20] == [i for i in range(50) if i != 20], res
+    assert job.state is ew.JobState.FAILED
 
 
 # -- 7. retry ------------------------------------------------------------------------------

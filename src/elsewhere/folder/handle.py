@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..util.states import JobState
 from . import records
+from .housekeeping import process_alive
 from .journal import JournalReader, Outcomes, lock_is_free
 from .payload import read_damage
 from .records import Kind
@@ -236,6 +237,9 @@ class JobHandle:
             info = self.store.worker_info(wid)
             if info.get("element"):
                 continue  # its scheduler tells why it ended, through the backend's poll
+            watcher = info.get("watcher")
+            if isinstance(watcher, int) and watcher > 0 and process_alive(watcher):
+                continue  # the process that started it accounts for it (run/supervise.py)
             self.reader.refresh()  # after the lock was seen free: its journal is whole
             earlier = float(info.get("started", 0.0)) < self.store.queue().retried_at(idx)
             if idx not in self.reader.final and not earlier:  # (an earlier attempt's worker: no news)

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
         task_failed: bool  # a task it ran ended with an error (not run again)
         known: tuple[int, float] | None  # its last job's function (common_check) and seconds a task
+        alone: bool  # given the tasks of a worker that died: each outcome written alone
+        watcher: int  # the pid of the process that watches it (run/supervise.py), or 0
 
         def wait_for_work(self, timeout_s: float | None = None) -> None: ...
 
@@ -141,6 +143,8 @@ class JobRun:
                 # An array element of a batch scheduler: the scheduler says when and why it
                 # ended (FolderHandle.vanished leaves it to the backend's poll).
                 info["element"] = True
+            if self.w.watcher:  # its watcher accounts for its tasks should it die (run/supervise.py)
+                info["watcher"] = self.w.watcher
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
@@ -220,7 +224,9 @@ class JobRun:
         if self.after and self._gated():  # given its tasks, or claiming them (a packed element)
             return
         if self.fixed is not None:
-            self._run_batch(self.claims.fixed_attempts(self.fixed))
+            given = self.claims.fixed_attempts(self.fixed)
+            self.claims.again = self.w.alone  # (the tasks of a worker that died: see run/supervise.py)
+            self._run_batch(given)
             self._run_deferred()
             return
         while True:

@@ -84,6 +84,8 @@ class Worker:
         self.task_failed = False  # a task it ran ended with an error: an array element exits 1
         self.known: tuple[int, float] | None = None  # its last job's function and time a task (JobRun.join)
         self.deadline: float | None = None  # a claiming array element's walltime ends then
+        self.alone = False  # given tasks of a worker that died: each outcome written alone (supervise.py)
+        self.watcher = 0  # the pid of the process watching this one, if one is (supervise.py)
         self._watched: list[str] = []  # files of loaded modules that may change under us
         self._watched_n = -1  # len(sys.modules) when _watched was made
         self.stdio = (os.dup(1), os.dup(2))  # its own stdout and stderr, while 1 and 2 are a job's log
@@ -376,8 +378,24 @@ def _main(args: Any) -> int:
         return 2
     if tasks is not None or claims:
         _print_header(args.job, tasks)
+    if tasks and not mpi and not args.pool and args.job and hasattr(os, "fork"):
+        # given its tasks: in a watched child, so that a task that kills it costs itself alone
+        from .supervise import supervise
+
+        watcher = os.getpid()
+        return supervise(args.job, wid, tasks, lambda name, given, alone: _run(
+            args, name, given, mpi, claims=False, alone=alone, watcher=watcher))  # fmt: skip
+    return _run(args, wid, tasks, mpi, claims=claims)
+
+
+def _run(args: Any, wid: str, tasks: list[int] | None, mpi: dict[str, int], *, claims: bool,
+         alone: bool = False, watcher: int = 0) -> int:  # fmt: skip
+    """Be worker ``wid``: of ``args.job`` (``tasks`` given, or claimed) and of ``args.pool``;
+    the process's exit code. ``alone``: each outcome written alone (tasks of a worker that
+    died); ``watcher``: the process that started this one to watch it (supervise.py)."""
     try:
         worker = Worker(wid, args.pool, args.idle_timeout, mpi=mpi)
+        worker.alone, worker.watcher = alone, watcher
         if claims and os.environ.get("ELSEWHERE_WALLTIME_S"):
             worker.deadline = time.time() + float(os.environ["ELSEWHERE_WALLTIME_S"])
         worker.serve(args.job, tasks)
