@@ -71,3 +71,22 @@ def test_a_job_context_is_who_sent_it_and_where_its_imports_come_from() -> None:
     assert job_context("u", "h", {**job, "cwd": "/home/u/other"}) != same
     assert job_context("u", "h", {**job, "sys_path": ["/opt/lib", "/home/u/project"]}) != same
     assert job_context("u", "h", {**job, "env": {"A": "1"}}) != same
+
+
+def test_a_task_longer_than_a_batch_goes_alone_whatever_else_the_size_would_weigh() -> None:
+    s = ControllerSettings(batch_target_s=0.1, batch_min_s=0.002)
+    w = _worker(time_s=50.0)
+    for pending in (1, 3, 10_000, 10**7):
+        for least in (True, False):
+            assert batch_size(s, w, total_slots=1, pending=pending, mean_s=0.4, n_measured=3, least=least) == 1
+    # a task of exactly the batch's time: one too, by the general rule
+    assert batch_size(s, w, total_slots=1, pending=10_000, mean_s=0.1, n_measured=3) == 1
+
+
+def test_an_ask_a_controller_makes_is_the_ask_the_wire_reads() -> None:
+    from elsewhere.peer.messages import Ask
+
+    made = Ask.made("ctl-7", 1 << 20, 2.5, 2)
+    assert made == Ask("ctl-7", mem_bytes=1 << 20, time_s=2.5, cores=2)
+    assert made.to_header() == Ask("ctl-7", mem_bytes=1 << 20, time_s=2.5, cores=2).to_header()
+    assert isinstance(Ask.made("ctl-8", 0, 0, 1).time_s, float)

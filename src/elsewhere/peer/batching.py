@@ -117,7 +117,7 @@ class Batching(ControllerState):
         attempts = self.attempts
         b = Batch(bid, w, indices, [attempts.get(i, 0) for i in indices] if attempts else [0] * len(indices), now)
         s = self.settings
-        ask = Ask(bid, mem_bytes=s.mem_bytes, time_s=s.time_s * len(indices), cores=s.cores)
+        ask = Ask.made(bid, s.mem_bytes, s.time_s * len(indices), s.cores)
         self.batches[bid] = b
         w.batches[bid] = b
         inflight = self.inflight

@@ -271,6 +271,15 @@ class Ask(TaskMessage):
         super().__post_init__()
         object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
 
+    @classmethod
+    def made(cls, task_id: str, mem_bytes: int, time_s: float, cores: int) -> Ask:
+        """The ASK of a batch this end made, of figures checked when they were set (the
+        job's settings): built without checking them again, as a placing turn makes one a
+        batch. (The receiver checks every ASK it reads.)"""
+        ask = object.__new__(cls)
+        ask.__dict__.update(task_id=task_id, mem_bytes=mem_bytes, time_s=float(time_s), cores=cores)
+        return ask
+
 
 @dataclass(frozen=True)
 class Accept(TaskMessage):

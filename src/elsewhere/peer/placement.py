@@ -177,6 +177,8 @@ def batch_size(settings: ControllerSettings, w: Worker, total_slots: int, pendin
     its calls' results must not wait for a slow call placed in their batch), no more than
     ``w`` offers the time for, and no more than :data:`BATCH_BYTES` of results at the mean
     ``bytes_per_task`` (a RESULT is one frame, at most 4 GiB)."""
+    if n_measured and mean_s > settings.batch_target_s:
+        return 1  # (what the rest makes of a task longer than a batch: the usual case at scale)
     k = floor = 1
     if n_measured:
         mean = max(mean_s, 1e-6)
