@@ -1,5 +1,5 @@
 """A worker given its tasks runs them in a child process it watches, so that a task that
-kills its process costs that task alone.
+kills its process takes no other task with it.
 
 An array element of a batch scheduler, or a process of a user's scheduler plugin, is given
 a list of tasks (``--tasks``, or its chunk of a submission). Unwatched, a task that crashed
@@ -7,22 +7,28 @@ its process (a segfault, the kernel's OOM killer, ``os._exit``, a value whose pi
 dies) ended the element, and every task of the list without an outcome was reported lost
 with it, those never started included. Here the element's process forks a worker for the
 list and waits for it (:func:`supervise`). When that worker dies (by a signal, or with an
-exit code no worker gives itself), the watcher reads, under the job's queue lock, what it
-left, as the local reaper does for a claiming worker (``journal.reap``):
+exit code no worker gives itself), the watcher reads what it left (its journal, and its
+map ``workers/<w>.cur``, which names the task it was running or pickling the value of),
+writing nothing:
 
-- the task its map (``workers/<w>.cur``) names was running, or having its value pickled:
-  it is failed as lost, with the end of its output, or runs again while the job's
-  ``retries=`` last;
+- the task its map names is the culprit: it stays without an outcome, for what reports
+  the element's end to report lost (the backend's poll with the scheduler's reason, or the
+  library for a worker of this machine: :meth:`FolderHandle.vanished`, which leaves a
+  watched worker alone while its watcher lives), and it runs again as any lost task does
+  (``retries=``, a new submission);
 - the tasks with an outcome in its journal are done;
 - the others run in a new worker (``<w>.1``, ``<w>.2``...), which writes each outcome
   alone: values that were to be pickled together, one of which killed the worker, then
   come back one at a time, and the one that kills again is named.
 
+Once the rest has run, the watcher ends as the culprit's process did (killed by the same
+signal, SIGKILL or SIGTERM; else its exit code), so its scheduler sees what it saw before.
 A death that names no task and leaves no new outcome is not a task's doing (the worker
-cannot start, the node is failing): the watcher stops there and ends as its worker did,
-and the backend reports the tasks as before. Signals sent to the watcher (a scheduler's
-cancel, its walltime warning) go to the worker, which is not started again after them; a
-watcher killed outright takes its worker with it (``PR_SET_PDEATHSIG``, on Linux).
+cannot start, the node is failing): the watcher stops there and ends as its worker did.
+Signals sent to the watcher (a scheduler's cancel, its walltime) go to the worker, which is
+not started again after them; a watcher killed outright takes its worker with it
+(``PR_SET_PDEATHSIG``, on Linux). Nothing it does writes to the job folder: with remote
+storage the folder it reads is a copy whose shared files the client keeps.
 """
 
 from __future__ import annotations
@@ -33,10 +39,8 @@ import signal
 import sys
 import time
 
-from ..folder import records
 from ..folder.journal import finished_by
-from ..folder.records import Kind
-from ..folder.store import CUR, JobStore
+from ..folder.store import JobStore
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,11 +56,12 @@ _PR_SET_PDEATHSIG = 1
 
 def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list[int], bool], int]) -> int:
     """Run ``tasks`` of the job in ``job_dir`` in forked workers until each has an outcome
-    (see the module): ``run(worker_id, tasks, alone)`` runs them in the child and returns its
-    exit code (``alone``: each outcome written alone). Returns this process's exit code:
-    0, or 1 when a task failed or was lost, or the last worker's when it was not restarted."""
+    or killed its worker (see the module): ``run(worker_id, tasks, alone)`` runs them in the
+    child and returns its exit code (``alone``: each outcome written alone). Returns this
+    process's exit code, when it does not end by the signal that ended a culprit."""
     store = JobStore(job_dir)
-    rest, alone, n, failed = list(tasks), False, 0, False
+    rest, alone, n = list(tasks), False, 0
+    culprit_death = 0  # how the last worker that a task killed ended (0: none was)
     child = 0
     signalled: list[int] = []
 
@@ -78,18 +83,18 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
                 _die_by(signalled[0], before)
                 return _exit_code(code)
             if code in _OWN_CODES:
-                return 1 if failed and code == 0 else code
-            rest, lost, progress = _after_death(store, name, rest, _death(code))
-            failed = failed or lost
-            if not rest:
-                return 1 if failed else 0
-            if not lost and not progress:
-                print(f"elsewhere worker {name}: {_death(code)} before any task of its own did: not started again",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                return _exit_code(code)
-            print(f"elsewhere worker {name}: {_death(code)}; {len(rest)} of its tasks go on in a new worker",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            alone, n = True, n + 1
+                return _end_as(culprit_death, before) if culprit_death else code
+            left, culprit, progress = _after_death(store, name, rest)
+            if culprit >= 0:
+                culprit_death = code
+            if not left or (culprit < 0 and not progress):
+                if culprit < 0 and not progress:
+                    print(f"elsewhere worker {name}: {_death(code)} before any task of its own did: not "
+                          "started again", file=sys.stderr, flush=True)  # fmt: skip
+                return _end_as(culprit_death or code, before)
+            print(f"elsewhere worker {name}: {_death(code)}" + (f" in task {culprit}" if culprit >= 0 else "")
+                  + f"; {len(left)} of its tasks go on in a new worker", file=sys.stderr, flush=True)  # fmt: skip
+            rest, alone, n = left, True, n + 1
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
@@ -124,7 +129,8 @@ def _die_by(signum: int, handlers: Mapping[signal.Signals, Any]) -> None:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
+    if signum != signal.SIGKILL:  # (whose handler cannot be set)
+        signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     time.sleep(1)  # (delivered at once; should it be blocked, the caller returns a code)
 
@@ -154,9 +160,18 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+def _end_as(code: int, handlers: Mapping[signal.Signals, Any]) -> int:
+    """End as a worker that ended with ``code`` did: killed by SIGKILL or SIGTERM, by the
+    same (what schedulers and plugins read a lost task's cause from); else the exit code
+    (another signal re-raised here would write a core or a traceback of this process)."""
+    if code in (-signal.SIGKILL, -signal.SIGTERM):
+        _die_by(-code, {**handlers, signal.Signals(-code): signal.SIG_DFL})
+    return _exit_code(code)
+
+
 def _death(code: int) -> str:
     if code == -signal.SIGKILL:  # what a memory limit does, the kernel's or the scheduler's
-        return "its process was killed by SIGKILL (out of memory, most likely: the element's limit or the kernel's)"
+        return "its process was killed by SIGKILL (out of memory?)"
     if code < 0:
         with contextlib.suppress(ValueError):
             return f"its process was killed by {signal.Signals(-code).name}"
@@ -164,50 +179,15 @@ def _death(code: int) -> str:
     return f"its process exited with code {code}"
 
 
-def _after_death(store: JobStore, wid: str, rest: list[int], why: str) -> tuple[list[int], bool, bool]:
-    """Account for worker ``wid``, dead, given ``rest``: (the tasks still to run, whether one
-    was failed as lost, whether it left an outcome or named a task)."""
-    with store.locked_queue() as q:
-        if q.cancelled:
-            return [], False, True
-        done = finished_by(store, wid, q)
-        idx, since, log_off = store.read_running(wid)
-        left = [t for t in rest if t not in done]
-        lost = False
-        named = idx in left
-        if named:
-            now = time.time()
-            if idx in q.cancelled_tasks:  # stopped because it was cancelled: that is its outcome
-                store.append_control([records.make_record(Kind.CANCELLED, idx, q.attempt(idx), t_start=since,
-                                                          t_end=now)])  # fmt: skip
-                left.remove(idx)
-            else:
-                used = q.count_attempt(idx)
-                if used > q.retries:
-                    log_len = max(0, _size(store.log_path(wid)) - log_off)
-                    store.append_control([records.make_record(Kind.LOST, idx, used - 1, log_off=log_off,
-                                                              log_len=log_len, t_start=since, t_end=now)])  # fmt: skip
-                    q.lose(idx, reason=f"task {idx} was lost: {why}", by=wid)
-                    left.remove(idx)
-                    lost = True
-        skip = q.cancelled_tasks
-        left = [t for t in left if t not in skip]
-    _settle(store, wid)
-    return left, lost, named or len(left) < len(rest)
-
-
-def _settle(store: JobStore, wid: str) -> None:
-    """The dead worker's map says it runs nothing (its task is accounted for, once)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(os.path.join(store.dir, "workers", f"{wid}.cur"), os.O_WRONLY)
-        try:
-            os.pwrite(fd, CUR.pack(-1, 0.0, 0), 0)
-        finally:
-            os.close(fd)
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+def _after_death(store: JobStore, wid: str, rest: list[int]) -> tuple[list[int], int, bool]:
+    """What worker ``wid``, dead, given ``rest``, left: (the tasks still to run, the task its
+    map names or -1, whether it left an outcome or named a task). Read only."""
+    q = store.queue()
+    done = finished_by(store, wid, q)
+    idx, _, _ = store.read_running(wid)
+    left = [t for t in rest if t not in done]
+    culprit = idx if idx in left else -1
+    progress = culprit >= 0 or len(left) < len(rest)
+    skip = q.cancelled_tasks
+    left = [t for t in left if t != culprit and t not in skip] if not q.cancelled else []
+    return left, culprit, progress
