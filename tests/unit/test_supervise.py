@@ -112,3 +112,27 @@ def test_a_signal_to_the_watcher_stops_its_worker_which_is_not_started_again(tmp
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=15) == -signal.SIGTERM  # killed by it, as its scheduler expects
     assert len(_calls(log)) == 1
+
+
+def test_a_task_that_raised_in_a_dead_worker_still_ends_the_watcher_failed(tmp_path: Path) -> None:
+    # (an element whose task failed ends failed, whatever became of its worker: afterok)
+    from elsewhere.folder import records
+    from elsewhere.folder.records import Kind
+
+    for kind, code in ((Kind.ERROR, 1), (Kind.OK, 0)):
+        store, log = _store(tmp_path / kind.name, 3), tmp_path / f"calls-{kind.name}"
+
+        def run(name: str, tasks: list[int], alone: bool, store: JobStore = store, log: Path = log,
+                kind: Kind = kind) -> int:  # fmt: skip
+            first = not log.exists()
+            with open(log, "a") as f:
+                f.write(json.dumps({"name": name, "tasks": tasks}) + "\n")
+            if first:  # task 0's outcome written, then a death that names no task
+                os.makedirs(store.path / "journal", exist_ok=True)
+                with open(store.journal_path(name), "ab") as f:
+                    f.write(records.pack_frame([records.make_record(kind, 0, 0)]))
+                os._exit(9)
+            return 0
+
+        assert supervise(str(store.path), "w", [0, 1, 2], run) == code
+        assert [c["tasks"] for c in _calls(log)] == [[0, 1, 2], [1, 2]]

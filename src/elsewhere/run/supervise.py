@@ -39,7 +39,9 @@ import signal
 import sys
 import time
 
+from ..folder import records
 from ..folder.journal import finished_by
+from ..folder.records import FLAG_RERUN, Kind
 from ..folder.store import JobStore
 
 TYPE_CHECKING = False
@@ -60,7 +62,7 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
     child and returns its exit code (``alone``: each outcome written alone). Returns this
     process's exit code, when it does not end by the signal that ended a culprit."""
     store = JobStore(job_dir)
-    rest, alone, n = list(tasks), False, 0
+    rest, alone, n, failed = list(tasks), False, 0, False
     culprit_death = 0  # how the last worker that a task killed ended (0: none was)
     child = 0
     signalled: list[int] = []
@@ -83,15 +85,17 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
                 _die_by(signalled[0], before)
                 return _exit_code(code)
             if code in _OWN_CODES:
-                return _end_as(culprit_death, before) if culprit_death else code
+                return _end_as(culprit_death, before) if culprit_death else (1 if failed and code == 0 else code)
             left, culprit, progress = _after_death(store, name, rest)
+            failed = failed or _raised(store, name, rest)  # (it would have ended 1)
             if culprit >= 0:
                 culprit_death = code
-            if not left or (culprit < 0 and not progress):
-                if culprit < 0 and not progress:
-                    print(f"elsewhere worker {name}: {_death(code)} before any task of its own did: not "
-                          "started again", file=sys.stderr, flush=True)  # fmt: skip
+            elif not progress:
+                print(f"elsewhere worker {name}: {_death(code)} before any task of its own did: not started again",
+                      file=sys.stderr, flush=True)  # fmt: skip
                 return _end_as(culprit_death or code, before)
+            if not left:
+                return _end_as(culprit_death, before) if culprit_death else (1 if failed else 0)
             print(f"elsewhere worker {name}: {_death(code)}" + (f" in task {culprit}" if culprit >= 0 else "")
                   + f"; {len(left)} of its tasks go on in a new worker", file=sys.stderr, flush=True)  # fmt: skip
             rest, alone, n = left, True, n + 1
@@ -177,6 +181,17 @@ def _death(code: int) -> str:
             return f"its process was killed by {signal.Signals(-code).name}"
         return f"its process was killed by signal {-code}"
     return f"its process exited with code {code}"
+
+
+def _raised(store: JobStore, wid: str, tasks: list[int]) -> bool:
+    """Whether dead worker ``wid`` wrote an error as the outcome of one of ``tasks``."""
+    try:
+        with open(store.journal_path(wid), "rb") as f:
+            recs, _ = records.parse_frames(f.read())
+    except OSError:
+        return False
+    given = set(tasks)
+    return any(r.kind == Kind.ERROR and not r.flags & FLAG_RERUN and r.task in given for r in recs)
 
 
 def _after_death(store: JobStore, wid: str, rest: list[int]) -> tuple[list[int], int, bool]:
