@@ -412,6 +412,28 @@ def test_killed_host_workers_lose_or_retry_only_their_running_tasks(lab, retries
                for t, r in enumerate(res["results"]) if a <= t < b and "value" in r)
 
 
+def test_workers_killed_on_two_hosts_each_lose_only_their_running_tasks(lab):
+    # each host writes its own reapers' records; both must reach the client's job folder
+    victims = ["h2", "h3"]
+    c = lab.client(victims, n=8, hold=2.0, retries=0, name="kill-both")
+    lab.placed(c.expect("SUBMITTED", 120))
+    running: dict[str, set[int]] = {}
+    for victim in victims:
+        _wait_for(lambda victim=victim: lab.started(victim), 60, f"a task to start on {victim}")
+    for victim in victims:
+        copy = lab.copy(victim)
+        workers = _pids_naming(str(copy), what=b"elsewhere.worker")
+        running[victim] = set(lab.started(victim))
+        assert workers, f"no worker process of {copy} found"
+        _kill(workers)
+    res = c.expect("RESULT", 150)
+    lost = {t for t, r in enumerate(res["results"]) if "error" in r}
+    for victim in victims:
+        a, b = res["plan"][victim]["tasks"]
+        assert running[victim] <= lost, (victim, running, lost)
+        assert lost & set(range(a, b)), (victim, lost)
+
+
 # --------------------------------------------------------------------------- (c)
 
 

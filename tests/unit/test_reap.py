@@ -74,3 +74,39 @@ def test_an_outcome_of_the_attempt_due_still_counts_as_done(store):
     with store.locked_queue() as q:
         reap(store, q, dead={"w1"})
         assert q.to_rerun == [] and q.lost_by(2) == "w1"  # 0 and 1 done: not run again
+
+
+def test_in_a_copy_of_the_folder_the_reapers_write_under_its_own_name_and_are_read_as_control(store):
+    # (copies on several hosts come back side by side: none overwrites another's, nor the client's)
+    from elsewhere.folder.store import is_control
+
+    tmp = store.dir
+    with open(os.path.join(tmp, "control-id"), "w") as f:
+        f.write("_control.ab12cd34\n")
+    with store.locked_queue() as q:
+        q.submit()
+        q.join("w1", {"pid": 1, "host": "h", "lock": ""})
+        q.set_member("w1", "active", [q.take_next(3), 3])
+    _running(store, "w1", 1)
+    with store.locked_queue() as q:
+        reap(store, q, dead={"w1"})
+    assert sorted(os.listdir(os.path.join(tmp, "journal"))) == ["_control.ab12cd34.rec"]
+    reader = JournalReader(store)
+    reader.refresh()
+    wid, rec = reader.final[1]
+    assert (wid, rec.kind) == ("_control.ab12cd34", Kind.LOST) and is_control(wid)
+    assert reader.body_end.get(wid) is None  # its records point to no result body
+    assert is_control("_control") and not is_control("_controller-7") and not is_control("w1")
+
+
+def test_what_comes_back_from_a_copy_holds_its_journals_but_never_this_sides_control_journal():
+    from elsewhere.hosts.sync import WORKER_OUTPUT
+    from elsewhere.hosts.tree import tree_functions
+
+    tree = tree_functions()  # (the patterns of the tar path and of local copies; rsync reads them alike)
+    compiled, matches = tree["compile_patterns"](WORKER_OUTPUT), tree["matches"]
+    for rel in ("journal/w1-123-ab.rec", "journal/c0.3-h-9-ff.rec", "journal/_control.ab12cd34.rec",
+                "results/w1-123-ab.bin", "logs/w1-123-ab.log", "workers/w1.cur", "damage.txt"):
+        assert matches(rel, compiled), rel
+    assert not matches("journal/_control.rec", compiled)
+    assert not matches("queue.json", compiled)

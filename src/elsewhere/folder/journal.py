@@ -25,7 +25,7 @@ import time
 
 from . import records
 from .records import FLAG_DAMAGED, FLAG_RERUN, FLAG_SINGLE, Kind, Record
-from .store import CONTROL, writev_all
+from .store import is_control, writev_all
 from .taskmap import Outcomes as Outcomes  # (its home before taskmap.py)
 
 TYPE_CHECKING = False  # typing is not imported at run time: the worker imports this module
@@ -145,7 +145,7 @@ class JournalReader:
                 self._note(wid, (off + a, off + b, what))
             self._offsets[wid] = off + used
             self.tails[wid] = len(data) - used
-            if wid != CONTROL and recs:
+            if not is_control(wid) and recs:
                 end = max(r.res_off + r.res_len for r in recs)
                 if end > self.body_end.get(wid, 0):
                     self.body_end[wid] = end

@@ -27,7 +27,7 @@ from ..util.states import TaskState
 from .errorrecord import ErrorRecord
 from .journal import body_damage, read_body, read_log
 from .records import FLAG_DAMAGED, Kind, Record
-from .store import CONTROL
+from .store import is_control
 
 if TYPE_CHECKING:
     from .handle import JobHandle
@@ -213,7 +213,7 @@ class OutcomeReader:
         f = snap.final.get(index)
         if f is not None:
             wid, rec = f
-            if wid == CONTROL:
+            if is_control(wid):
                 wid = store.queue().lost_by(index) or ""
             text = read_log(store, wid, rec.log_off, rec.log_len) if wid else ""
             if rec.count > 1 and text:
@@ -230,7 +230,7 @@ class OutcomeReader:
         """The worker that ran (or runs) task ``index``, if any."""
         f = snap.final.get(index)
         if f is not None:
-            if f[0] == CONTROL:
+            if is_control(f[0]):
                 return self.handle.store.queue().lost_by(index)
             return f[0]
         r = snap.running.get(index)

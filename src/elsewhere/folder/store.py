@@ -46,6 +46,14 @@ PAYLOAD = "payload.log"
 CLUSTER = "cluster.json"
 NOTIFY = "notify.fifo"
 CONTROL = "_control"  # pseudo-worker id of records written by reapers and cancel
+CONTROL_ID = "control-id"  # in a copy of a job folder on another host: the id its own control records go under
+
+
+def is_control(wid: str) -> bool:
+    """Whether journal ``wid`` holds records written by reapers and cancels, not a worker's:
+    ``_control`` here, ``_control.<host>`` in a copy of the folder there (its reapers write
+    under a name of their own, so that the copies brought back never overwrite one another)."""
+    return wid == CONTROL or wid.startswith(CONTROL + ".")
 
 CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
 SEVERAL = -2  # CUR's task while a peer's task process loads or pickles for several tasks at once
@@ -312,8 +320,18 @@ class JobStore:
         return [n[:-4] for n in names if n.endswith(".rec")]
 
     def append_control(self, recs: list[Record]) -> None:
-        """Append records written by a reaper or by cancel (caller holds the queue lock)."""
-        fd = os.open(self.journal_path(CONTROL), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        """Append records written by a reaper or by cancel (caller holds the queue lock), to
+        ``journal/_control.rec``, or in a copy of the folder on another host to the journal
+        its ``control-id`` names (see :func:`is_control`)."""
+        wid = CONTROL
+        try:
+            with open(self._p(CONTROL_ID)) as f:
+                named = f.read().strip()
+            if is_control(named) and "/" not in named:
+                wid = named
+        except OSError:
+            pass
+        fd = os.open(self.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, records.pack_frame(recs))
             os.fsync(fd)

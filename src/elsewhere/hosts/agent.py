@@ -54,7 +54,7 @@ from typing import Any
 
 from ..folder.journal import lock_is_free, reap
 from ..folder.queue import new_queue
-from ..folder.store import JobStore
+from ..folder.store import CONTROL, CONTROL_ID, JobStore
 from ..util.paths import private_dir
 from .spawn import spawn_python
 
@@ -71,6 +71,9 @@ def _spawn(job: Path, count: int) -> list[int]:
 def start(job: Path, workers: int, tasks: str = "", retries: int = 0) -> dict[str, Any]:
     """Start workers; with ``tasks`` ("a:b"), first make this node's queue hold those tasks."""
     store = JobStore(job)
+    named = job / CONTROL_ID
+    if not named.exists():  # this copy's reapers write under a name of their own (store.is_control)
+        named.write_text(f"{CONTROL}.{os.urandom(4).hex()}\n")
     with store.locked_queue() as q:
         if tasks:
             a, b = (int(x) for x in tasks.split(":"))

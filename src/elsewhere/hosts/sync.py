@@ -37,7 +37,11 @@ if TYPE_CHECKING:
 __all__ = ["WORKER_OUTPUT", "JobCopy"]
 
 #: What the workers of a job write into its folder: what comes back from a copy.
-WORKER_OUTPUT: tuple[str, ...] = ("journal/**", "results/**", "logs/**", "workers/**", "damage.txt")
+#: ``journal/_control.rec`` is this side's own (its cancels and reports): a copy's reapers write
+#: theirs as ``_control.<id>.rec`` (``store.is_control``), and a stale copy of this side's,
+#: pushed up with the folder, must not come back over it.
+WORKER_OUTPUT: tuple[str, ...] = ("journal/[!_]*", "journal/_control.*.rec", "results/**", "logs/**", "workers/**",
+                                  "damage.txt")
 
 
 class JobCopy:

@@ -45,7 +45,7 @@ from typing import Any
 
 from ...folder.records import Kind
 from ...folder.snapshot import Snapshot
-from ...folder.store import CONTROL
+from ...folder.store import is_control
 from ...util.states import TaskState
 
 #: A task state's code in the columns (its index here).
@@ -224,7 +224,7 @@ def _lay_out(
             lane = lanes.get(wid, -2)
             if lane == -2:
                 lane = lane_of(wid, first)
-                if wid != CONTROL:  # a worker's lane is its own; written-off records' their task's
+                if not is_control(wid):  # a worker's lane is its own; written-off records' their task's
                     lanes[wid] = lane
         if per == 1 and end - first == 1:  # one task, one record: most of a slow job's
             state[first] = code

@@ -30,7 +30,7 @@ from ...folder.outcomes import OutcomeReader
 from ...folder.queue import Queue
 from ...folder.records import Kind
 from ...folder.snapshot import Snapshot
-from ...folder.store import CONTROL
+from ...folder.store import CONTROL, is_control
 from ...util.errors import DamagedJob, TaskError
 from . import columns as C
 
@@ -117,7 +117,7 @@ class JobWatch:
         return self.snap
 
     def _lane_of(self, wid: str, task: int) -> int:
-        if wid == CONTROL:  # written off by a reaper or a cancel: the lane of whoever ran it
+        if is_control(wid):  # written off by a reaper or a cancel: the lane of whoever ran it
             if self._queue is None:  # read once per build
                 self._queue = self.handle.store.queue()
             wid = self._queue.lost_by(task) or CONTROL
@@ -131,7 +131,7 @@ class JobWatch:
         info = self._infos.get(wid)
         if info is None:
             info = (
-                self.handle.store.worker_info(wid) if wid != CONTROL else {"host": "(written off)"}
+                self.handle.store.worker_info(wid) if not is_control(wid) else {"host": "(written off)"}
             )
             if info:  # a worker's info does not change once written
                 self._infos[wid] = info
