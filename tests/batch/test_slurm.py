@@ -61,6 +61,26 @@ def test_array_split_and_chunks(ew_home, slurm_info):
     assert len(subs) >= 1 and sum(s["tasks"] for s in subs) == 7
 
 
+def crash_on_three(x):
+    if x == 3:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does (a segfault would leave a core)
+    return x
+
+
+def test_a_task_that_kills_its_element_worker_is_lost_alone_the_others_of_the_element_run(ew_home, slurm_info):
+    # an element given 8 tasks: the task that kills the worker costs itself, not the 4 after it
+    cl = cluster(tasks_per_element=8, max_elements=10**6)
+    job = ew.submit(crash_on_three, range(8), on=cl)
+    job.wait(timeout=120)
+    res = job.results()
+    assert isinstance(res[3], ew.TaskError) and res[3].reason == "lost", repr(res[3])
+    assert "without a result" in res[3].message, res[3].message  # the scheduler's words
+    assert [r for i, r in enumerate(res) if i != 3] == [0, 1, 2, 4, 5, 6, 7]
+    assert [s["elements"] for s in cl.get_job_cluster_data(job)["submissions"]] == [1]
+
+
 def test_log_header_and_task_log(ew_home, slurm_info):
     job = ew.submit(square, [3], on=cluster(), name="hdr")
     job.wait(timeout=120)

@@ -77,9 +77,10 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
     try:
         while True:
             name = wid if n == 0 else f"{wid}.{n}"
+            watcher = os.getpid()
             child = os.fork()
             if child == 0:
-                _child(name, rest, alone, run, before)
+                _child(name, rest, alone, run, before, watcher)
             code = _wait(child)
             if signalled:  # (its worker ended with it): end as a process that got it would
                 _die_by(signalled[0], before)
@@ -105,13 +106,15 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
 
 
 def _child(name: str, tasks: list[int], alone: bool, run: Callable[[str, list[int], bool], int],
-           handlers: Mapping[signal.Signals, Any]) -> None:  # fmt: skip
+           handlers: Mapping[signal.Signals, Any], watcher: int) -> None:  # fmt: skip
     """The forked worker: never returns."""
     code = 1
     try:
         for s, handler in handlers.items():
             signal.signal(s, handler)
         _die_with_parent()
+        if os.getppid() != watcher:  # the watcher died before that took hold: nobody to run for
+            os._exit(1)
         code = run(name, tasks, alone)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
