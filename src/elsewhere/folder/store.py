@@ -46,12 +46,12 @@ PAYLOAD = "payload.log"
 CLUSTER = "cluster.json"
 NOTIFY = "notify.fifo"
 CONTROL = "_control"  # pseudo-worker id of records written by reapers and cancel
-CONTROL_ID = "control-id"  # in a copy of a job folder on another host: the id its own control records go under
+CONTROL_ID = "control-id"  # in a copy of a job folder on another host: the id its control records go under
 
 
 def is_control(wid: str) -> bool:
     """Whether journal ``wid`` holds records written by reapers and cancels, not a worker's:
-    ``_control`` here, ``_control.<host>`` in a copy of the folder there (its reapers write
+    ``_control`` here, ``_control.<id>`` in a copy of the folder on another host (its reapers write
     under a name of their own, so that the copies brought back never overwrite one another)."""
     return wid == CONTROL or wid.startswith(CONTROL + ".")
 

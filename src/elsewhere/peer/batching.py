@@ -19,6 +19,7 @@ A batch whose tasks are done elsewhere, cancelled or moved is withdrawn
 
 from __future__ import annotations
 
+import itertools
 import operator
 import time
 from typing import Any
@@ -137,12 +138,10 @@ class Batching(ControllerState):
         or pickling their values, and could not tell which did it): one if the first must,
         else those before the first that must. Alone, a task that kills its process again
         is charged for it (lost, or run again while its retries last), and no other."""
-        pending, alone = self.pending, self.alone
-        if pending[0] in alone:
-            return 1
-        for pos in range(1, min(k, len(pending))):
-            if pending[pos] in alone:
-                return pos
+        alone = self.alone
+        for pos, i in enumerate(itertools.islice(self.pending, k)):
+            if i in alone:
+                return pos or 1
         return k
 
     def _encode(self, w: Worker, b: Batch) -> tuple[dict[str, Any], list[Any]]:

@@ -74,10 +74,10 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
                 os.kill(child, signum)
 
     before = {s: signal.signal(s, forward) for s in _FORWARDED}
+    watcher = os.getpid()
     try:
         while True:
             name = wid if n == 0 else f"{wid}.{n}"
-            watcher = os.getpid()
             child = os.fork()
             if child == 0:
                 _child(name, rest, alone, run, before, watcher)
@@ -86,7 +86,7 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
                 _die_by(signalled[0], before)
                 return _exit_code(code)
             if code in _OWN_CODES:
-                return _end_as(culprit_death, before) if culprit_death else (1 if failed and code == 0 else code)
+                return _end_as(culprit_death) if culprit_death else (1 if failed and code == 0 else code)
             left, culprit, progress = _after_death(store, name, rest)
             failed = failed or _raised(store, name, rest)  # (it would have ended 1)
             if culprit >= 0:
@@ -94,9 +94,9 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
             elif not progress:
                 print(f"elsewhere worker {name}: {_death(code)} before any task of its own did: not started again",
                       file=sys.stderr, flush=True)  # fmt: skip
-                return _end_as(culprit_death or code, before)
+                return _end_as(culprit_death or code)
             if not left:
-                return _end_as(culprit_death, before) if culprit_death else (1 if failed else 0)
+                return _end_as(culprit_death) if culprit_death else (1 if failed else 0)
             print(f"elsewhere worker {name}: {_death(code)}" + (f" in task {culprit}" if culprit >= 0 else "")
                   + f"; {len(left)} of its tasks go on in a new worker", file=sys.stderr, flush=True)  # fmt: skip
             rest, alone, n = left, True, n + 1
@@ -130,10 +130,14 @@ def _child(name: str, tasks: list[int], alone: bool, run: Callable[[str, list[in
 
 
 def _die_by(signum: int, handlers: Mapping[signal.Signals, Any]) -> None:
-    """End this process by ``signum`` (its scheduler sees a job killed by that signal, as
-    without a watcher), unless its handler before :func:`supervise` was one of Python's."""
-    if handlers.get(signal.Signals(signum)) not in (signal.SIG_DFL, signal.default_int_handler):
-        return
+    """End this process by ``signum``, which it was sent (its scheduler sees a job killed by
+    that signal, as without a watcher), unless its handler before :func:`supervise` was not
+    the default one (Python's, for SIGINT)."""
+    if handlers.get(signal.Signals(signum)) in (signal.SIG_DFL, signal.default_int_handler):
+        _kill_self(signum)
+
+
+def _kill_self(signum: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if signum != signal.SIGKILL:  # (whose handler cannot be set)
@@ -167,12 +171,12 @@ def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _end_as(code: int, handlers: Mapping[signal.Signals, Any]) -> int:
+def _end_as(code: int) -> int:
     """End as a worker that ended with ``code`` did: killed by SIGKILL or SIGTERM, by the
     same (what schedulers and plugins read a lost task's cause from); else the exit code
     (another signal re-raised here would write a core or a traceback of this process)."""
     if code in (-signal.SIGKILL, -signal.SIGTERM):
-        _die_by(-code, {**handlers, signal.Signals(-code): signal.SIG_DFL})
+        _kill_self(-code)
     return _exit_code(code)
 
 
