@@ -44,3 +44,25 @@ def test_a_guessed_claim_takes_no_more_than_what_is_left(store):
     with store.locked_queue() as q:
         q.take_next(999)
     assert _join(store, "a", guess_s=1e-6) == range(999, 1000)
+
+
+def test_a_claim_that_takes_the_last_tasks_says_the_queue_is_drained(store):
+    # (the worker then wakes a client waiting for the job's end at once: run/jobrun.py)
+    with store.locked_queue() as q:
+        q.note_dispatched(["b", "c", "d"], 0.0)
+    c = Claims(store, "a")
+    assert c.join(pid=1, host="h", lock="l", fifo="", mean_s=0.0, n_done=0, guess_s=1e-6) == range(0, 250)
+    assert not c.drained  # 750 left for the others
+    with store.locked_queue() as q:
+        q.take_next(700)
+    assert c.claim(1e-6, 250) == range(950, 1000) and c.drained
+    assert c.claim(1e-6, 300) is None and not c.drained  # nothing taken: nothing to tell
+
+
+def test_a_task_held_for_a_rerun_keeps_the_queue_from_being_drained(store):
+    c = Claims(store, "a")
+    c.join(pid=1, host="h", lock="l", fifo="", mean_s=0.0, n_done=0)
+    with store.locked_queue() as q:
+        q.rerun_later(0, 1, 1e12, by="a")  # task 0 raised and runs again, much later
+        q.take_next(900)
+    assert c.claim(1e-6, 10) == range(901, 1000) and not c.drained

@@ -69,6 +69,7 @@ class Claims:
         self.attempts: dict[int, int] = {}  # the attempts due of the last claim's tasks run again
         self.again = False  # the last claim holds tasks run again (retried, or back from a lost worker)
         self.left = False  # the last claim found nothing left and recorded that the worker left
+        self.drained = False  # the last claim took the queue's last tasks (none held for a rerun)
         self.wake_at: float | None = None  # a WAIT for a task held for a later rerun: when it is due
 
     def join(self, *, pid: int, host: str, lock: str, fifo: str, mean_s: float, n_done: int,
@@ -102,6 +103,7 @@ class Claims:
         """Claim tasks in queue state ``q`` (locked) for member ``m`` (this worker's entry);
         ``sized``: ``mean_s`` is a guess from another job (``n_done`` 1: as if a task had run)."""
         wid = self.wid
+        self.drained = False
         want, least = claim_size(mean_s, n_done)
         if not q.submitted:
             # Started early, while the client still writes the inputs (a client killed
@@ -140,6 +142,7 @@ class Claims:
                     k = max(least, min(want, share))
                 k = min(remaining, k)
                 a = q.take_next(k)
+                self.drained = k == remaining and not q.later
                 if skip and any(i in skip for i in range(a, a + k)):
                     kept = [i for i in range(a, a + k) if i not in skip]
                     q.set_member(wid, "active", [-1, *kept])

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
         stdio: tuple[int, int]  # copies of its own stdout and stderr
 
         task_failed: bool  # a task it ran ended with an error (not run again)
-        known: tuple[int, float] | None  # its last job's function (common_check) and seconds a task
+        known: tuple[int, float, bool] | None  # its last job's function (common_check), s a task, quiet
         alone: bool  # given the tasks of a worker that died: each outcome written alone
         watcher: int  # the pid of the process that watches it (run/supervise.py), or 0
 
@@ -106,6 +106,8 @@ class JobRun:
 
             if common_check(self.store._p("payload.log")) == known[0]:
                 guess_s = known[1]  # the function of its last job: as fast, most likely
+                if known[2]:  # ... and as quiet: on the fast path from its first task (as it ended)
+                    self.quiet, self.mean_s = _QUIET_BEFORE_FAST, guess_s
         return self.claims.join(pid=w.pid, host=w.host, lock=lock_path, fifo=w.fifo_path, mean_s=self.mean_s,
                                 n_done=self.n_done, guess_s=guess_s)  # fmt: skip
 
@@ -128,7 +130,7 @@ class JobRun:
         self._account(failure)
         check = self.payload.common_check() if self.payload is not None else None
         if check is not None and self.n_done and self.mean_s > 0:
-            self.w.known = (check, self.mean_s)  # for its next job, if of the same function
+            self.w.known = (check, self.mean_s, self.quiet >= _QUIET_BEFORE_FAST)  # for a next job of it
         if failure is not None:
             raise failure
 
@@ -252,6 +254,8 @@ class JobRun:
             self._run_batch(claim)
             # Durable within SYNC_S of being written, and before the worker waits or leaves.
             self.out.flush(sync=self.out.sync_due(time.time()))
+            if self.claims.drained:  # the queue's last tasks: a client waiting for the end hears
+                self.out.tell_client()  # of them now, not after a claim that finds nothing left
             claim = _NO_CLAIM
 
     def _out_of_time(self) -> bool:

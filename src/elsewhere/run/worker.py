@@ -82,7 +82,7 @@ class Worker:
         self._started_at = time.time()
         self._jobs_done = 0
         self.task_failed = False  # a task it ran ended with an error: an array element exits 1
-        self.known: tuple[int, float] | None = None  # its last job's function and time a task (JobRun.join)
+        self.known: tuple[int, float, bool] | None = None  # its last job's function, time a task, quiet (JobRun.join)
         self.deadline: float | None = None  # a claiming array element's walltime ends then
         self.alone = False  # given tasks of a worker that died: each outcome written alone (supervise.py)
         self.watcher = 0  # the pid of the process watching this one, if one is (supervise.py)
