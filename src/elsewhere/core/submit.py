@@ -228,9 +228,9 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
             q.set_size(n)
     if waits:
         dependencies.hold(handle)  # before it is registered: nobody hands it over early
-    reg = Registry()
     late = register_late and not waits and not meta.get("stream")
-    if not late:
+    reg = None if late else Registry()  # (a late one: registered by housekeeping, if at all)
+    if reg is not None:
         reg.add(meta, store.path, current_state)
     try:
         if meta.get("stream"):
@@ -251,7 +251,7 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
         except Exception:
             pass
         try:
-            if not late:
+            if reg is not None:
                 reg.remove(handle.id)
         finally:
             remove_folder(store.path)  # (and again by making: a no-op)

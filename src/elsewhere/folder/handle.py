@@ -163,23 +163,24 @@ class JobHandle:
         ``Cluster.job_state`` is given this and returns a fresher one)."""
         reader = self.reader
         q = self.store.queue()
-        members = q.members
+        n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
         marked: list[tuple[int, str, float]] = []  # (task, worker, since) the workers say they run
-        for wid, m in members.items():
-            if m.get("state") == "active" and m.get("claim"):
-                idx, since, _ = self.store.read_running(wid)
-                if idx >= 0:
-                    marked.append((idx, wid, since))
-        marked += [(idx, wid, since) for wid, (idx, since) in self.given_running(skip=members).items()]
-        # The journals after the running marks: a task that ended in between is read as ended
-        # (read before, it would be neither running nor ended: shown queued for a moment).
-        reader.refresh()
+        if q.reruns or len(reader.final) < n:  # (all ended: none runs, and nothing can end now)
+            members = q.members
+            for wid, m in members.items():
+                if m.get("state") == "active" and m.get("claim"):
+                    idx, since, _ = self.store.read_running(wid)
+                    if idx >= 0:
+                        marked.append((idx, wid, since))
+            marked += [(idx, wid, since) for wid, (idx, since) in self.given_running(skip=members).items()]
+            # The journals after the running marks: a task that ended in between is read as
+            # ended (read before, it would be neither running nor ended: shown queued a moment).
+            reader.refresh()
         reruns = q.reruns
         if reruns:
             reader.forget(reruns)
         final = reader.final
         running = {idx: (wid, since) for idx, wid, since in marked if idx not in final}
-        n = q.n if self._meta.get("stream") else int(self._meta.get("n_tasks", 0))
         snap = Snapshot(n=n, submitted=q.submitted, cancelled=q.cancelled, final=final, running=running,
                         cancelled_tasks=set(q.cancelled_tasks), kind_counts=dict(reader.kind_counts),
                         damaged=self.damage(q),
