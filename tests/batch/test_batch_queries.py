@@ -73,3 +73,13 @@ def test_poll_reports_the_lost_and_cancels_what_never_starts(submitted):
     assert "ended (NODE_FAIL, exit code 1) without a result" in q.lost_reason(2)
     assert "can never start (PartitionConfig)" in q.lost_reason(0)
     assert h.state is ew.JobState.FAILED
+
+
+def test_an_exit_code_above_128_is_named_as_the_signal_that_killed_the_element(submitted):
+    cl, h = submitted
+    cl.said = {"77_0": NativeStatus("77_0", "FAILED", TaskState.FAILED, reason="NonZeroExitCode", exit_code=139),
+               "77_1": NativeStatus("77_1", "FAILED", TaskState.FAILED, reason="NonZeroExitCode", exit_code=3)}
+    cl.poll(h)
+    q = h.store.queue()
+    assert "ended (NonZeroExitCode, exit code 139 (signal 11, SIGSEGV: a crash)) without a result" in q.lost_reason(0)
+    assert "ended (NonZeroExitCode, exit code 3) without a result" in q.lost_reason(2)  # the task's own: as it is
