@@ -249,3 +249,19 @@ def test_a_sync_waits_its_delay_and_a_folder_gone_by_then_costs_no_fsync(tmp_pat
     assert [name for _, name in synced] == ["kept"]  # the purge dropped the other's sync
     assert synced[0][0] - t0 >= 0.5  # (a lower bound the code keeps: not a measure of speed)
     assert len(fsyncs) == 2  # kept's job.json and its folder; nothing of the purged job
+
+
+def test_a_file_written_in_place_holds_its_object_alone_over_an_empty_or_a_longer_one(tmp_path):
+    # write_new writes into a spare's empty file without cutting it to nothing first (ext4
+    # writes a file cut to nothing and written again back at its close): it cuts it to the
+    # written length after, so that nothing of a longer file before is left behind it
+    from elsewhere.folder.store import read_sealed, write_new
+
+    empty = tmp_path / "job.json"
+    empty.touch()
+    write_new(empty, {"a": 1}, sealed=True)
+    assert read_sealed(empty, "job.json") == {"a": 1}
+    longer = tmp_path / "info.json"
+    longer.write_bytes(b'{"an old object": "much longer than the new one", "and": [1, 2, 3]}')
+    write_new(longer, {"b": 2})
+    assert longer.read_bytes() == b'{"b":2}'

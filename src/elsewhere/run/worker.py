@@ -240,8 +240,8 @@ class Worker:
             cur_path = store._p("workers", f"{self.wid}.cur")
             cur_fd = os.open(cur_path, os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(cur_fd, fcntl.LOCK_EX)
-            os.ftruncate(cur_fd, 0)
-            os.write(cur_fd, CUR.pack(-1, 0.0, 0))
+            os.pwrite(cur_fd, CUR.pack(-1, 0.0, 0), 0)  # (not cut to nothing first: see write_new)
+            os.ftruncate(cur_fd, CUR.size)
             try:
                 store.hold_queue()  # a claim is then a lock, two reads and a write
             except FileNotFoundError:
