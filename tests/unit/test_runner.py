@@ -336,3 +336,46 @@ def test_outcomes_are_journal_records_pointing_into_one_body(runner, cur, tmp_pa
         cache: dict[Any, Any] = {}
         assert [read_body(store, "w1", recs[0], cache), read_body(store, "w1", recs[1], cache)] == [0, 2]
         assert read_body(store, "w1", recs[2], cache, task=3) == 60
+
+
+def test_a_write_torn_by_a_full_disk_leaves_nothing_behind_it(runner, cur, tmp_path, monkeypatch) -> None:
+    # A body (then a frame) whose write fails halfway is cut back: once the disk has room, the
+    # next body is written where the journal says it is, not after the torn bytes.
+    import errno
+
+    from elsewhere.run import results as results_mod
+
+    real = results_mod.writev_all
+    torn: list[int] = []
+
+    def full_once(fd: int, parts: list[Any]) -> None:
+        if len(torn) < 2 and (fd == out.res_fd) == (not torn):  # the body first, then a frame
+            data = b"".join(bytes(p) for p in parts)
+            os.write(fd, data[: len(data) // 2])
+            torn.append(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, parts)
+
+    with worker_log(tmp_path):
+        store = JobStore(tmp_path / "job")
+        for sub in ("journal", "results", "logs"):
+            (tmp_path / "job" / sub).mkdir(parents=True)
+        enter(runner, cur, tmp_path, fn=lambda x: x * 2)
+        out = ResultWriter(store, "w1", runner.error)
+        out.append_frame([])  # (as a worker's first)
+        monkeypatch.setattr(results_mod, "writev_all", full_once)
+        out.pending.extend(runner.run(i, 0, entry(i), i) for i in range(2))
+        for _ in range(2):  # the body's write fails, then the frame's: the outcomes stay pending
+            with pytest.raises(OSError):
+                out.flush(sync=False)
+            assert len(out.pending) == 2
+        out.flush(sync=False)  # room again
+        out.write_range(2, [40, 60], 1.0, 2.0, 0, 0, 7)
+        out.close()
+        assert len(torn) == 2
+        data = (tmp_path / "job" / "journal" / "w1.rec").read_bytes()
+        recs, used, damaged = records.scan_frames(data)
+        assert used == len(data) and not damaged  # no torn frame in the journal (a reader skips one, and says so)
+        assert [(r.task, r.count) for r in recs] == [(0, 1), (1, 1), (2, 2)]
+        cache: dict[Any, Any] = {}
+        assert [read_body(store, "w1", r, cache, task=r.task) for r in recs] == [0, 2, 40]

@@ -151,10 +151,10 @@ class JobRun:
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
         self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end, charge=self.runner.charge)
-        if not os.fstat(self.out.jfd).st_size:
+        if not self.out.j_end:
             # An empty first frame: the journal's first block is taken now, while there is room,
             # so that on a full disk this worker can still write there why it stopped.
-            os.write(self.out.jfd, records.pack_frame([]))
+            self.out.append_frame([])
         log_fd = os.open(store.log_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         flush_output()
         os.dup2(log_fd, 1)

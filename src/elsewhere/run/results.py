@@ -109,6 +109,7 @@ class ResultWriter:
         self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.res_end = os.fstat(self.res_fd).st_size
         self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.j_end = os.fstat(self.jfd).st_size
         self.pending: list[TaskOutcome] = []
         self.rerun: set[tuple[int, int]] = set()  # (task, attempt) of pending errors run again
         self.last_flush = time.time()
@@ -178,9 +179,31 @@ class ResultWriter:
         parts = records.pack_body(data, bufs)
         size = records.body_size(parts)
         off = self.res_end
-        writev_all(self.res_fd, parts)
+        try:
+            writev_all(self.res_fd, parts)
+        except BaseException:
+            _cut(self.res_fd, off)
+            raise
         self.res_end += size
         return off, size
+
+    def append_frame(self, recs: list[Record]) -> None:
+        """Write one journal frame of ``recs``, whole or not at all.
+
+        A write that fails (a full disk: the write of a body or a frame torn in its middle)
+        leaves nothing of itself in the file: it is cut back to where it began. Else the
+        next body would go after the torn bytes (the files are appended to) while its records
+        point where the torn one began (``res_end``): a result the journal says is there, read
+        as damaged, when the disk has room again before this worker writes next (another
+        worker cut its own torn write meanwhile, or this worker's late writer failed where
+        its own thread then succeeds)."""
+        frame = records.pack_frame(recs)
+        try:
+            writev_all(self.jfd, [frame])  # (a short write: the next says why)
+        except BaseException:
+            _cut(self.jfd, self.j_end)
+            raise
+        self.j_end += len(frame)
 
     def flush(self, sync: bool = True) -> None:
         """Write the pending outcomes: their body, then their journal frame; fsync if ``sync``."""
@@ -215,7 +238,7 @@ class ResultWriter:
             rerun.difference_update((o.index, o.attempt) for o in pending)
         if sync:
             os.fsync(self.res_fd)  # a frame that reaches the disk finds its body there
-        os.write(self.jfd, records.pack_frame(recs))
+        self.append_frame(recs)
         pending.clear()
         self.last_flush = time.time()
         # The client reads the frame from the page cache: it hears of it before the journal's
@@ -249,7 +272,7 @@ class ResultWriter:
         off, size = self._append_body(data, bufs)
         rec = Record(int(Kind.OK), 0, 0, start, 0, len(values), off, size, log_off, log_len, t0, t1, peak_rss(),
                      seed)  # fmt: skip
-        os.write(self.jfd, records.pack_frame([rec]))
+        self.append_frame([rec])
         self._dirty()
         self.last_flush = t1
         self._written()
@@ -265,6 +288,15 @@ class ResultWriter:
         if self.untold:
             self.untold = False
             self.store.notify()
+
+
+def _cut(fd: int, size: int) -> None:
+    """Cut the file ``fd`` back to ``size`` bytes, if it can be (the error that brought us here
+    is the one to raise)."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
 
 
 def dump_values(values: list[Any], error_of: Callable[[int, BaseException], ErrorRecord]
