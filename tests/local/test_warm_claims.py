@@ -109,8 +109,7 @@ def test_a_client_waiting_for_the_end_hears_of_the_last_tasks_before_the_last_cl
         deadline = time.monotonic() + 30
         while True:  # the task runs: its claim is made (the worker's map names it)
             curs = [n for n in os.listdir(workers) if n.endswith(".cur")]
-            with open(os.path.join(workers, curs[0]), "rb") if curs else open(os.devnull, "rb") as f:
-                data = f.read()
+            data = (job.path / "workers" / curs[0]).read_bytes() if curs else b""
             if len(data) == CUR.size and CUR.unpack(data)[0] == 0:
                 break
             assert time.monotonic() < deadline, "the task did not start"

@@ -13,9 +13,9 @@ it writes itself off as lost (its running task lost or retried, the rest of its 
 the queue, for another worker); failed because of the job's files (a full disk, an I/O error,
 a damaged job folder), it fails what it did not finish with its reason ("no space left on
 <folder> (<n> bytes free)") and halts the job, since every worker would fail the same way, so
-that a wait ends and ``job.retry()`` runs it all again once the cause is gone. After a failed
-write its results and journal are cut back to their last whole record (a full disk gets back
-the space the torn write took, and the journal stays readable past it).
+that a wait ends and ``job.retry()`` runs it all again once the cause is gone. A write that
+fails is cut back to where it began, whichever thread made it (``ResultWriter``, results.py): a
+full disk gets back the space the torn write took, and the journal stays whole.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import os
 import sys
 import time
 
-from ..folder import records
 from ..folder.store import CUR, write_new
 from .claims import WAIT, Claims
 from .results import ResultWriter
@@ -172,8 +171,6 @@ class JobRun:
             lambda: os.dup2(w.stdio[1], 2),
         ]
         if out is not None:
-            if failure is not None:
-                steps.append(self._trim)
             steps.append(out.close)
             if not _disk_full(failure):
                 steps[:0] = [out.flush, out.tell_client]
@@ -188,20 +185,6 @@ class JobRun:
                 if failure is None:
                     failure = exc
         return failure
-
-    def _trim(self) -> None:
-        """After a failed write: results and journal cut back to their last whole record."""
-        out = getattr(self, "out", None)
-        if out is None:
-            return
-        try:
-            os.ftruncate(out.res_fd, out.res_end)
-            size = os.fstat(out.jfd).st_size
-            _, whole = records.parse_frames(os.pread(out.jfd, size, 0))
-            if whole < size:
-                os.ftruncate(out.jfd, whole)
-        except OSError:
-            pass
 
     def _account(self, failure: BaseException | None) -> None:
         """Leave the job, accounting for every task claimed (see the module)."""
