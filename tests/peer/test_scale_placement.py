@@ -310,6 +310,28 @@ def test_a_turn_after_batches_came_back_looks_at_their_workers_alone_and_asks_as
     assert len(narrow.sent) > 200  # (it placed)
 
 
+def test_a_turn_after_one_batch_came_back_asks_its_worker_without_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usual turn under contention: one RESULT, its worker has room again. Building the
+    # pass's candidates for that one worker was most of the turn (bench/peer_scale.py).
+    c = _full_controller()
+    ws = list(c.workers.values())
+    c._forget(next(iter(ws[0].batches.values())))
+    c._place(1.0)  # a pass over every worker: it asks ws[0], and adds up the slots
+    assert _asks(c) == [ws[0]]
+    from elsewhere.peer import batching
+
+    def no_pass(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a pass was built")
+
+    monkeypatch.setattr(batching, "Candidates", no_pass)
+    w = ws[5]
+    c._forget(next(iter(w.batches.values())))
+    c._place(1.01)
+    assert _asks(c) == [ws[0], w] and c.stats["placing_narrow"] == 1
+    c._place(1.02)  # full again: skipped
+    assert _asks(c) == [ws[0], w] and c.stats["placing_skipped"] == 1
+
+
 def test_a_skipped_turn_places_when_tasks_come_or_a_while_passed() -> None:
     c = _full_controller()
     c._place(1.0)

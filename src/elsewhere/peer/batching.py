@@ -78,10 +78,13 @@ class Batching(ControllerState):
             # is the best of all. A turn under contention looks at one worker, not every one.
             connecting, known = blocked.connecting, blocked.known
             depth = 1 if connecting and len(self.pending) <= known else 2
+            self.stats["placing_narrow"] += 1
+            if len(freed) == 1:  # the usual case under contention: one batch came back
+                self._refill(next(iter(freed)), depth, total, now)
+                return
             pick = Candidates(sorted(freed, key=_found_order), s, self.local_addresses, now, len(self.pending),
                               total_slots=total, depth=depth)  # fmt: skip
             recheck = self.blocked_until  # (the pass over every worker stays due by then)
-            self.stats["placing_narrow"] += 1
         else:
             pick = Candidates(self.workers.values(), s, self.local_addresses, now, len(self.pending),
                               total_slots=total)  # fmt: skip
@@ -101,6 +104,33 @@ class Batching(ControllerState):
         finally:
             if pick.slots_known:
                 self.roster_slots = (self.roster_epoch, pick.total_slots)
+
+    def _refill(self, w: Worker, depth: int, total: int, now: float) -> None:
+        """A narrow turn (see :meth:`_place`) with one worker to look at, ``w``, the one a
+        batch came back from: the choice :class:`Candidates` makes among one worker, made
+        without building it (its lists and heap were most of such a turn's cost)."""
+        s = self.settings
+        a = w.info.announcement
+        slots = a.slots // s.cores or 1
+        n = len(w.batches)
+        until = self.blocked_until
+        if w.state == "ready" and n < 2 * slots:
+            if w.busy_until > now:
+                until = min(until, w.busy_until)
+            elif w.usable(s):
+                pending = self.pending
+                while pending and n < depth * slots:
+                    k = batch_size(s, w, total, len(pending), self.mean_s, self.n_measured,
+                                   self.result_bytes_per_task, least=not self.stream)  # fmt: skip
+                    self._ask(w, self._alone_cut(k) if self.alone else k, now)
+                    n += 1
+                if not pending:
+                    self.blocked = None
+                    return
+        b = self.blocked
+        assert b is not None
+        self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, b.connecting, b.known)
+        self.blocked_until = until
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         indices: list[int] = []
