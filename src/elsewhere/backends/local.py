@@ -189,7 +189,7 @@ class LocalCluster(Cluster):
 
         home = paths.home()
         d = _pools.get((str(home), self.command.text))
-        if d is not None and os.path.isdir(d / "fifo"):
+        if d is not None and os.path.isdir(os.path.join(d, "fifo")):
             return d
         ident = f"{self.command.text}\0{__version__}\0{package_root()}".encode()
         key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL

@@ -114,23 +114,25 @@ def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
     """Take idle workers of the pool folder ``pool`` (at most ``limit``): [(wid, fifo fd)];
     each is ours alone (the unlink of its ``idle/<wid>`` marker succeeded here only)."""
     taken: list[tuple[str, int]] = []
+    idle, fifos = os.path.join(pool, "idle"), os.path.join(pool, "fifo")  # (strings: a Path a name costs)
     try:
-        names = os.listdir(pool / "idle")
+        names = os.listdir(idle)
     except FileNotFoundError:
         return []
     for wid in names:
         if limit is not None and len(taken) >= limit:
             break
         try:
-            os.unlink(pool / "idle" / wid)
+            os.unlink(os.path.join(idle, wid))
         except FileNotFoundError:
             continue  # another client, or the worker itself, was first
+        fifo = os.path.join(fifos, wid)
         try:
-            fd = os.open(pool / "fifo" / wid, os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             # No reader: the worker died. Clean up after it.
             try:
-                os.unlink(pool / "fifo" / wid)
+                os.unlink(fifo)
             except OSError:
                 pass
             continue

@@ -222,12 +222,16 @@ class JobStore:
         for fd in held or ():
             os.close(fd)
 
+    _path: Path | None = None
+
     @property
     def path(self) -> Path:
         """The job folder, as a Path (for the client; workers use ``dir``)."""
-        from pathlib import Path
+        if self._path is None:
+            from pathlib import Path
 
-        return Path(self.dir)
+            self._path = Path(self.dir)
+        return self._path
 
     def _p(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)

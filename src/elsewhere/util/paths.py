@@ -27,14 +27,28 @@ _PRIVATE_FILE = 0o600
 _PRIVATE_DIR = 0o700
 
 
+_homes: dict[tuple[str | None, str | None, str | None], Path] = {}
+"""The home found for the environment variables it depends on (platformdirs takes tens of
+microseconds to find it, and a submission asks several times)."""
+
+
 def home() -> Path:
     """The folder that holds job storage, the registry and the local pool."""
     env = os.environ.get("ELSEWHERE_HOME")
+    key = (env, os.environ.get("XDG_DATA_HOME"), os.environ.get("HOME"))
+    found = _homes.get(key)
+    if found is not None:
+        return found
     if env:
-        return Path(env).expanduser().absolute()
-    import platformdirs
+        found = Path(env).expanduser().absolute()
+        if not os.path.isabs(os.path.expanduser(env)):
+            return found  # (relative to the working directory, which may change: not kept)
+    else:
+        import platformdirs
 
-    return Path(platformdirs.user_data_dir("elsewhere", appauthor=False))
+        found = Path(platformdirs.user_data_dir("elsewhere", appauthor=False))
+    _homes[key] = found
+    return found
 
 
 def config_dir() -> Path:
