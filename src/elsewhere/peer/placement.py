@@ -63,7 +63,7 @@ class ControllerSettings:
     encrypt: bool = True  # with a key: tasks and results encrypted (workers must agree)
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """Tasks asked to run on one worker together: one ASK, one TASK, one RESULT."""
 
