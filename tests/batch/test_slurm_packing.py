@@ -21,6 +21,11 @@ def double(x):
     return 2 * x
 
 
+def double_slowly(x):
+    time.sleep(0.05)  # 200 of them: 10 s for one element alone, the others join well before
+    return 2 * x
+
+
 def nap(seconds, x):
     time.sleep(seconds)
     return x
@@ -37,7 +42,9 @@ def _subs(cl, job):
 def test_many_tiny_tasks_are_one_sbatch_of_fewer_elements_that_claim_them(ew_home, slurm_info):
     cl = ew.slurm()  # no option
     usable = cl.free_cpus().usable
-    job = ew.submit(double, range(200), on=cl)
+    # (tasks of 50 ms: with no-ops the first element to start could claim all 200 before
+    # another started, on a loaded machine; the element count is decided before any ran)
+    job = ew.submit(double_slowly, range(200), on=cl)
     job.wait(timeout=90, progress=False)
     assert job.results() == [2 * x for x in range(200)]
     assert len(_sbatch(cl)) == 1
