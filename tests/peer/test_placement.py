@@ -90,3 +90,25 @@ def test_an_ask_a_controller_makes_is_the_ask_the_wire_reads() -> None:
     assert made == Ask("ctl-7", mem_bytes=1 << 20, time_s=2.5, cores=2)
     assert made.to_header() == Ask("ctl-7", mem_bytes=1 << 20, time_s=2.5, cores=2).to_header()
     assert isinstance(Ask.made("ctl-8", 0, 0, 1).time_s, float)
+
+
+def test_the_task_result_and_ack_an_end_makes_are_those_the_wire_reads() -> None:
+    # made without their checks (the receiver checks what it reads): each must equal the
+    # checked message and read back the same from its header
+    import msgpack
+
+    from elsewhere.peer.messages import Ack, Ask, Result, Task, parse_header
+
+    info = {"items": [[3, 0]], "fn": "f-1", "nfn": 1}
+    folded = Task.folding(Ask.made("ctl-9", 0, 1.5, 1))
+    cases = [
+        (Task.made("ctl-8", info, folded), Task("ctl-8", info, folded)),
+        (Task.made("ctl-8", info), Task("ctl-8", info)),
+        (Result.made("ctl-8", info, ("ctl-9",)), Result("ctl-8", info, ("ctl-9",))),
+        (Result.made("ctl-8", info), Result("ctl-8", info)),
+        (Ack.made("ctl-8", ("ctl-9", "ctl-10")), Ack("ctl-8", ("ctl-9", "ctl-10"))),
+        (Ack.made("ctl-8"), Ack("ctl-8")),
+    ]
+    for made, checked in cases:
+        assert made == checked and made.to_header() == checked.to_header()
+        assert parse_header(msgpack.packb(made.to_header()), made.TYPE) == checked

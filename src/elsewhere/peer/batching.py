@@ -218,7 +218,7 @@ class Batching(ControllerState):
         if nxt is not None:
             ask = Task.folding(nxt.ask)
             self.stats["asks_folded"] += 1
-        if not self._send(w, Task(bid, info, ask), buffers):
+        if not self._send(w, Task.made(bid, info, ask), buffers):
             self._unsent_parts(w, info)
             if nxt is not None:
                 self._forget(nxt.batch)
@@ -322,7 +322,7 @@ class Batching(ControllerState):
         b = Batch(f"{self.short}-{self._seq}", w, [], [], now, standing=True)
         self.batches[b.bid] = b
         w.batches[b.bid] = b
-        return Standing(b, Ask(b.bid, mem_bytes=s.mem_bytes, time_s=s.time_s, cores=s.cores))
+        return Standing(b, Ask.made(b.bid, s.mem_bytes, s.time_s, s.cores))
 
     def _fold_standing(self, w: Worker) -> Standing | None:
         """For a TASK about to go to ``w``: the standing ASK :meth:`_stand` would send next,

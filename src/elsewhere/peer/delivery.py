@@ -68,10 +68,10 @@ class Delivery(WorkerState):
                 accepted: list[str] = []
                 self._folding = (peer, accepted)
                 self._after_batch()
-                self._send(peer, Result(run.task_id, info, tuple(accepted)), buffers)
+                self._send(peer, Result.made(run.task_id, info, tuple(accepted)), buffers)
             else:
                 if peer is not None:
-                    self._send(peer, Result(run.task_id, info), buffers)
+                    self._send(peer, Result.made(run.task_id, info), buffers)
                 self._after_batch()
         finally:
             self._folding = None

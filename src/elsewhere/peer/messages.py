@@ -99,6 +99,15 @@ class RefuseReason(enum.IntEnum):
 _M = TypeVar("_M", bound="Message")
 
 
+def _built(cls: type[_M], **fields: Any) -> _M:
+    """A message this end built of values it made itself, every field given: not checked
+    again (the receiver checks every message it reads). A frozen dataclass's own
+    ``__init__`` and checks cost more than the rest of making a frame of a tiny task."""
+    message = object.__new__(cls)
+    message.__dict__.update(fields)
+    return message
+
+
 def _text(value: object, name: str, *, empty: bool = True) -> None:
     if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
         raise ValueError(f"{name} must be a str of 1..{_MAX_TEXT} characters, got {value!r:.80}")
@@ -276,9 +285,7 @@ class Ask(TaskMessage):
         """The ASK of a batch this end made, of figures checked when they were set (the
         job's settings): built without checking them again, as a placing turn makes one a
         batch. (The receiver checks every ASK it reads.)"""
-        ask = object.__new__(cls)
-        ask.__dict__.update(task_id=task_id, mem_bytes=mem_bytes, time_s=float(time_s), cores=cores)
-        return ask
+        return _built(cls, task_id=task_id, mem_bytes=mem_bytes, time_s=float(time_s), cores=cores)
 
 
 @dataclass(frozen=True)
@@ -337,6 +344,12 @@ class Task(TaskMessage):
         elif type(self.ask) is not tuple:
             object.__setattr__(self, "ask", ())
 
+    @classmethod
+    def made(cls, task_id: str, info: dict[str, Any], ask: tuple[Any, ...] = ()) -> Task:
+        """The TASK of a batch this end made (``ask``: a folded ASK from :meth:`folding`),
+        built without its checks (see :func:`_built`)."""
+        return _built(cls, task_id=task_id, info=info, ask=ask)
+
     def next_ask(self) -> Ask | None:
         """The folded ASK, validated, or None."""
         if not self.ask:
@@ -370,6 +383,11 @@ class Result(TaskMessage):
         _check_info(self.info)
         object.__setattr__(self, "accepted", _task_ids(self.accepted, "accepted"))
 
+    @classmethod
+    def made(cls, task_id: str, info: dict[str, Any], accepted: tuple[str, ...] = ()) -> Result:
+        """The RESULT of a run this end made, built without its checks (see :func:`_built`)."""
+        return _built(cls, task_id=task_id, info=info, accepted=accepted)
+
     def to_header(self) -> dict[str, Any]:
         out: dict[str, Any] = {"task_id": self.task_id, "info": self.info}
         if self.accepted:
@@ -388,6 +406,11 @@ class Ack(TaskMessage):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "more", _task_ids(self.more, "more"))
+
+    @classmethod
+    def made(cls, task_id: str, more: tuple[str, ...] = ()) -> Ack:
+        """The ACK of results this end stored, built without its checks (see :func:`_built`)."""
+        return _built(cls, task_id=task_id, more=more)
 
     def to_header(self) -> dict[str, Any]:
         # without ``more`` when there is none: the ACK of protocol 1's first form

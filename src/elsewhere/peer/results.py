@@ -250,7 +250,7 @@ class Results(ControllerState):
                 peer = w.conn.peer if w.conn is not None else None
                 if peer is not None and "ack-many" in peer.caps:  # one frame for them all
                     for i in range(0, len(bids), MAX_ACKS):
-                        self._send(w, Ack(bids[i], tuple(bids[i + 1 : i + MAX_ACKS])), flush=False)
+                        self._send(w, Ack.made(bids[i], tuple(bids[i + 1 : i + MAX_ACKS])), flush=False)
                 else:
                     for bid in bids:
                         self._send(w, Ack(bid), flush=False)  # they leave with the next frame
