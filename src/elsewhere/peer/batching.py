@@ -133,16 +133,24 @@ class Batching(ControllerState):
         self.blocked_until = until
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
-        indices: list[int] = []
         pending, final, cancelled = self.pending, self.final, self.cancelled
         take = pending.popleft
-        while pending and len(indices) < k:
-            got = [take() for _ in range(min(k - len(indices), len(pending)))]
-            if self._ended_among(got):  # (rare: a task that ended while it waited again)
-                got = [i for i in got if i not in final and i not in cancelled]
-            indices += got
-        if not indices:
-            return
+        if k == 1:  # a batch of one task (longer than a batch: the usual case at scale)
+            i = take()
+            while i in final or i in cancelled:  # (rare: a task that ended while it waited again)
+                if not pending:
+                    return
+                i = take()
+            indices = [i]
+        else:
+            indices = []
+            while pending and len(indices) < k:
+                got = [take() for _ in range(min(k - len(indices), len(pending)))]
+                if self._ended_among(got):
+                    got = [i for i in got if i not in final and i not in cancelled]
+                indices += got
+            if not indices:
+                return
         self._seq += 1
         bid = f"{self.short}-{self._seq}"
         attempts = self.attempts
