@@ -63,8 +63,8 @@ def _partner(port: int) -> None:
         nbytes = int.from_bytes(hello[1:], "big")
         key = b"k" * 32
         view = memoryview(bytearray(nbytes))
-        ring = memoryview(bytearray(_encrypted.SLICE))
-        while _encrypted._recv_all(s, view, mode, key):
+        ring, landing = memoryview(bytearray(_encrypted.SLICE)), memoryview(bytearray(_encrypted.SLICE))
+        while _encrypted._recv_all(s, view, mode, key, landing):
             _encrypted._send(s, view, mode, key, ring)
         s.close()
 
@@ -85,7 +85,7 @@ def _measure(params: dict) -> dict:
     a = np.random.default_rng(1).random(params["mb"] * (1 << 20) // 8)
     src = memoryview(a).cast("B")
     key = b"k" * 32
-    ring = memoryview(bytearray(_encrypted.SLICE))
+    ring, landing = memoryview(bytearray(_encrypted.SLICE)), memoryview(bytearray(_encrypted.SLICE))
     back = memoryview(bytearray(len(src)))
     bare = {}
     for mode, tag in (("clear", b"c"), ("aes", b"a")):
@@ -101,7 +101,7 @@ def _measure(params: dict) -> dict:
         for mode, s in bare.items():
             t0 = time.perf_counter()
             _encrypted._send(s, src, mode, key, ring)
-            assert _encrypted._recv_all(s, back, mode, key)
+            assert _encrypted._recv_all(s, back, mode, key, landing)
             times.setdefault(f"bare_{mode}", []).append(time.perf_counter() - t0)
         for name, c in clients.items():
             t0 = time.perf_counter()

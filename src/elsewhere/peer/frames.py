@@ -142,22 +142,38 @@ class DirectionKey:
         return BodyOpener(ctx, self.encrypt)
 
 
+_SCRATCH_BYTES = 64 << 10
+"""A body decrypted in place goes through a scratch buffer of this size, which stays in the
+core's cache: ``cryptography`` (from version 51 on) refuses an output that overlaps the input,
+and the way around it, ``update`` and a copy, makes a fresh buffer as large as each piece
+received (megabytes: 60% more time than the cipher's pass alone)."""
+
+
 class BodyOpener:
     """The body of one large frame, checked (and decrypted in place) slice by slice as
     it is received; :meth:`finish` says whether it authenticates."""
 
-    __slots__ = ("_ctx", "_decrypt")
+    __slots__ = ("_ctx", "_decrypt", "_scratch")
 
     def __init__(self, ctx: Any, decrypt: bool) -> None:
         self._ctx = ctx
         self._decrypt = decrypt
+        self._scratch: memoryview | None = None
 
     def update(self, view: memoryview) -> None:
         """``view`` was received (into the buffer it will be handed on in): take it in."""
-        if self._decrypt:
-            _update_into(self._ctx, view, view)
-        else:
+        if not self._decrypt:
             self._ctx.authenticate_additional_data(view)
+            return
+        scratch = self._scratch
+        if scratch is None:
+            scratch = self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        ctx, step = self._ctx, len(scratch)
+        for start in range(0, len(view), step):
+            piece = view[start : start + step]
+            out = scratch[: len(piece)]
+            _update_into(ctx, piece, out)
+            piece[:] = out
 
     def finish(self, tag: bytes | bytearray | memoryview) -> bool:
         """Whether the body authenticates under ``tag`` (its buffers are used only if so)."""
