@@ -419,8 +419,10 @@ def test_streamed_parts_equal_whole_parts(key: GroupKey, encrypt: bool) -> None:
     assert b"".join(bytes(p) for p in other.iter_parts()) == whole  # sealed once, kept
 
 
-@pytest.mark.parametrize("read", [65536, (1 << 20) + 7])  # (a read larger than the decryption's scratch)
+@pytest.mark.parametrize("read", [65536, (1 << 20) + 7])  # (as much as a read gives, at most)
 def test_zero_copy_receive_into_allocated_buffers(key: GroupKey, read: int) -> None:
+    # an encrypted buffer lands in a small buffer and is decrypted from there into the one
+    # allocated for it: the buffers handed on are those allocated, holding the plaintext
     made: list[bytearray] = []
 
     def allocate(n: int) -> bytearray:
@@ -434,16 +436,16 @@ def test_zero_copy_receive_into_allocated_buffers(key: GroupKey, read: int) -> N
     (frame,) = a.data_to_send()
     data = memoryview(frame.tobytes())
     events: list[wire.Event] = []
-    big_reads = 0
+    reads, size = 0, len(data)
     while data:
         target = b.receive_buffer()
-        assert len(target) == b.next_size() > 0
+        assert 0 < len(target) <= b.next_size()
         n = min(len(target), len(data), read)
         target[:n] = data[:n]  # what sock.recv_into(target) does
-        big_reads += n == read
+        reads += 1
         events += b.received(n)
         data = data[n:]
-    assert big_reads > 30 * 65536 // read
+    assert reads <= size // 65536 + 8  # (reads of 64 KiB and more but the frame's small parts)
     (got,) = events
     assert isinstance(got, Received)
     assert all(

@@ -136,44 +136,37 @@ class DirectionKey:
         return ctx
 
     def body_opener(self, seq: int, head: bytes | bytearray | memoryview) -> BodyOpener:
-        """A streaming check (and decryption, in place) of a large body as it arrives."""
+        """A streaming check (and decryption) of a large body as it arrives."""
         ctx = self._stream(_nonce(seq, 1), decrypt=self.encrypt)  # (authenticating only: an encryptor)
         ctx.authenticate_additional_data(head)
         return BodyOpener(ctx, self.encrypt)
 
 
-_SCRATCH_BYTES = 64 << 10
-"""A body decrypted in place goes through a scratch buffer of this size, which stays in the
-core's cache: ``cryptography`` (from version 51 on) refuses an output that overlaps the input,
-and the way around it, ``update`` and a copy, makes a fresh buffer as large as each piece
-received (megabytes: 60% more time than the cipher's pass alone)."""
-
-
 class BodyOpener:
-    """The body of one large frame, checked (and decrypted in place) slice by slice as
-    it is received; :meth:`finish` says whether it authenticates."""
+    """The body of one large frame, checked (and decrypted) slice by slice as it is
+    received; :meth:`finish` says whether it authenticates."""
 
-    __slots__ = ("_ctx", "_decrypt", "_scratch")
+    __slots__ = ("_ctx", "_decrypt")
 
     def __init__(self, ctx: Any, decrypt: bool) -> None:
         self._ctx = ctx
         self._decrypt = decrypt
-        self._scratch: memoryview | None = None
+
+    @property
+    def decrypts(self) -> bool:
+        """Whether the body is encrypted (:meth:`open_into`), else only authenticated
+        (:meth:`update`)."""
+        return self._decrypt
+
+    def open_into(self, data: memoryview, out: memoryview) -> None:
+        """Take in ``data``, received, decrypting it into ``out`` (as long, and apart from it:
+        ``cryptography`` from version 51 on takes no output that overlaps its input)."""
+        _update_into(self._ctx, data, out)
 
     def update(self, view: memoryview) -> None:
-        """``view`` was received (into the buffer it will be handed on in): take it in."""
-        if not self._decrypt:
-            self._ctx.authenticate_additional_data(view)
-            return
-        scratch = self._scratch
-        if scratch is None:
-            scratch = self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
-        ctx, step = self._ctx, len(scratch)
-        for start in range(0, len(view), step):
-            piece = view[start : start + step]
-            out = scratch[: len(piece)]
-            _update_into(ctx, piece, out)
-            piece[:] = out
+        """``view`` was received, in the clear, into the buffer it will be handed on in:
+        authenticate it."""
+        self._ctx.authenticate_additional_data(view)
 
     def finish(self, tag: bytes | bytearray | memoryview) -> bool:
         """Whether the body authenticates under ``tag`` (its buffers are used only if so)."""

@@ -11,9 +11,11 @@ the frame is handed on (no byte of a buffer is used before). A frame
 that arrived whole in one read is taken straight from it (the same checks, in
 the same order, in fewer steps).
 
-``received(n)`` after ``recv_into(receive_buffer())`` reads without a copy;
-``feed(data)`` copies what it is given into place. A :class:`ProtocolError`
-closes the connection.
+``received(n)`` after ``recv_into(receive_buffer())`` reads without a copy: a buffer
+that is encrypted is received into a small landing buffer, hot in the core's cache, and
+decrypted from there into place (the cipher's one pass writes it; ``cryptography`` takes
+no output that overlaps its input); ``feed(data)`` copies what it is given into place. A
+:class:`ProtocolError` closes the connection.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ from .layout import (
 from .messages import Message, Task, parse_header
 
 __all__ = ["Reader"]
+
+
+LANDING_BYTES = 256 << 10
+"""The landing buffer of an encrypted buffer's bytes (:meth:`Reader.receive_buffer`): small
+enough to stay in the core's cache between the read and the decryption."""
 
 
 class _Stage(enum.Enum):
@@ -71,6 +78,7 @@ class Reader:
     _buffers: list[Buffer]
     _message: Message | None
     _body_mac: BodyOpener | None
+    _landing: memoryview | None  # where an encrypted buffer's bytes land (LANDING_BYTES)
     _small_body: bool
     _tag_buf: bytearray
 
@@ -86,9 +94,15 @@ class Reader:
         return len(self._target) - self._pos
 
     def receive_buffer(self) -> memoryview:
-        """Where to put the next bytes: exactly :meth:`next_size` bytes, for ``recv_into``."""
+        """Where to put the next bytes, for ``recv_into``: :meth:`next_size` bytes, or fewer
+        for an encrypted buffer (its landing buffer)."""
         if self.state is ConnectionState.CLOSED:
             raise ProtocolError("bytes received after the connection was closed")
+        if self._stage is _Stage.BUFFER and self._body_mac is not None and self._body_mac.decrypts:
+            landing = self._landing
+            if landing is None:
+                landing = self._landing = memoryview(bytearray(LANDING_BYTES))
+            return landing[: len(self._target) - self._pos]
         return self._target[self._pos :]
 
     def received(self, nbytes: int) -> list[Event]:
@@ -98,11 +112,16 @@ class Reader:
         if not 0 < nbytes <= len(self._target) - self._pos:
             raise ValueError(f"received({nbytes}) but {self.next_size()} bytes were asked for")
         start = self._pos
-        self._pos += nbytes
         events: list[Event] = []
         try:
-            if self._stage is _Stage.BUFFER and self._body_mac is not None:
-                self._body_mac.update(self._target[start : self._pos])  # checked, decrypted in place
+            opener = self._body_mac
+            if self._stage is _Stage.BUFFER and opener is not None:
+                if opener.decrypts:  # (it landed in the landing buffer: decrypted into place)
+                    assert self._landing is not None and nbytes <= len(self._landing)
+                    opener.open_into(self._landing[:nbytes], self._target[start : start + nbytes])
+                else:
+                    opener.update(self._target[start : start + nbytes])  # checked where it is
+            self._pos += nbytes
             while self._pos == len(self._target) and self.state is not ConnectionState.CLOSED:
                 self._complete_part(events)
         except ProtocolError:

@@ -214,6 +214,7 @@ class Connection(Reader, Handshake):
         self._buffers: list[Buffer] = []
         self._message: Message | None = None
         self._body_mac: Any = None
+        self._landing: memoryview | None = None
         self._small_body = False
         self._tag_buf = bytearray(TAG_SIZE)
         # READY: type number -> (type, header cap, most buffers, body cap), made once ready
