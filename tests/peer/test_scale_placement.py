@@ -332,31 +332,31 @@ def test_a_turn_after_one_batch_came_back_asks_its_worker_without_a_pass(monkeyp
     assert _asks(c) == [ws[0], w] and c.stats["placing_skipped"] == 1
 
 
-@pytest.mark.parametrize("mean_s", [0.5, 0.001])  # batches of one task; of several
-def test_a_task_that_ended_while_it_waited_again_is_not_asked_for(mean_s: float) -> None:
-    # A task placed twice (it ran long, a copy went elsewhere) may end while it waits in the
-    # queue again: the batch asked for skips it, and a task cancelled meanwhile too.
+def _one_back_with_waiting(tasks: list[int], mean_s: float) -> _Controller:
+    """Every worker full but one that a batch came back from; ``tasks`` waiting, of which 100
+    ended (a copy of it ran elsewhere) and 101 was cancelled while they waited again."""
     c = _full_controller()
     c.pending.clear()
-    c.pending.extend([100, 101, 102, 103])
+    c.pending.extend(tasks)
     c.final.add(100)
     c.cancelled.add(101)
     c.mean_s = mean_s
     w = next(iter(c.workers.values()))
     c._forget(next(iter(w.batches.values())))
+    return c
+
+
+@pytest.mark.parametrize("mean_s", [0.5, 0.001])  # batches of one task; of several
+def test_a_task_that_ended_while_it_waited_again_is_not_asked_for(mean_s: float) -> None:
+    # A task placed twice (it ran long, a copy went elsewhere) may end while it waits in the
+    # queue again: the batch asked for skips it, and a task cancelled meanwhile too.
+    c = _one_back_with_waiting([100, 101, 102, 103], mean_s)
     c._place(1.0)
     asked = [c.batches[m.task_id].indices for _w, m in c.sent]
     assert asked and asked[0][0] == 102 and not {100, 101} & {i for b in asked for i in b}
-    c2 = _full_controller()
-    c2.pending.clear()
-    c2.pending.extend([100, 101])
-    c2.final.add(100)
-    c2.cancelled.add(101)
-    c2.mean_s = mean_s
-    w2 = next(iter(c2.workers.values()))
-    c2._forget(next(iter(w2.batches.values())))
-    c2._place(1.0)
-    assert c2.sent == [] and not c2.pending
+    c = _one_back_with_waiting([100, 101], mean_s)
+    c._place(1.0)
+    assert c.sent == [] and not c.pending
 
 
 def test_a_skipped_turn_places_when_tasks_come_or_a_while_passed() -> None:
