@@ -40,8 +40,9 @@ def home() -> Path:
     if found is not None:
         return found
     if env:
-        found = Path(env).expanduser().absolute()
-        if not os.path.isabs(os.path.expanduser(env)):
+        given = Path(env).expanduser()
+        found = given.absolute()
+        if not given.is_absolute():
             return found  # (relative to the working directory, which may change: not kept)
     else:
         import platformdirs
