@@ -81,5 +81,5 @@ def test_an_exit_code_above_128_is_named_as_the_signal_that_killed_the_element(s
                "77_1": NativeStatus("77_1", "FAILED", TaskState.FAILED, reason="NonZeroExitCode", exit_code=3)}
     cl.poll(h)
     q = h.store.queue()
-    assert "ended (NonZeroExitCode, exit code 139 (signal 11, SIGSEGV: a crash)) without a result" in q.lost_reason(0)
+    assert "ended (NonZeroExitCode, exit code 139: killed by SIGSEGV (signal 11: a crash)) without a result" in q.lost_reason(0)
     assert "ended (NonZeroExitCode, exit code 3) without a result" in q.lost_reason(2)  # the task's own: as it is

@@ -64,7 +64,7 @@ def test_openpbs_json_finished(captured):
     assert (killed.state, killed.exit_code, killed.reason) == (
         T.CANCELLED,
         143,
-        "killed by signal 15",
+        "killed by SIGTERM (signal 15: qdel, or a limit)",
     )
     assert (st["1235[1].pbs-head"].state, st["1235[1].pbs-head"].reason) == (T.FAILED, "TIMEOUT")
     assert st["1240.pbs-head"].state is T.FINISHED and st["1240.pbs-head"].array_index is None

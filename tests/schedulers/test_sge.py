@@ -91,7 +91,7 @@ def test_qacct(captured):
     assert (st["3.1"].state, st["3.1"].exit_code) == (T.FINISHED, 0)
     assert (st["3.2"].state, st["3.2"].exit_code) == (T.FAILED, 3)
     assert st["3.3"].state is T.FAILED and st["3.3"].exit_code == 137
-    assert "killed by signal 9" in st["3.3"].reason
+    assert st["3.3"].reason == "killed by SIGKILL (signal 9: qdel, or a limit such as h_rt)"
     single = S.parse_accounting(captured("sge/qacct_single.txt"))
     assert single["6"].state is T.FINISHED and single["6"].array_index is None
     loop_out = S.parse_accounting(captured("sge/qacct_loop.stdout"))

@@ -12,11 +12,11 @@ one task's element. Elements that claim their tasks (a packed submission) are re
 from __future__ import annotations
 
 import json
-import signal
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..util.errors import SchedulerError
+from ..util.signals import describe_status
 from ..util.states import TaskState
 from . import claiming
 
@@ -249,7 +249,7 @@ class _Survey:
         if ns.state in _ENDED:
             why = ns.reason or ns.native_state
             if ns.exit_code not in (None, 0):
-                why += f", exit code {ns.exit_code}{_signal_of(ns.exit_code)}"
+                why += f", {describe_status(ns.exit_code)}"
             self.lost.update((t, f"{kind} {elem} ended ({why}) without a result") for t in tasks)
         elif ns.state in (TaskState.QUEUED, TaskState.PENDING) and ns.reason in NEVER_STARTS:
             self.never.add(elem)
@@ -259,18 +259,3 @@ class _Survey:
             self.pending[ns.reason] = self.pending.get(ns.reason, 0) + len(tasks)
             self.reasons.update((t, f"pending: {ns.reason}") for t in tasks)
 
-
-def _signal_of(code: int) -> str:
-    """What an exit code of 129 to 192 says in the shell's convention (and the watcher's of a
-    worker given its tasks, ``run/supervise.py``, whose worker died by a signal it does not
-    raise itself): killed by signal ``code - 128``, named; else nothing."""
-    if not 128 < code <= 192:
-        return ""
-    try:
-        name = signal.Signals(code - 128).name
-    except ValueError:
-        return f" (signal {code - 128})"
-    return f" (signal {code - 128}, {name}{': a crash' if name in _CRASHES else ''})"
-
-
-_CRASHES = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")

@@ -36,6 +36,7 @@ from typing import IO, Any, Protocol, runtime_checkable
 
 from elsewhere.util import errors
 from elsewhere.util.errors import CommandNotFound, ConfigError, TransportError
+from elsewhere.util.signals import describe_returncode
 
 __all__ = [
     "BaseTransport",
@@ -109,24 +110,12 @@ class CompletedCommand:
                 stderr=stderr,
             )
         raise CommandFailed(
-            f"command failed on {self.host}: {describe_exit(self.returncode)}",
+            f"command failed on {self.host}: {describe_returncode(self.returncode)}",
             host=self.host,
             command=command,
             returncode=self.returncode,
             stderr=stderr,
         )
-
-
-def describe_exit(returncode: int) -> str:
-    """Words for an exit code: "exit code 2", "killed by SIGKILL (out of memory?)"."""
-    if returncode >= 0:
-        return f"exit code {returncode}"
-    try:
-        name = signal.Signals(-returncode).name
-    except ValueError:
-        name = f"signal {-returncode}"
-    hint = " (out of memory, or killed by someone)" if -returncode == signal.SIGKILL else ""
-    return f"killed by {name}{hint}"
 
 
 @runtime_checkable

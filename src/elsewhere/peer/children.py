@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from ..folder.store import CUR
 from ..hosts.spawn import spawn_python
+from ..util.signals import killed_by
 from .childmsg import MessageReader, pack_message
 from .stream import new_memfd
 
@@ -137,15 +138,12 @@ class ChildProcess(Generic[_R]):
 
 
 def describe_exit(code: int | None) -> str:
+    """How a task process ended, after "its process": "was killed by SIGSEGV (signal 11: a
+    crash)", "exited with code 3" (see :mod:`elsewhere.util.signals`)."""
     if code is None:
         return "did not exit"
     if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (killed: out of memory?)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
+        return f"was {killed_by(-code)}"
     return f"exited with code {code}"
 
 

@@ -43,6 +43,7 @@ from ..folder import records
 from ..folder.journal import finished_by
 from ..folder.records import FLAG_RERUN, Kind
 from ..folder.store import JobStore
+from ..util.signals import killed_by
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -181,12 +182,8 @@ def _end_as(code: int) -> int:
 
 
 def _death(code: int) -> str:
-    if code == -signal.SIGKILL:  # what a memory limit does, the kernel's or the scheduler's
-        return "its process was killed by SIGKILL (out of memory?)"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"its process was killed by {signal.Signals(-code).name}"
-        return f"its process was killed by signal {-code}"
+    if code < 0:  # (SIGKILL: what a memory limit does, the kernel's or the scheduler's)
+        return f"its process was {killed_by(-code)}"
     return f"its process exited with code {code}"
 
 

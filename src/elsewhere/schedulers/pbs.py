@@ -39,6 +39,7 @@ from elsewhere.schedulers.context import ScriptContext
 from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
 from elsewhere.schedulers.syntax import BatchSyntax
 from elsewhere.util.errors import ConfigError, SchedulerError
+from elsewhere.util.signals import killed_by
 from elsewhere.util.states import TaskState
 
 __all__ = ["PBSSyntax"]
@@ -264,8 +265,8 @@ def _finished_badly(exit_code: int) -> tuple[TaskState, str, int]:
         # the MOM reports a job killed by a signal as 256 + signal; qdel sends SIGTERM then SIGKILL
         signal = exit_code - 256
         if signal in (9, 15):
-            return C, f"killed by signal {signal}", 128 + signal
-        return X, f"killed by signal {signal}", 128 + signal
+            return C, killed_by(signal, "qdel, or a limit"), 128 + signal
+        return X, killed_by(signal), 128 + signal
     if exit_code < 0:
         return X, f"PBS exit status {exit_code}", exit_code
     return X, "", exit_code

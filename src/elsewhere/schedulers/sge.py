@@ -24,6 +24,7 @@ from elsewhere.schedulers.capacity import FreeCpus
 from elsewhere.schedulers.indices import expand_indices
 from elsewhere.schedulers.status import NativeStatus, parse_int, protocol_error
 from elsewhere.schedulers.syntax import BatchSyntax
+from elsewhere.util.signals import killed_by
 from elsewhere.util.states import TaskState
 
 __all__ = ["SGESyntax"]
@@ -225,7 +226,8 @@ class SGESyntax(BatchSyntax):
         if exit_code is not None and exit_code > 128:
             # SIGKILL/SIGTERM: a qdel of a running task and an exceeded h_rt or
             # h_vmem look the same here; whoever cancelled knows it was them.
-            reason = f"killed by signal {exit_code - 128} (qdel or a limit such as h_rt)"
+            number = exit_code - 128
+            reason = killed_by(number, "qdel, or a limit such as h_rt" if number in (9, 15) else "")
         if failed in (37, 38) or "h_rt" in failed_text:
             reason = "TIMEOUT"
         return NativeStatus(nid, native, X, reason, exit_code, job_id, index)
