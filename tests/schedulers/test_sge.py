@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from elsewhere.schedulers import SGESyntax
@@ -92,6 +94,9 @@ def test_qacct(captured):
     assert (st["3.2"].state, st["3.2"].exit_code) == (T.FAILED, 3)
     assert st["3.3"].state is T.FAILED and st["3.3"].exit_code == 137
     assert st["3.3"].reason == "killed by SIGKILL (signal 9: qdel, or a limit such as h_rt)"
+    # a task that crashed its process: no qdel or limit does that
+    crashed = re.sub(r"(?m)^exit_status +3 *$", "exit_status  139", captured("sge/qacct_array.txt"), count=1)
+    assert S.parse_accounting(crashed)["3.2"].reason == "killed by SIGSEGV (signal 11: a crash)"
     single = S.parse_accounting(captured("sge/qacct_single.txt"))
     assert single["6"].state is T.FINISHED and single["6"].array_index is None
     loop_out = S.parse_accounting(captured("sge/qacct_loop.stdout"))
