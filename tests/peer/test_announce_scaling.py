@@ -101,6 +101,33 @@ def test_a_datagram_announces_its_interval_and_a_change_waits_for_its_turn(key: 
     assert 40.0 <= announcer.due(2.0, 10_000) <= 61.0
 
 
+def test_only_news_is_announced_at_once(key: GroupKey) -> None:
+    """A change goes out at once only if it tells listeners something the last datagram did
+    not: a slot freed and filled again before the datagram went says nothing, nor does free
+    memory that moved by an eighth or less (the periodic datagram carries it); a new state,
+    a bigger move, or a nudge (a new controller listens) goes at once."""
+    announcer = Announcer(_ann(key, 0), key, DiscoveryConfig(), rng=random.Random(1),
+                          group_size=lambda: 2)  # fmt: skip
+    announcer.datagram(0.0, EPOCH, 2)
+    periodic = announcer.due(0.5, 2)
+    assert 0.8 <= periodic <= 1.2
+    announcer.update_state(state=PeerState.BUSY, slots_free=0)
+    assert announcer.due(0.5, 2) == 0.5  # news: at once
+    announcer.update_state(state=PeerState.IDLE, slots_free=2)  # undone before it went
+    assert announcer.due(0.5, 2) == periodic
+    announcer.update_state(mem_bytes=(1 << 30) - (1 << 27))  # an eighth less: not news
+    assert announcer.due(0.5, 2) == periodic
+    announcer.update_state(mem_bytes=1 << 29)  # half: news
+    assert announcer.due(0.5, 2) == 0.5
+    sent = AnnouncementDecoder(key).decode(announcer.datagram(0.5, EPOCH + 0.5, 2), EPOCH + 0.5)
+    assert sent.mem_bytes == 1 << 29
+    announcer.update_state()  # a nudge: the same again, at once
+    assert announcer.due(0.6, 2) == 0.6
+    announcer.datagram(0.6, EPOCH + 0.6, 2)
+    announcer.update_state(time_s=3600.0)  # a limit where there was none: news
+    assert announcer.due(0.7, 2) == 0.7
+
+
 def test_a_peer_is_not_expired_early_when_its_interval_grew(key: GroupKey) -> None:
     """The group grows from 2 to 10 000 peers while a receiver watches one of them: the
     peer's datagrams come up to ~60 s apart, and it stays listed throughout, because the

@@ -66,6 +66,7 @@ __all__ = [
     "PeerState",
     "announce_key",
     "encode_announcement",
+    "is_news",
     "new_peer_id",
     "with_fields",
 ]
@@ -413,9 +414,10 @@ class AnnounceTimer:
         """The mean interval in a group of ``group_size`` peers."""
         return max(self.interval_s, group_size / self.group_rate)
 
-    def changed(self) -> None:
-        """Something changed: announce it as soon as the pace allows."""
-        self._change = True
+    def changed(self, news: bool = True) -> None:
+        """Something changed: announce it as soon as the pace allows (``news``; False: it
+        was undone, or is too small to say before the next periodic datagram)."""
+        self._change = news
 
     def due(self, now: float, group_size: int) -> float:
         """When the next datagram is due (at or before ``now``: send it)."""
@@ -450,6 +452,27 @@ class AnnounceTimer:
 
     def _credit_now(self, now: float, spare: float) -> float:
         return min(1.0, self._credit + max(0.0, now - self._credit_at) * spare)
+
+
+_NEWS_FRACTION = 8  # memory or time on offer that moved by more than 1/8 is news
+_steady = operator.attrgetter(*(f.name for f in fields(Announcement)
+                                if f.name not in ("timestamp", "counter", "mem_bytes", "time_s", "interval_s", "leaving")))  # fmt: skip
+
+
+def is_news(now: Announcement, sent: Announcement | None) -> bool:
+    """Whether ``now`` tells listeners something that ``sent``, the last datagram, did not: a
+    new state, free slots, task (or any other field), or memory or time on offer moved by
+    more than an eighth. Less is not worth a datagram of its own (the next periodic one
+    carries it; a worker's admission checks both anyway): the free memory moves at every
+    look, and a slot freed and filled again at once (a held ASK admitted) changed nothing by
+    the time the datagram would go."""
+    if sent is None or _steady(now) != _steady(sent):
+        return True
+    return _moved(now.mem_bytes, sent.mem_bytes) or _moved(now.time_s, sent.time_s)
+
+
+def _moved(now: float, before: float) -> bool:
+    return now != before and (math.isinf(now) or math.isinf(before) or abs(now - before) * _NEWS_FRACTION > before)
 
 
 def with_fields(announcement: Announcement, changes: dict[str, Any]) -> Announcement:

@@ -58,6 +58,7 @@ from .announce import (
     PeerState,
     announce_key,
     encode_announcement,
+    is_news,
     with_fields,
 )
 from .discoveryconfig import (
@@ -130,6 +131,8 @@ class Announcer:
         self._sock: socket.socket | None = None
         self._destinations: list[tuple[str, int]] = []
         self._counter = 0
+        self._sent: Announcement | None = None  # the last datagram's announcement
+        self._nudged = False
         self.sent = 0
         """Datagrams sent (to all destinations) so far."""
 
@@ -170,6 +173,7 @@ class Announcer:
 
     def update_state(self, **changes: Any) -> Announcement:
         """Change fields of the announcement (state, slots_free, task, ...) and announce soon
+        if that is news (:func:`~.announce.is_news`; with no fields: the same again, as news)
         (at once, unless a large group's pace holds it to the next datagram due)."""
         with self._lock:
             updated = with_fields(self._announcement, changes)
@@ -180,7 +184,8 @@ class Announcer:
                 raise ConfigError("peer_id and group of a running announcer cannot change")
             encode_announcement(updated, self.key, signing_key=self._signing_key)
             self._announcement = updated
-            self.timer.changed()
+            self._nudged = self._nudged or not changes  # (said again at once: a controller is new)
+            self.timer.changed(self._nudged or is_news(updated, self._sent))
         self._wake.set()
         return updated
 
@@ -197,6 +202,7 @@ class Announcer:
             interval = self.timer.sent(now, group_size)
             ann = replace(self._announcement, timestamp=wall, counter=self._counter,
                           leaving=leaving, interval_s=interval)  # fmt: skip
+            self._sent, self._nudged = ann, False
             return encode_announcement(ann, self.key, signing_key=self._signing_key)
 
     def stop(self, *, goodbye: bool = True, timeout: float = 2.0) -> None:
@@ -216,12 +222,8 @@ class Announcer:
     def __enter__(self) -> Announcer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
         self.stop()
 
     def _run(self) -> None:
@@ -402,12 +404,8 @@ class Listener:
     def __enter__(self) -> Listener:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
         self.stop()
 
     def _run(self) -> None:

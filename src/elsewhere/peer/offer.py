@@ -4,10 +4,10 @@ The offer is the slots and memory not held by running, queued or admitted
 batches (:meth:`~Offer._free`), the memory capped by what the machine has free
 now, and the time left before ``maxtime`` (at most ``timavail`` a task).
 Announcements carry it, with the worker's state (idle, busy, or zombie while
-it drains) and the task it runs; the loop announces at once when it changed
-(coalesced), and when a new controller appears (:meth:`~Offer._watch_controllers`,
-so that it finds this worker in milliseconds). The counters go to the stats
-file (``--stats-file``) every second and at exit.
+it drains) and the task it runs; the loop announces at once when that is news
+(coalesced; see ``announce.is_news``), and when a new controller appears
+(:meth:`~Offer._watch_controllers`, so that it finds this worker in milliseconds). The
+counters go to the stats file (``--stats-file``) every second and at exit.
 """
 
 from __future__ import annotations
