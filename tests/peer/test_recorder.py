@@ -82,3 +82,26 @@ def test_a_run_reported_as_one_entry_is_one_record_and_joins_the_rows_beside_it(
     for task, item in ((0, 0), (39, 39), (49, 49), (70, 70), (72, 71), (100, 99)):
         wid, rec = reader.final[task]
         assert read_body(store, wid, rec, cache, task) == f"v{item}"
+
+
+def test_the_output_file_is_synced_only_when_a_task_wrote_to_it(tmp_path: Path, monkeypatch) -> None:
+    """Each RESULT's sync made three files durable; the tasks' output file rarely grows, and an
+    fsync with nothing to write still costs tens of microseconds: it is left out then."""
+    store, pickled, oob = _folder(tmp_path, 2)
+    w = GroupWriter(store, "peer-x")
+    synced: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), fsync(fd)))
+
+    def group(log: bytes) -> list[int]:
+        synced.clear()
+        rows = [(t, True, t, 0, log if t else b"", 1.0, 1.1, 0, t, 0, 1) for t in range(2)]
+        w.write_group(pickled, oob, rows)
+        w.sync()
+        return sorted(synced)
+
+    everything = sorted((w.res_fd, w.jfd, w.log_fd))
+    assert group(b"") == everything  # the first sync: all three
+    assert group(b"") == sorted((w.res_fd, w.jfd))  # no output since: not the output file
+    assert group(b"printed\n") == everything
+    assert Path(store.log_path("peer-x")).read_bytes() == b"printed\n"

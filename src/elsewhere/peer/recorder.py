@@ -90,9 +90,17 @@ class GroupWriter(OutcomeWriter):
             i = j
         os.write(self.jfd, records.pack_frame(recs))
 
+    _log_synced = -1  # the output file's end at the last sync (-1: none yet)
+
     def sync(self) -> None:
-        """Make everything written so far durable."""
-        for fd in (self.res_fd, self.log_fd, self.jfd):
+        """Make everything written so far durable. The tasks' output file only if it grew
+        (most tasks print nothing): an fsync with nothing new to write still costs a third of
+        one that has (24 against 75 us on the ext4 disk of the machine that measures bench/)."""
+        fds = [self.res_fd, self.jfd]
+        if self.log_end != self._log_synced:
+            fds.append(self.log_fd)
+            self._log_synced = self.log_end
+        for fd in fds:
             with contextlib.suppress(OSError):
                 os.fsync(fd)
 
