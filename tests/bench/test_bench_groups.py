@@ -8,9 +8,9 @@ wire's own slowdown with that version went unnoticed until a run by hand. A wait
 out fails too: the script says so and leaves that figure out (``web.py``'s page once waited
 for updates the folder layer had rightly failed as damaged). Scripts that need a service
 (sshd, SLURM, MPI, network namespaces, a browser) skip, saying what is missing, where it is
-not running. Left out for their time alone: ``joblib_gridsearch.py`` (over a minute at its
-smallest) and the slowest groups of ``local.py`` and ``peer.py`` (cpu, sweep, memory, tput,
-big, blas: 20-50 s each), which the figures in bench/README.md come from.
+not running. The slowest groups of ``local.py`` and ``peer.py`` (cpu, sweep, latency,
+memory, tput, big, blas: 20-50 s each) and ``joblib_gridsearch.py`` (over a minute at its
+smallest) run only with ``ELSEWHERE_BENCH_ALL=1`` (a few minutes more).
 """
 
 from __future__ import annotations
@@ -43,6 +43,10 @@ class Case:
     systems: dict[str, set[str]]  # group -> the systems measured in it (at least these)
     needs: tuple[tuple[Callable[[], object], Callable[[], str]], ...] = field(default=())
     timeout_s: float = 240.0
+    long: bool = False  # run only with ELSEWHERE_BENCH_ALL=1
+
+
+LONG = os.environ.get("ELSEWHERE_BENCH_ALL", "0") not in ("", "0")
 
 
 _SSH = (services.ssh, services.why_no_ssh)
@@ -125,13 +129,40 @@ CASES = [
                  "elsewhere status, run after it"},
         "cpu": {"elsewhere web", "elsewhere status every second"},
     }, needs=(_BROWSER,)),
+    # the long groups (a few minutes in all): ELSEWHERE_BENCH_ALL=1
+    Case("local.py", ("--quick", "--only", "cold100k,cpu,sweep,latency,memory"), {
+        "cold100k": {"ew.map", "ew.map(seed=False)", "PPE.map(chunksize)", "mp.Pool.map(chunksize)",
+                     "loky map(chunksize)"},
+        "cpu": {"ew.map", "2 bare multiprocessing.Process"},
+        "sweep": {"ew.map", "PPE.map(chunksize)", "PPE, one submit per task", "mp.Pool.map(chunksize)",
+                  "loky map(chunksize)"},
+        "large": {"ew.map", "PPE.map(chunksize)"},
+        "latency": {"ew.Executor", _PPE, "loky reusable executor"},
+        "memory": {"ew.Executor", _PPE, "loky reusable executor"},
+    }, timeout_s=900, long=True),
+    Case("peer.py", ("--quick", "--only", "tput,big,bytes,blas,latency,memory"), {
+        "tput": {"ew.map", "dask client.map + gather"},
+        "big": {"ew.Executor", "ew.Executor, its first call (cold memory)", "peer wire",
+                "bare TCP echo + AES-256-GCM, same minute"},
+        "bytes": {"peer wire"},
+        "blas": {"ew.map", f"{_PPE}(2).map", "dask client.map", "the same loop in the caller (BLAS on every core)"},
+        "latency": {"ew.Executor", _PPE, "loky reusable executor"},
+        "memory": {"ew.Executor", _PPE, "loky reusable executor"},
+    }, timeout_s=900, long=True),
+    Case("joblib_gridsearch.py", ("--quick",), {
+        "fit": {"elsewhere, ew.local()", "elsewhere, job path (as on SLURM)", "joblib loky (default)",
+                "dask LocalCluster", "sequential (n_jobs=1)"},
+    }, timeout_s=900, long=True),
 ]
 # fmt: on
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.timeout(c.timeout_s + 60),
-                                                id=c.script.removesuffix(".py")) for c in CASES])  # fmt: skip
+                                                id=c.script.removesuffix(".py") + ("-long" if c.long else ""))
+                                   for c in CASES])  # fmt: skip
 def test_each_benchmark_measures_every_figure_of_the_groups_it_runs(case: Case, tmp_path: Path) -> None:
+    if case.long and not LONG:
+        pytest.skip("a long run (a minute or more): ELSEWHERE_BENCH_ALL=1 runs it")
     for found, why_not in case.needs:
         if found() is None:
             pytest.skip(why_not())
