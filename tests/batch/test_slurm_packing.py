@@ -8,6 +8,8 @@ that many elements, which claim the tasks from the job's queue; a job of fewer t
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -29,6 +31,13 @@ def double_slowly(x):
 def nap(seconds, x):
     time.sleep(seconds)
     return x
+
+
+def double_or_die(x, killer):
+    if x == killer:  # the others end meanwhile: its element dies alone, its claim not all run
+        time.sleep(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 2 * x
 
 
 def _sbatch(cl):
@@ -136,4 +145,20 @@ def test_when_every_element_fails_to_start_the_tasks_are_lost_with_the_reason(ew
     assert all(isinstance(r, ew.TaskError) and r.reason == "lost" for r in res), res[:3]
     why = res[0].message
     assert "no element of slurm job" in why and "NonZeroExitCode" in why, why
+    assert job.check().state is ew.JobState.FAILED
+
+
+def test_the_tasks_of_an_element_that_died_run_again_when_no_element_is_left(ew_home, slurm_info):
+    # a task kills its element after the other elements ended (nothing was left to claim):
+    # the tasks its element had claimed and not run go back to the queue with no element to
+    # run them. The one that killed it is lost; the others never ran, and a new submission
+    # runs them (they were lost with it, as "no element is left to run it", before)
+    cl = ew.slurm(status_interval_s=0.5)
+    killer = 100
+    job = ew.submit(double_or_die, range(200), [killer] * 200, on=cl, retries=0)
+    job.wait(timeout=90, progress=False)
+    res = job.results()
+    assert isinstance(res[killer], ew.TaskError) and res[killer].reason == "lost", repr(res[killer])
+    assert [r for i, r in enumerate(res) if i != killer] == [2 * i for i in range(200) if i != killer], [
+        (i, r) for i, r in enumerate(res) if isinstance(r, ew.TaskError)][:3]
     assert job.check().state is ew.JobState.FAILED

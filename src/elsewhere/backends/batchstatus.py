@@ -234,7 +234,7 @@ class _Survey:
         # packed elements (claiming.py): their workers whose element ended -> why
         self.dead: dict[str, str] = {}
         self.orphaned = ""  # why tasks waiting to be claimed have no element left ("": they have)
-        self.left_for_time = False  # ... every element ended well: start them afresh
+        self.start_again = False  # ... started again in a new submission (the job made progress)
 
     def add(self, kind: str, elem: str, ns: NativeStatus | None, tasks: list[int], *, age_s: float) -> None:
         """Element ``elem`` of status ``ns`` holds the open ``tasks``."""

@@ -15,8 +15,9 @@ What the scheduler says of those elements is read here, for the batch backend's 
                (``Survey.orphaned``); why waiting tasks wait (pending reasons)
     settle()   in ``poll``, under the queue lock: a dead worker's running task is lost with
                the scheduler's reason, the rest of its claim goes back to the queue; orphaned
-               tasks are lost, or started again in a new submission when every element
-               ended well and the job made progress (they left for want of walltime)
+               tasks are started again in a new submission when the job made progress since
+               the last one (they left for want of walltime, or their element died) and no
+               element was cancelled; else they are lost, saying why
     cancel_task()  the element running a cancelled task is cancelled only when it holds
                nothing else and nothing is left to claim (else the task runs to its end)
 """
@@ -65,7 +66,7 @@ class Survey(Protocol):
     not_running: set[int]  # tasks whose element is known not to run
     dead: dict[str, str]  # workers of packed elements that ended -> why
     orphaned: str  # why tasks waiting to be claimed have no element left ("": they have)
-    left_for_time: bool  # ... every element ended well: start them afresh
+    start_again: bool  # ... started again in a new submission (the job made progress)
 
 
 def is_packed(sub: dict[str, Any]) -> bool:
@@ -120,7 +121,7 @@ def survey(kind: str, syntax: SchedulerSyntax, job: JobHandle, final: Any, st: d
         tuple[str, int], tuple[str, NativeStatus | None, bool]
     ] = {}  # -> (id, status, ended)
     alive = running = False
-    all_well = True  # every element ended with exit 0 (it left: nothing to claim, or no time)
+    stopped = False  # an element was cancelled: by someone, or as one that can never start
     ends: Counter[str] = Counter()
     pending: Counter[str] = Counter()
     for sub in subs:
@@ -132,7 +133,7 @@ def survey(kind: str, syntax: SchedulerSyntax, job: JobHandle, final: Any, st: d
             ended = False
             if ns is None:
                 if age > VANISHED_AFTER_S:
-                    ended, all_well = True, False
+                    ended = True
                     ends["vanished from the scheduler's queue"] += 1
                 else:
                     alive = True  # just submitted: not listed yet
@@ -141,11 +142,10 @@ def survey(kind: str, syntax: SchedulerSyntax, job: JobHandle, final: Any, st: d
             elif ns.state in _ENDED:
                 ended = True
                 ends[_ended_why(ns)] += 1
-                if ns.state is not TaskState.FINISHED or ns.exit_code not in (None, 0):
-                    all_well = False
+                stopped = stopped or ns.state is TaskState.CANCELLED
             elif ns.reason in never_starts:
                 out.never.add(elem)
-                ended, all_well = True, False
+                ended = stopped = True
                 ends[f"can never start ({ns.reason}): it asks for more than the partition, QOS or account "
                      "allows; it was cancelled"] += 1  # fmt: skip
             else:
@@ -171,8 +171,12 @@ def survey(kind: str, syntax: SchedulerSyntax, job: JobHandle, final: Any, st: d
             f"no element of {kind} job {natives} is left to run it (elements ended: {summary}; "
             f"their output: {job.path / 'logs' / 'scheduler'})"
         )
+        # Started again in a new submission while the job makes progress: tasks left for want
+        # of walltime, or put back from an element that died (the task it ran is charged on
+        # its own, by settle); not if no task ended since the last submission (elements that
+        # fail to start, or die at once) or an element was cancelled: lost then, saying why.
         done_before = int(subs[-1].get("outcomes_before", 0))
-        out.left_for_time = all_well and not out.dead and len(final) > done_before
+        out.start_again = not stopped and len(final) > done_before
     if not running and pending:
         reason, _ = pending.most_common(1)[0]
         waiting = [
@@ -211,7 +215,7 @@ def settle(job: JobHandle, out: Survey) -> tuple[dict[int, str], list[int]]:
             q.requeue(rest)
         if out.orphaned:
             left = [t for t in q.take_unclaimed() if t not in lost]
-            if out.left_for_time:
+            if out.start_again:
                 q.requeue(left)
                 again = left
             else:
