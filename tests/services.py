@@ -6,7 +6,8 @@ this module only looks. Each service has a pair of functions::
     slurm() -> SlurmInfo | None      # None when it cannot be used
     why_no_slurm() -> str            # what is missing, "" when nothing is
 
-and likewise ``sge``, ``torque``, ``mpi`` (plus ``why_no_mpi4py``), ``netns`` and ``ssh``.
+and likewise ``sge``, ``torque``, ``mpi`` (plus ``why_no_mpi4py``), ``netns``, ``ssh`` and
+``browser`` (Chromium with Playwright).
 Every check is fast (well under a second), starts nothing and never raises, so a test module
 can call it at import time. No pytest needed here::
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "CHROMIUM",
     "MpiInfo",
     "NetnsHost",
     "NetnsInfo",
@@ -37,12 +39,14 @@ __all__ = [
     "SlurmInfo",
     "SshInfo",
     "TorqueInfo",
+    "browser",
     "mpi",
     "netns",
     "sge",
     "slurm",
     "ssh",
     "torque",
+    "why_no_browser",
     "why_no_mpi",
     "why_no_mpi4py",
     "why_no_netns",
@@ -488,3 +492,25 @@ def ssh() -> SshInfo | None:
 def why_no_ssh() -> str:
     """Why ``ssh()`` is None; "" when the test sshd runs."""
     return _probe_ssh()[1]
+
+
+# ---------------------------------------------------------------- a browser
+CHROMIUM = "/usr/bin/chromium"  # Debian's (ci/services/chromium.sh)
+
+
+def _probe_browser() -> tuple[str | None, str]:
+    if importlib.util.find_spec("playwright") is None:
+        return None, "playwright is not installed (scripts/test installs it with the test extras)"
+    if not os.access(CHROMIUM, os.X_OK):
+        return None, f"no {CHROMIUM}: {_UP} chromium installs Debian's chromium"
+    return CHROMIUM, ""
+
+
+def browser() -> str | None:
+    """The Chromium that Playwright drives here (its path), or None (see ``why_no_browser()``)."""
+    return _probe_browser()[0]
+
+
+def why_no_browser() -> str:
+    """Why ``browser()`` is None; "" when Chromium and Playwright are both there."""
+    return _probe_browser()[1]

@@ -15,7 +15,6 @@ smallest) run only with ``ELSEWHERE_BENCH_ALL=1`` (a few minutes more).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -53,9 +52,7 @@ _SSH = (services.ssh, services.why_no_ssh)
 _SLURM = (services.slurm, services.why_no_slurm)
 _MPI = (services.mpi, services.why_no_mpi)
 _NETNS = (services.netns, services.why_no_netns)
-_CHROMIUM = "/usr/bin/chromium"
-_BROWSER = (lambda: _CHROMIUM if os.access(_CHROMIUM, os.X_OK) and importlib.util.find_spec("playwright") else None,
-            lambda: f"no {_CHROMIUM} and Playwright (ci/services/up.sh chromium; the test extras)")  # fmt: skip
+_BROWSER = (services.browser, services.why_no_browser)
 
 # fmt: off
 CASES = [

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +14,8 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from webproc import CHROMIUM, CHROMIUM_ARGS, Web, start_web, stop_web
+
+import services
 
 
 @pytest.fixture
@@ -36,12 +37,10 @@ def web(ew_home) -> Iterator[Callable[..., Web]]:
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     """Headless Chromium (Debian's) driven by Playwright; skips if either is missing."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (scripts/test installs it with the test extras)")
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.skip(f"no {CHROMIUM}: ci/services/up.sh chromium installs Debian's chromium")
+    if services.browser() is None:
+        pytest.skip(services.why_no_browser())
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, timeout=60_000)
         try:

@@ -18,10 +18,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import services
 from peer.peer_procs import free_port as free_port  # (the same ports as the peer tests)
 from peer.peer_procs import wait_until as wait_until
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = services.CHROMIUM
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
 SRC = str(Path(__file__).resolve().parents[2] / "src")

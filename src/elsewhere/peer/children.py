@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from ..folder.store import CUR
 from ..hosts.spawn import spawn_python
-from ..util.signals import killed_by
+from ..util.signals import ended
 from .childmsg import MessageReader, pack_message
 from .stream import new_memfd
 
@@ -140,11 +140,7 @@ class ChildProcess(Generic[_R]):
 def describe_exit(code: int | None) -> str:
     """How a task process ended, after "its process": "was killed by SIGSEGV (signal 11: a
     crash)", "exited with code 3" (see :mod:`elsewhere.util.signals`)."""
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        return f"was {killed_by(-code)}"
-    return f"exited with code {code}"
+    return "did not exit" if code is None else ended(code)
 
 
 def read_capture(fd: int, offset: int, cap: int = 64 << 10) -> bytes:

@@ -43,7 +43,7 @@ from ..folder import records
 from ..folder.journal import finished_by
 from ..folder.records import FLAG_RERUN, Kind
 from ..folder.store import JobStore
-from ..util.signals import killed_by
+from ..util.signals import ended
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -182,9 +182,7 @@ def _end_as(code: int) -> int:
 
 
 def _death(code: int) -> str:
-    if code < 0:  # (SIGKILL: what a memory limit does, the kernel's or the scheduler's)
-        return f"its process was {killed_by(-code)}"
-    return f"its process exited with code {code}"
+    return f"its process {ended(code)}"  # (SIGKILL: what a memory limit does, the kernel's or a scheduler's)
 
 
 def _raised(store: JobStore, wid: str, tasks: list[int]) -> bool:

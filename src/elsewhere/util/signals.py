@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["CRASHES", "describe_returncode", "describe_status", "killed_by", "signal_name"]
+__all__ = ["CRASHES", "describe_returncode", "describe_status", "ended", "killed_by", "signal_name"]
 
 CRASHES = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT})
 """The signals a process gets for its own fault (compiled code that crashed, or aborted)."""
@@ -52,6 +52,14 @@ def describe_returncode(returncode: int) -> str:
     if returncode < 0:
         return killed_by(-returncode)
     return f"exit code {returncode}"
+
+
+def ended(returncode: int) -> str:
+    """How a process ended, after its name ("its process ..."): ``"exited with code 3"``, or
+    ``"was killed by SIGKILL (signal 9: ...)"`` for a negative Python return code."""
+    if returncode < 0:
+        return f"was {killed_by(-returncode)}"
+    return f"exited with code {returncode}"
 
 
 def describe_status(status: int) -> str:
