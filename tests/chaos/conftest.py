@@ -12,6 +12,7 @@ Python traceback. The fixture prints one line per experiment, so a run shows wha
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -89,16 +90,35 @@ def pytest_runtest_makereport(item, call):
 
 def run_cli(tally: Tally, *args: str, timeout: float = 60, env: dict[str, str] | None = None,
             input: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-    """Run ``elsewhere ARGS`` as a user would; count a traceback or a hang."""
+    """Run ``elsewhere ARGS`` as a user would; count a traceback or a hang. A hang's note holds
+    where each thread of the command was when it was stopped (faulthandler's dump, asked for
+    with SIGABRT), so that a hang met once in CI says where it was."""
     cmd = [sys.executable, "-m", "elsewhere", *args]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, **(env or {})}, input=input)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        tally.hang(f"elsewhere {' '.join(args)} ran over {timeout} s")
-        return subprocess.CompletedProcess(cmd, -9, "", "")
+    # -X faulthandler: for this process only (an environment variable would reach its workers)
+    with subprocess.Popen([sys.executable, "-X", "faulthandler", *cmd[1:]], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, stdin=subprocess.PIPE if input is not None else None,
+                          text=True, env={**os.environ, **(env or {})}) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            where = _stopped_for_a_hang(proc)
+            tally.hang(f"elsewhere {' '.join(args)} ran over {timeout} s; where it was:\n{where}")
+            print(tally.notes[-1])  # whole, in the failed test's captured output
+            return subprocess.CompletedProcess(cmd, -9, "", where)  # (its stderr: where it was)
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
     tally.check_output("elsewhere " + " ".join(args), p.stdout + p.stderr)
     return p
+
+
+def _stopped_for_a_hang(proc: subprocess.Popen) -> str:
+    """Stop a command that hung, after it printed its threads' stacks; the end of what it said."""
+    proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack, then it dies
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return "\n".join((err or "(nothing on stderr)").strip().splitlines()[-60:])
 
 
 def has_open(pid: int, name: str) -> bool:

@@ -246,6 +246,78 @@ def test_processes_opening_a_new_registry_at_once_all_register(
             p.communicate()
 
 
+MEETER = textwrap.dedent("""
+    import logging, os, random, sys, threading, time, traceback
+    from pathlib import Path
+    from elsewhere.folder.registry import Registry
+    logging.disable(logging.WARNING)  # the warning of the one that rebuilds it
+    print("ready", flush=True)
+
+    def meet(reg, kind, i, out):
+        # calls for 30 ms from a moment spread over the time a rebuild takes, some meeting the
+        # garbage, some the new file (this thread opens the file again for each call)
+        end = time.time() + random.uniform(0, 0.02) + 0.03
+        try:
+            if kind == "add":
+                meta = {"id": f"{os.getpid()}-{i}", "name": f"meeter-{os.getpid()}", "cluster": {}}
+                reg.add(meta, reg.path.parent / "jobs" / meta["id"], lambda row: None)
+            while time.time() < end:
+                reg.find("nothing") if kind == "find" else reg.all()
+            out.append("ok")
+        except Exception:
+            out.append("error: " + traceback.format_exc().strip().splitlines()[-1])
+
+    for i, line in enumerate(sys.stdin):  # one damaged registry per line, met by every process at once
+        folder, start, kind = line.split()
+        time.sleep(max(0.0, float(start) - time.time()))
+        out = []
+        t = threading.Thread(target=meet, args=(Registry(Path(folder) / "registry.sqlite"), kind, i, out))
+        t.start()
+        t.join()
+        print(out[0], flush=True)
+""")
+
+
+
+@pytest.mark.timeout(180)
+def test_processes_meeting_a_damaged_registry_at_once_all_go_on(tmp_path: Path, tally: Tally) -> None:
+    """Eight processes meet a registry overwritten with garbage at the same moment: one
+    rebuilds it, and every one reads or registers, none losing what another registered.
+    (While the new file was made in place, others could open it half made, and take it for
+    damaged in turn, moving it aside under those that had registered in it, or fail with
+    "disk I/O error".)"""
+    script = tmp_path / "meeter.py"
+    script.write_text(MEETER)
+    kinds = ["add", "find", "all", "add", "find", "all", "add", "all"]
+    procs = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in kinds]  # fmt: skip
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for round_ in range(scaled(150)):  # (about one round in a hundred failed before)
+            home = tmp_path / f"home-{round_}"
+            home.mkdir()
+            (home / "registry.sqlite").write_bytes(b"this is not an SQLite database" * 100)
+            start = time.time() + 0.05
+            for p, kind in zip(procs, kinds):
+                assert p.stdin is not None
+                p.stdin.write(f"{home} {start} {kind}\n")
+                p.stdin.flush()
+            answers = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
+            tally.trial(len(procs))
+            for a in answers:
+                if a != "ok":
+                    tally.lose(1, f"round {round_}: {a or 'no answer (the process died)'}")
+            added = kinds.count("add")
+            if len(rows(home)) != added:
+                tally.lose(added - len(rows(home)), f"round {round_}: {len(rows(home))} of {added} registered")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
 LISTER = textwrap.dedent("""
     import json, os, sys, traceback
     import elsewhere as ew

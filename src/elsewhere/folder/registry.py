@@ -10,9 +10,9 @@ only finds folders and caches their last known state. Hence:
   job folders it can find (``<home>/jobs``, and the storage locations of the
   rows still readable in the damaged file), with one warning; a registry that is
   missing is made anew from ``<home>/jobs`` the same way, silently;
-- the file is made, and switched to WAL, under ``registry.lock`` (flock):
-  switching a new database to WAL does not wait on SQLite's own lock, so
-  processes racing to make it would get "database is locked";
+- the file is made (or remade) under ``registry.lock`` (flock), one process
+  at a time, and whole under another name before it is renamed into place
+  (:mod:`.registryfile`): no process opens one half made;
 - the cached state is only a cache: when it cannot be written (a full disk),
   reads still work (read-only, if SQLite cannot even make its shared-memory
   file), and a row whose folder is gone is dropped from listings;
@@ -33,35 +33,20 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..util import paths
 from ..util.errors import JobError, NameInUse
+from . import registryfile
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    path TEXT NOT NULL,
-    cluster TEXT NOT NULL,
-    user TEXT,
-    tag TEXT,
-    created REAL,
-    n_tasks INTEGER,
-    state TEXT,
-    updated REAL
-);
-CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
-"""
-
 _DONE = ("finished", "failed", "cancelled")
-_BUSY_S = 60.0  # how long a statement waits for another process's lock
+_BUSY_S = registryfile.BUSY_S
 _DAMAGED = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: the file is no (sound) database
-_SIDE_FILES = ("-wal", "-shm")
+_SIDE_FILES = registryfile.SIDE_FILES
 
 _local = threading.local()  # .cons: {path: (pid, inode, connection)}
 
@@ -89,6 +74,13 @@ class _Borrowed:
         if self._owned:
             with contextlib.suppress(sqlite3.Error):
                 self._con.close()
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
 
 
 def _inode(path: Path) -> int | None:
@@ -132,7 +124,7 @@ class Registry:
         cached = cons.get(key)
         if cached is not None:
             pid, ino, con = cached
-            if pid == os.getpid() and ino == inode:
+            if pid == os.getpid() and ino == inode and inode is not None:
                 return _Borrowed(con)
             self._forget()
         for other in [k for k in cons if k != key]:  # one registry at a time per thread: another
@@ -141,7 +133,7 @@ class Registry:
                 with contextlib.suppress(sqlite3.Error):
                     old.close()
         con = self._open()
-        cons[key] = (os.getpid(), os.stat(key).st_ino, con)
+        cons[key] = (os.getpid(), _inode(self.path), con)  # (None: moved aside meanwhile, opened again)
         return _Borrowed(con)
 
     def _forget(self) -> None:
@@ -179,27 +171,33 @@ class Registry:
 
     def _open(self) -> sqlite3.Connection:
         paths.private_dir(self.path.parent, fix=True)
-        if not self.path.exists():
-            with self._locked():
-                if not self.path.exists():
-                    # A vanished database's side files would be replayed into the new one.
-                    for suffix in _SIDE_FILES:
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(f"{self.path}{suffix}")
-                    # Made 0600 before SQLite opens it: it gives -wal and -shm the same mode.
-                    os.close(paths.private_file(self.path, os.O_WRONLY))
+        # mode=rw: connecting never makes the file (it would, empty, where a repair had just
+        # moved the damaged one aside, and this process would use it alone): see registryfile
+        uri = self.path.absolute().as_uri() + "?mode=rw"
+        for _ in range(5):
+            if not _size(self.path):  # none yet (a new home, or removed), or left empty
+                with self._locked():
+                    if not _size(self.path):  # its jobs are found again from their folders
+                        registryfile.make(self.path, registryfile.scan({self.path.parent / "jobs"}))
+            else:
+                self._close_files()
+            try:
+                con = sqlite3.connect(uri, uri=True, timeout=_BUSY_S, isolation_level=None)
+            except sqlite3.OperationalError:
+                if os.path.exists(self.path):
+                    raise
+                continue  # moved aside meanwhile (a repair): made again
+            break
         else:
-            self._close_files()
-        con = sqlite3.connect(self.path, timeout=_BUSY_S, isolation_level=None)
+            raise sqlite3.OperationalError("the file vanished each time it was made")
         try:
             con.row_factory = sqlite3.Row
             con.execute("PRAGMA synchronous=NORMAL")
             if con.execute("PRAGMA user_version").fetchone()[0] < 1:
-                with self._locked():
+                with self._locked():  # made by an older version: WAL and the schema, once
                     if con.execute("PRAGMA user_version").fetchone()[0] < 1:
-                        _first_use(con)
-                        # a registry that was removed: its jobs are found again
-                        _insert(con, _scan({self.path.parent / "jobs"}))
+                        registryfile.first_use(con)
+                        registryfile.insert(con, registryfile.scan({self.path.parent / "jobs"}))
         except BaseException:
             con.close()
             raise
@@ -208,7 +206,10 @@ class Registry:
     def _close_files(self) -> None:
         """A registry made by an older version (or another umask) may be readable by others:
         make it and its side files 0600."""
-        st = os.stat(self.path)
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return  # moved aside meanwhile (a repair): made again, 0600
         if st.st_mode & 0o077 and st.st_uid == os.getuid():
             for suffix in ("", *_SIDE_FILES):
                 with contextlib.suppress(FileNotFoundError):
@@ -219,7 +220,8 @@ class Registry:
         Other SQLite errors become :class:`JobError` naming the file and ``what`` failed. A
         ``read`` that cannot open the file as usual (a full disk: SQLite cannot make its
         shared-memory file) reads it read-only."""
-        for attempt in (0, 1):
+        repaired = False
+        for attempt in range(3):
             inode = _inode(self.path)
             try:
                 con = self._connect()
@@ -229,7 +231,10 @@ class Registry:
                     con.close()
             except sqlite3.Error as exc:
                 self._forget()  # the next call starts on a fresh connection
-                if attempt == 0 and _damaged(exc):
+                if attempt < 2 and _inode(self.path) != inode:
+                    continue  # replaced meanwhile (another process repaired it): the new one
+                if not repaired and _damaged(exc):
+                    repaired = True
                     try:
                         self._repair(exc, inode)
                     except (OSError, sqlite3.Error) as again:
@@ -242,7 +247,7 @@ class Registry:
                 raise JobError(f"the job registry {self.path} cannot {what}: {exc}") from exc
             except OSError as exc:
                 raise JobError(f"the job registry {self.path} cannot {what}: {exc}") from exc
-        raise AssertionError("unreachable")
+        raise JobError(f"the job registry {self.path} cannot {what}: it was replaced again and again")
 
     def _read_only(self, op: Callable[[_Borrowed], T]) -> T:
         """``op`` on a read-only connection: one that needs no shared-memory file of its own if
@@ -272,18 +277,15 @@ class Registry:
             self._forget()
             if inode is None or _inode(self.path) != inode:
                 return  # replaced meanwhile, by another process or thread
-            kept = _salvage(self.path)
+            kept = registryfile.salvage(self.path)
+            roots = {self.path.parent / "jobs", *(Path(r[2]).parent for r in kept)}
+            rows = [*registryfile.scan(roots), *kept]  # (a folder's own row wins)
             aside = Path(f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
             for suffix in ("", *_SIDE_FILES):
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(f"{self.path}{suffix}", f"{aside}{suffix}")
-            roots = {self.path.parent / "jobs", *(Path(r[2]).parent for r in kept)}
-            con = self._open()  # a new file: <home>/jobs is scanned as it is made
-            try:
-                _insert(con, [*_scan(roots - {self.path.parent / "jobs"}), *kept])
-                n = con.execute("SELECT count(*) FROM jobs").fetchone()[0]
-            finally:
-                con.close()
+            registryfile.make(self.path, rows)
+            n = len({r[0] for r in rows})
         log.warning("elsewhere: the job registry %s was damaged (%s); moved it to %s and rebuilt it from "
                     "%d job folder(s) in %s", self.path, exc, aside, n,
                     ", ".join(sorted(map(str, roots))))  # fmt: skip
@@ -399,80 +401,3 @@ class Registry:
 def _gone(path: str) -> bool:
     """The job folder ``path`` is gone while its storage location is there."""
     return not os.path.lexists(path) and os.path.isdir(os.path.dirname(path))
-
-
-def _first_use(con: sqlite3.Connection) -> None:
-    """WAL (it sticks to the file) and the schema, once, under ``registry.lock``. The switch to
-    WAL does not wait for readers of other processes (SQLite's busy handler is not called for
-    it): it is tried again until the timeout."""
-    deadline = time.monotonic() + _BUSY_S
-    while True:
-        try:
-            con.execute("PRAGMA journal_mode=WAL").fetchone()
-            break
-        except sqlite3.OperationalError as exc:
-            busy = "locked" in str(exc) or "busy" in str(exc)
-            if not busy or time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
-    con.executescript(_SCHEMA)
-    con.execute("PRAGMA user_version = 1")
-
-
-def _insert(con: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
-    """Add rebuilt rows (those of jobs registered meanwhile win)."""
-    rows = list(rows)  # the folders are read before the registry is locked
-    if not rows:
-        return
-    con.execute("BEGIN IMMEDIATE")
-    try:
-        con.executemany("INSERT OR IGNORE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-
-
-def _salvage(path: Path) -> list[tuple[Any, ...]]:
-    """The rows still readable in a damaged registry whose job folders are there (best effort:
-    usually none; they tell where jobs outside ``<home>/jobs`` are)."""
-    kept: list[tuple[Any, ...]] = []
-    try:
-        con = sqlite3.connect(path.absolute().as_uri() + "?mode=ro", uri=True, timeout=1.0)
-    except sqlite3.Error:
-        return kept
-    try:
-        for row in con.execute("SELECT * FROM jobs"):
-            if len(row) == 10 and isinstance(row[2], str) and os.path.isdir(row[2]):
-                kept.append((*row[:8], None, time.time()))
-    except sqlite3.Error:
-        pass
-    finally:
-        con.close()
-    return kept
-
-
-def _scan(roots: set[Path]) -> Iterator[tuple[Any, ...]]:
-    """A registry row for each submitted job folder under ``roots`` (state unknown: the next
-    listing reads it from the folder)."""
-    from .store import JobStore
-
-    for root in roots:
-        try:
-            names = sorted(os.listdir(root))
-        except OSError:
-            continue
-        for name in names:
-            if name.startswith("."):
-                continue  # spares, folders being purged
-            folder = root / name
-            try:
-                meta = JobStore(folder).meta()
-                # (the queue, not job.json: ew.submit writes job.json's "submitted" before the payload)
-                if not isinstance(meta, dict) or not JobStore(folder).queue().submitted:
-                    continue  # never submitted, or made by a client killed before it registered the job
-                yield (str(meta["id"]), str(meta["name"]), str(folder), json.dumps(meta["cluster"]),
-                       meta.get("user"), meta.get("tag"), meta.get("created"), meta.get("n_tasks") or 0,
-                       None, time.time())  # fmt: skip
-            except Exception as exc:  # a damaged folder must not stop the others
-                log.debug("registry rebuild: skipped %s: %s", folder, exc)
