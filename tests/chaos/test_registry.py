@@ -318,6 +318,49 @@ def test_processes_meeting_a_damaged_registry_at_once_all_go_on(tmp_path: Path, 
             p.communicate()
 
 
+READER = textwrap.dedent("""
+    import sqlite3, sys
+    con = sqlite3.connect(sys.argv[1], isolation_level=None)
+    con.execute("BEGIN")  # a read that lasts: its lock held until it ends
+    con.execute("SELECT count(*) FROM jobs").fetchone()
+    print("reading", flush=True)
+    sys.stdin.readline()
+""")
+
+
+@pytest.mark.timeout(120)
+def test_an_older_registry_another_process_reads_is_made_anew_without_waiting(
+    ew_home: Path, tmp_path: Path, tally: Tally
+) -> None:
+    """A registry without a version (as older versions made it, or one read while it was
+    cut to nothing) is made again whole, and renamed over the old one, at once. It was
+    switched to WAL in place, which waits for every reader, all processes waiting behind
+    registry.lock meanwhile: for a minute (CI met it when the chaos test above cut the file
+    while its own process's housekeeping read it)."""
+    submit_elsewhere(tmp_path, ew_home, "alpha", "beta")
+    reg = ew_home / "registry.sqlite"
+    con = sqlite3.connect(reg, isolation_level=None)  # the file as an older version left it
+    con.execute("PRAGMA journal_mode=DELETE")
+    con.execute("PRAGMA user_version = 0")
+    con.close()
+    script = tmp_path / "reader.py"
+    script.write_text(READER)
+    reader = subprocess.Popen([sys.executable, str(script), str(reg)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
+        tally.trial()
+        p = run_cli(tally, "jobs", "--json", timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert {r["name"]: r["state"] for r in json.loads(p.stdout)} == {"alpha": "finished", "beta": "finished"}
+        assert "damaged" not in p.stderr, p.stderr
+    finally:
+        reader.kill()
+        reader.communicate()
+    assert sqlite3.connect(reg).execute("PRAGMA user_version").fetchone()[0] == 1
+    assert not list(ew_home.glob("registry.sqlite.new-*")), "the file made was left beside"
+
+
 LISTER = textwrap.dedent("""
     import json, os, sys, traceback
     import elsewhere as ew

@@ -187,21 +187,32 @@ class Registry:
                 if os.path.exists(self.path):
                     raise
                 continue  # moved aside meanwhile (a repair): made again
-            break
-        else:
-            raise sqlite3.OperationalError("the file vanished each time it was made")
-        try:
-            con.row_factory = sqlite3.Row
-            con.execute("PRAGMA synchronous=NORMAL")
-            if con.execute("PRAGMA user_version").fetchone()[0] < 1:
-                with self._locked():  # made by an older version: WAL and the schema, once
-                    if con.execute("PRAGMA user_version").fetchone()[0] < 1:
-                        registryfile.first_use(con)
-                        registryfile.insert(con, registryfile.scan({self.path.parent / "jobs"}))
-        except BaseException:
+            try:
+                con.row_factory = sqlite3.Row
+                con.execute("PRAGMA synchronous=NORMAL")
+                if con.execute("PRAGMA user_version").fetchone()[0] >= 1:
+                    return con
+            except BaseException:
+                con.close()
+                raise
             con.close()
-            raise
-        return con
+            self._remake(uri)
+        raise sqlite3.OperationalError("the file was replaced each time it was opened")
+
+    def _remake(self, uri: str) -> None:
+        """A registry made by an older version (no ``user_version``), or read while it was
+        empty (cut, about to be written): made again whole with its rows, as a new one is,
+        unless it is sound by the time this process holds the lock. Never switched to WAL
+        in place: that waits for every other connection to it, this lock held."""
+        with self._locked():
+            con = sqlite3.connect(uri, uri=True, timeout=_BUSY_S, isolation_level=None)
+            try:  # (damaged by now: the caller's repair moves it aside)
+                if con.execute("PRAGMA user_version").fetchone()[0] >= 1:
+                    return
+            finally:
+                con.close()
+            kept = registryfile.salvage(self.path)
+            registryfile.make(self.path, [*registryfile.scan({self.path.parent / "jobs"}), *kept])
 
     def _close_files(self) -> None:
         """A registry made by an older version (or another umask) may be readable by others:

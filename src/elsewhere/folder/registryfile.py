@@ -75,20 +75,10 @@ def make(path: Path, rows: Iterable[tuple[Any, ...]]) -> None:
 
 
 def first_use(con: sqlite3.Connection) -> None:
-    """WAL (it sticks to the file) and the schema. On a file being made (:func:`make`) no other
-    process has it open; on a registry made by an older version that others may read, the
-    switch to WAL does not wait for them (SQLite's busy handler is not called for it): it is
-    tried again until the timeout."""
-    deadline = time.monotonic() + BUSY_S
-    while True:
-        try:
-            con.execute("PRAGMA journal_mode=WAL").fetchone()
-            break
-        except sqlite3.OperationalError as exc:
-            busy = "locked" in str(exc) or "busy" in str(exc)
-            if not busy or time.monotonic() > deadline:
-                raise
-            time.sleep(0.005)
+    """WAL (it sticks to the file) and the schema, on a file being made (:func:`make`), which
+    no other process has open: switching a database others read to WAL would wait for each
+    of them, with SQLite's busy handler not called for it."""
+    con.execute("PRAGMA journal_mode=WAL").fetchone()
     con.executescript(SCHEMA)
     con.execute("PRAGMA user_version = 1")
 
