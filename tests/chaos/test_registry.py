@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -216,34 +217,46 @@ def test_processes_opening_a_new_registry_at_once_all_register(
     """The same race as above, narrowed to the registry, many times over: eight processes
     that each make a registry, again and again, at the same moment (without the lock, about
     one open in thirty met "database is locked")."""
-    script = tmp_path / "opener.py"
-    script.write_text(OPENER)
-    procs = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(8)]  # fmt: skip
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    with _crowd(tmp_path, OPENER, 8) as procs:
         for round_ in range(scaled(50)):
             home = tmp_path / f"home-{round_}"
-            start = time.time() + 0.05  # a moment for the lines to reach all of them
-            for p in procs:
-                assert p.stdin is not None
-                p.stdin.write(f"{home} {start}\n")
-                p.stdin.flush()
-            answers = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
-            tally.trial(len(procs))
-            for a in answers:
-                if a != "ok":
-                    tally.lose(1, f"round {round_}: {a or 'no answer (the process died)'}")
+            _ask_all(tally, round_, procs, [f"{home} {time.time() + 0.05}"] * len(procs))
             if len(rows(home)) != len(procs):
                 tally.lose(
                     len(procs) - len(rows(home)), f"round {round_}: {len(rows(home))} registered"
                 )
+
+
+@contextlib.contextmanager
+def _crowd(tmp_path: Path, code: str, n: int) -> Iterator[list[subprocess.Popen[str]]]:
+    """``n`` processes running ``code``, each ready (it said so)."""
+    script = tmp_path / "crowd.py"
+    script.write_text(code)
+    procs = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(n)]  # fmt: skip
+    try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        yield procs
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
             p.communicate()
+
+
+def _ask_all(tally: Tally, round_: int, procs: list[subprocess.Popen[str]], lines: list[str]) -> None:
+    """One line to each process (a moment to start at in it: a line wakes one after
+    another); each answer that is not "ok" counts as lost."""
+    for p, line in zip(procs, lines):
+        assert p.stdin is not None
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+    answers = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
+    tally.trial(len(procs))
+    for a in answers:
+        if a != "ok":
+            tally.lose(1, f"round {round_}: {a or 'no answer (the process died)'}")
 
 
 MEETER = textwrap.dedent("""
@@ -286,36 +299,17 @@ def test_processes_meeting_a_damaged_registry_at_once_all_go_on(tmp_path: Path, 
     (While the new file was made in place, others could open it half made, and take it for
     damaged in turn, moving it aside under those that had registered in it, or fail with
     "disk I/O error".)"""
-    script = tmp_path / "meeter.py"
-    script.write_text(MEETER)
     kinds = ["add", "find", "all", "add", "find", "all", "add", "all"]
-    procs = [subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in kinds]  # fmt: skip
-    try:
-        for p in procs:
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    with _crowd(tmp_path, MEETER, len(kinds)) as procs:
         for round_ in range(scaled(150)):  # (about one round in a hundred failed before)
             home = tmp_path / f"home-{round_}"
             home.mkdir()
             (home / "registry.sqlite").write_bytes(b"this is not an SQLite database" * 100)
             start = time.time() + 0.05
-            for p, kind in zip(procs, kinds):
-                assert p.stdin is not None
-                p.stdin.write(f"{home} {start} {kind}\n")
-                p.stdin.flush()
-            answers = [p.stdout.readline().strip() for p in procs if p.stdout is not None]
-            tally.trial(len(procs))
-            for a in answers:
-                if a != "ok":
-                    tally.lose(1, f"round {round_}: {a or 'no answer (the process died)'}")
+            _ask_all(tally, round_, procs, [f"{home} {start} {kind}" for kind in kinds])
             added = kinds.count("add")
             if len(rows(home)) != added:
                 tally.lose(added - len(rows(home)), f"round {round_}: {len(rows(home))} of {added} registered")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.communicate()
 
 
 READER = textwrap.dedent("""
