@@ -11,6 +11,7 @@ Python traceback. The fixture prints one line per experiment, so a run shows wha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,7 +102,8 @@ def run_cli(tally: Tally, *args: str, timeout: float = 60, env: dict[str, str] |
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
-            where = _stopped_for_a_hang(proc)
+            held = _locks_held(env.get("ELSEWHERE_HOME") if env else None)  # (before it is stopped)
+            where = _stopped_for_a_hang(proc) + held
             tally.hang(f"elsewhere {' '.join(args)} ran over {timeout} s; where it was:\n{where}")
             print(tally.notes[-1])  # whole, in the failed test's captured output
             return subprocess.CompletedProcess(cmd, -9, "", where)  # (its stderr: where it was)
@@ -119,6 +121,40 @@ def _stopped_for_a_hang(proc: subprocess.Popen) -> str:
         proc.kill()
         _, err = proc.communicate()
     return "\n".join((err or "(nothing on stderr)").strip().splitlines()[-60:])
+
+
+def _locks_held(home: str | None) -> str:
+    """Who holds a lock on the home's lock files (``registry.lock``, the jobs' ``queue.lock``,
+    workers' ``.cur``), from ``/proc/locks``: a command waiting for one names its holder."""
+    home = home or os.environ.get("ELSEWHERE_HOME")
+    if not home or not os.path.isdir(home):
+        return ""
+    names: dict[int, str] = {}
+    for top, _dirs, files in os.walk(home):
+        for f in files:
+            if f.endswith((".lock", ".cur")):
+                with contextlib.suppress(OSError):
+                    names[os.stat(os.path.join(top, f)).st_ino] = os.path.relpath(os.path.join(top, f), home)
+    lines = []
+    try:
+        with open("/proc/locks") as f:
+            for line in f:  # "1: FLOCK  ADVISORY  WRITE 13689 fe:00:3722305 0 EOF"
+                words = line.split()
+                if "->" in words or len(words) < 6:
+                    continue  # a waiter, not a holder
+                inode = int(words[5].rsplit(":", 1)[1])
+                if inode in names:
+                    pid = int(words[4])
+                    try:
+                        with open(f"/proc/{pid}/cmdline", "rb") as c:
+                            what = c.read().replace(b"\0", b" ").decode(errors="replace").strip()[:160]
+                    except OSError:
+                        what = "?"
+                    me = " (this test's process)" if pid == os.getpid() else ""
+                    lines.append(f"{names[inode]}: {words[1]} {words[3]} held by pid {pid}{me}: {what}")
+    except OSError:
+        return ""
+    return "\nlocks held on the home's files:\n" + "\n".join(lines) if lines else ""
 
 
 def has_open(pid: int, name: str) -> bool:
