@@ -24,6 +24,7 @@ import pytest
 import elsewhere as ew
 from chaos.conftest import Tally, run_cli, scaled
 from elsewhere.backends.local import LocalCluster
+from elsewhere.folder.registry import Registry
 
 SUBMIT = textwrap.dedent("""
     import sys
@@ -310,6 +311,60 @@ def test_processes_meeting_a_damaged_registry_at_once_all_go_on(tmp_path: Path, 
             added = kinds.count("add")
             if len(rows(home)) != added:
                 tally.lose(added - len(rows(home)), f"round {round_}: {len(rows(home))} of {added} registered")
+
+
+SLOW_NAMER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from elsewhere.folder.registry import Registry
+    reg_path, asking, done = map(Path, sys.argv[1:4])
+
+    def slow_state(row):  # a cluster's poll that takes its time: until another process has written
+        asking.touch()
+        deadline = time.time() + 30
+        while not done.exists() and time.time() < deadline:
+            time.sleep(0.01)
+        return "finished"
+
+    meta = {"id": "second", "name": "same", "cluster": {}}
+    Registry(reg_path).add(meta, reg_path.parent / "jobs" / "second", slow_state)
+    print("registered after the other's write" if done.exists() else "registered when its wait ran out")
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_look_at_a_job_of_the_same_name_holds_no_other_process_up(tmp_path: Path) -> None:
+    """Registering a job whose name an older job has asks that job's state, which for a batch
+    or ssh job asks its cluster: seconds, perhaps. It was asked inside the registry's write
+    transaction, every other process's registry write waiting for it (up to SQLite's 60 s,
+    then failing). Here the look waits until another process has written to the registry."""
+    reg_path = tmp_path / "registry.sqlite"
+    reg = Registry(reg_path)
+    reg.add({"id": "first", "name": "same", "cluster": {}}, tmp_path / "jobs" / "first", lambda row: None)
+    asking, done = tmp_path / "asking", tmp_path / "done"
+    script = tmp_path / "namer.py"
+    script.write_text(SLOW_NAMER)
+    namer = subprocess.Popen([sys.executable, str(script), str(reg_path), str(asking), str(done)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not asking.exists():
+            assert namer.poll() is None, namer.communicate()
+            assert time.monotonic() < deadline, "the second registration never asked the first job's state"
+            time.sleep(0.01)
+        writer = subprocess.run(
+            [sys.executable, "-c", "import sys; from pathlib import Path; from elsewhere.folder.registry import "
+             "Registry; Registry(Path(sys.argv[1])).set_state('first', 'finished'); Path(sys.argv[2]).touch()",
+             str(reg_path), str(done)], capture_output=True, text=True, timeout=20)  # fmt: skip
+        assert writer.returncode == 0, writer.stderr
+        out, err = namer.communicate(timeout=60)
+    finally:
+        if namer.poll() is None:
+            namer.kill()
+            namer.communicate()
+    assert namer.returncode == 0, err
+    assert out.strip() == "registered after the other's write", out
+    assert {r["id"]: r["state"] for r in reg.all()} == {"first": "finished", "second": "queued"}
 
 
 READER = textwrap.dedent("""

@@ -312,17 +312,27 @@ class Registry:
 
         ``current_state(row)`` reads, from the job folder, the state of an
         older job of the same name (the cached one may be stale); None when
-        its folder is gone.
+        its folder is gone. It is asked before the registry is locked for the
+        write (for a batch or ssh job it asks the cluster, which can take
+        seconds, and every other process would wait for the lock meanwhile);
+        a job of that name registered in between is looked at in turn.
         """
+        name, me = meta["name"], meta["id"]
+        query = "SELECT * FROM jobs WHERE name = ? AND id != ? AND (state IS NULL OR state NOT IN (?, ?, ?))"
 
-        def op(con: _Borrowed) -> None:
+        def others(con: _Borrowed) -> list[dict[str, Any]]:
+            return [dict(r) for r in con.execute(query, (name, me, *_DONE)).fetchall()]
+
+        states: dict[str, str | None] = {}  # (a state only moves on: a job ended stays ended)
+
+        def op(con: _Borrowed) -> bool:
             con.execute("BEGIN IMMEDIATE")
-            rows = con.execute(
-                "SELECT * FROM jobs WHERE name = ? AND id != ? AND (state IS NULL OR state NOT IN (?, ?, ?))",
-                (meta["name"], meta["id"], *_DONE),
-            ).fetchall()
+            rows = others(con)
+            if any(row["id"] not in states for row in rows):
+                con.execute("ROLLBACK")
+                return False  # registered meanwhile: its state is asked first, unlocked
             for row in rows:
-                state = current_state(dict(row))
+                state = states[row["id"]]
                 if state is None:
                     con.execute("DELETE FROM jobs WHERE id=?", (row["id"],))
                     continue
@@ -332,18 +342,26 @@ class Registry:
                 if state not in _DONE:
                     con.execute("ROLLBACK")
                     raise NameInUse(
-                        f"a job named {meta['name']!r} is still running (id {row['id']}, "
+                        f"a job named {name!r} is still running (id {row['id']}, "
                         f"folder {row['path']}); wait for it, cancel it "
-                        f"(elsewhere cancel {meta['name']}), or choose another name"
+                        f"(elsewhere cancel {name}), or choose another name"
                     )
             con.execute(  # or replace: a rebuild from the folders may have found this job already
                 "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (meta["id"], meta["name"], str(path), json.dumps(meta["cluster"]), meta.get("user"),
+                (me, name, str(path), json.dumps(meta["cluster"]), meta.get("user"),
                  meta.get("tag"), meta.get("created"), meta.get("n_tasks", 0), "queued", time.time()),
             )  # fmt: skip
             con.execute("COMMIT")
+            return True
 
-        self._run(op, f"register job {meta['name']!r}")
+        for _ in range(10):
+            for row in self._run(others, "be read", read=True):
+                if row["id"] not in states:
+                    states[row["id"]] = current_state(row)
+            if self._run(op, f"register job {name!r}"):
+                return
+        raise JobError(f"the job registry {self.path} cannot register job {name!r}: other jobs of that name "
+                       "were registered each time it looked")  # fmt: skip
 
     def set_state(self, job_id: str, state: str, n_tasks: int | None = None) -> None:
         """Cache a job's state; a cache that cannot be written (a full disk) is left as it was."""
