@@ -106,6 +106,7 @@ class Registry:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else paths.registry_path()
         self._lock_path = self.path.with_suffix(".lock")
+        self._jobs = self.path.parent / "jobs"  # the home's job folders: a rebuild scans them
         self._held = threading.local()  # .depth: this thread holds registry.lock (re-entrant)
 
     # -- connections ------------------------------------------------------
@@ -176,9 +177,7 @@ class Registry:
         uri = self.path.absolute().as_uri() + "?mode=rw"
         for _ in range(5):
             if not _size(self.path):  # none yet (a new home, or removed), or left empty
-                with self._locked():
-                    if not _size(self.path):  # its jobs are found again from their folders
-                        registryfile.make(self.path, registryfile.scan({self.path.parent / "jobs"}))
+                self._remake(uri)
             else:
                 self._close_files()
             try:
@@ -200,19 +199,21 @@ class Registry:
         raise sqlite3.OperationalError("the file was replaced each time it was opened")
 
     def _remake(self, uri: str) -> None:
-        """A registry made by an older version (no ``user_version``), or read while it was
-        empty (cut, about to be written): made again whole with its rows, as a new one is,
-        unless it is sound by the time this process holds the lock. Never switched to WAL
-        in place: that waits for every other connection to it, this lock held."""
+        """A registry that is missing (a new home, or removed), empty (cut, about to be
+        written), or made by an older version (no ``user_version``): made whole, from the job
+        folders and its rows, and renamed into place (see :mod:`.registryfile`), unless it is
+        sound by the time this process holds the lock. Never switched to WAL in place: that
+        waits for every other connection to it, this lock held."""
         with self._locked():
-            con = sqlite3.connect(uri, uri=True, timeout=_BUSY_S, isolation_level=None)
-            try:  # (damaged by now: the caller's repair moves it aside)
-                if con.execute("PRAGMA user_version").fetchone()[0] >= 1:
-                    return
-            finally:
-                con.close()
-            kept = registryfile.salvage(self.path)
-            registryfile.make(self.path, [*registryfile.scan({self.path.parent / "jobs"}), *kept])
+            if _size(self.path):
+                con = sqlite3.connect(uri, uri=True, timeout=_BUSY_S, isolation_level=None)
+                try:  # (damaged by now: the caller's repair moves it aside)
+                    if con.execute("PRAGMA user_version").fetchone()[0] >= 1:
+                        return
+                finally:
+                    con.close()
+            kept = registryfile.salvage(self.path)  # (none from a file missing or empty)
+            registryfile.make(self.path, [*registryfile.scan({self._jobs}), *kept])
 
     def _close_files(self) -> None:
         """A registry made by an older version (or another umask) may be readable by others:
@@ -289,7 +290,7 @@ class Registry:
             if inode is None or _inode(self.path) != inode:
                 return  # replaced meanwhile, by another process or thread
             kept = registryfile.salvage(self.path)
-            roots = {self.path.parent / "jobs", *(Path(r[2]).parent for r in kept)}
+            roots = {self._jobs, *(Path(r[2]).parent for r in kept)}
             rows = [*registryfile.scan(roots), *kept]  # (a folder's own row wins)
             aside = Path(f"{self.path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
             for suffix in ("", *_SIDE_FILES):

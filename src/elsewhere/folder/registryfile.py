@@ -58,9 +58,14 @@ def make(path: Path, rows: Iterable[tuple[Any, ...]]) -> None:
     os.close(paths.private_file(new, os.O_WRONLY))
     try:
         con = sqlite3.connect(new, timeout=BUSY_S, isolation_level=None)
-        try:
-            first_use(con)
-            insert(con, rows)
+        try:  # (no other process has it open: the switch to WAL waits for none)
+            con.execute("PRAGMA journal_mode=WAL").fetchone()  # (it sticks to the file)
+            con.executescript(SCHEMA)
+            con.execute("BEGIN IMMEDIATE")
+            # the first row of an id wins: a job folder's own before one salvaged
+            con.executemany("INSERT OR IGNORE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            con.execute("PRAGMA user_version = 1")
+            con.execute("COMMIT")
         finally:
             con.close()  # the only connection: the WAL is written back and removed
         for suffix in SIDE_FILES:  # a vanished database's side files would be replayed into the new one
@@ -71,29 +76,6 @@ def make(path: Path, rows: Iterable[tuple[Any, ...]]) -> None:
         for suffix in ("", *SIDE_FILES):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{new}{suffix}")
-        raise
-
-
-def first_use(con: sqlite3.Connection) -> None:
-    """WAL (it sticks to the file) and the schema, on a file being made (:func:`make`), which
-    no other process has open: switching a database others read to WAL would wait for each
-    of them, with SQLite's busy handler not called for it."""
-    con.execute("PRAGMA journal_mode=WAL").fetchone()
-    con.executescript(SCHEMA)
-    con.execute("PRAGMA user_version = 1")
-
-
-def insert(con: sqlite3.Connection, rows: Iterable[tuple[Any, ...]]) -> None:
-    """Add rebuilt rows (those of jobs registered meanwhile win)."""
-    rows = list(rows)  # the folders are read before the registry is locked
-    if not rows:
-        return
-    con.execute("BEGIN IMMEDIATE")
-    try:
-        con.executemany("INSERT OR IGNORE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
         raise
 
 
