@@ -199,3 +199,30 @@ def test_a_hand_over_that_fails_part_way_fails_the_tasks_with_the_reason(ew_home
     job.retry()
     job.wait(timeout=30)
     assert job.results() == [1, 2, 3]
+
+
+def test_an_executor_asks_its_cluster_for_its_workers_outside_the_job_queue_lock(ew_home, monkeypatch):
+    """A plugin's ``max_workers`` may ask its scheduler (seconds): the job's queue lock,
+    which every worker and client of the job takes, is not held meanwhile."""
+    import fcntl
+
+    from elsewhere.backends.local import LocalCluster
+
+    held, seen = [], []
+
+    def max_workers(self, n_tasks):
+        for lock in ew_home.glob("jobs/*/queue.lock"):
+            seen.append(lock.parent.name)
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(lock.parent.name)
+            finally:
+                os.close(fd)  # (releases it, if taken)
+        return 2
+
+    monkeypatch.setattr(LocalCluster, "max_workers", max_workers)
+    with ew.Executor(ew.local(cores=2)) as ex:
+        assert ex.submit(abs, -3).result(timeout=30) == 3
+    assert seen and held == []

@@ -234,8 +234,9 @@ def _submit(cluster: Cluster, handle: JobHandle, fn: Any, entries: list[Any], fo
         reg.add(meta, store.path, current_state)
     try:
         if meta.get("stream"):
+            most = cluster.max_workers(0)  # (a plugin may ask its scheduler: not under the lock)
             with store.locked_queue() as q:
-                q.set_max_workers(cluster.max_workers(0))
+                q.set_max_workers(most)
         if waits:
             control.begin_after(cluster, handle)
         else:
