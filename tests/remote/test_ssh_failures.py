@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,65 @@ def test_a_command_exiting_255_is_not_mistaken_for_ssh(ssh: SSHTransport) -> Non
 def test_remote_command_not_found_names_the_host(ssh: SSHTransport, tmp_path: Path) -> None:
     result = ssh.run([str(tmp_path / "no such program")], check=False)
     assert result.returncode == 127
+
+
+@pytest.mark.timeout(60)
+def test_processes_waiting_for_a_failing_login_take_its_failure_not_a_timeout_each() -> None:
+    """Several clients open the master connection to one host at once, and the host does
+    not answer: one logs in (a connection timeout), the others, which waited for its lock,
+    fail with its error at once. Before, each tried in turn: N clients, N timeouts."""
+    import fcntl
+    import os
+    import socket
+    import threading
+
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never says a word
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        silent.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(silent.accept()[0])
+            except TimeoutError:
+                pass
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    port = silent.getsockname()[1]
+
+    folder = tempfile.mkdtemp(prefix="ew-cm-", dir="/tmp")  # short: a socket's path
+
+    def client() -> SSHTransport:
+        return SSHTransport("root@127.0.0.1", port=port, connect_timeout_s=1, control_dir=folder,
+                            ssh_options=["StrictHostKeyChecking=no", "BatchMode=yes"])  # fmt: skip
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            client().run(["true"], timeout=20)
+        except BaseException as exc:
+            errors.append(exc)
+
+    lock = os.open(client().control_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # all three are waiting when the first may try
+    try:
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+    finally:
+        os.close(lock)
+    for t in threads:
+        t.join(timeout=40)
+    stop.set()
+    server.join(timeout=5)
+    for s in [silent, *accepted]:
+        s.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    assert not any(t.is_alive() for t in threads)
+    assert len(errors) == 3 and all(type(e) is HostUnreachable for e in errors), errors
+    assert len(accepted) == 1, f"{len(accepted)} logins to a host that does not answer"
+    assert sum("another process" in str(e) for e in errors) == 2

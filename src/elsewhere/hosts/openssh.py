@@ -9,11 +9,13 @@ runs them.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import shlex
 import stat
+import time
 from collections.abc import Mapping, Sequence
 
 from elsewhere.hosts.transport import check_argv, check_env
@@ -153,6 +155,35 @@ def ensure_private_dir(path: str) -> None:
         )
     if st.st_mode & 0o077:
         os.chmod(path, 0o700)
+
+
+_LOGIN_FAILURES = {c.__name__: c for c in (TransportError, HostUnreachable, AuthenticationError, HostKeyError)}
+
+
+def note_login_failure(fd: int, exc: TransportError) -> None:
+    """Write a master login's failure into its lock file ``fd`` (held): the processes that
+    waited for that lock meanwhile take it as their own (:func:`login_failure_since`) rather
+    than each trying in turn, a connection timeout apiece, against a host that is down."""
+    record = {"at": time.time(), "class": type(exc).__name__, "message": str(exc.args[0]).split("\n  ")[0],
+              "command": exc.command, "returncode": exc.returncode, "stderr": exc.stderr[-4000:]}  # fmt: skip
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+
+
+def login_failure_since(fd: int, since: float, host: str) -> TransportError | None:
+    """The failure another process noted in the lock file ``fd`` (held) after ``since``, the
+    moment this one began to wait for the lock; None if none did (the file is empty after a
+    login that worked)."""
+    try:
+        record = json.loads(os.pread(fd, 1 << 16, 0) or b"null")
+        if record is None or float(record["at"]) < since:
+            return None
+        cls = _LOGIN_FAILURES.get(str(record["class"]), TransportError)
+        return cls(f"{record['message']} (a login by another process failed so while this one waited "
+                   "for it: not tried again)", host=host, command=record.get("command"),
+                   returncode=record.get("returncode"), stderr=str(record.get("stderr") or ""))  # fmt: skip
+    except (ValueError, TypeError, KeyError, OSError):
+        return None
 
 
 def describe_ssh_failure(

@@ -58,6 +58,8 @@ from elsewhere.hosts.openssh import (
     default_control_dir,
     describe_ssh_failure,
     ensure_private_dir,
+    login_failure_since,
+    note_login_failure,
     parse_ssh_config_dump,
     parse_ssh_failure,
 )
@@ -325,10 +327,16 @@ class SSHTransport(SSHCopies, BaseTransport):
             ensure_private_dir(self.control_dir)
             # other processes may be opening the same master: without this lock a
             # second "ssh -M -N -f" would find the socket taken and stay on as a
-            # plain connection that nobody uses and nothing ends
+            # plain connection that nobody uses and nothing ends. A login that fails is
+            # noted in the lock file: those that waited for it fail with it at once, not
+            # each after a timeout of its own in turn
+            asked = time.time()
             fd = os.open(self.control_path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
+                failed = login_failure_since(fd, asked, self.host)
+                if failed is not None:
+                    raise failed
                 if os.path.exists(self.control_path):
                     # another transport or process opened it; or a dead master left it
                     if self._check_master() is not None:
@@ -338,7 +346,12 @@ class SSHTransport(SSHCopies, BaseTransport):
                         os.unlink(self.control_path)
                     except FileNotFoundError:
                         pass
-                self._start_master()
+                try:
+                    self._start_master()
+                except TransportError as exc:
+                    note_login_failure(fd, exc)
+                    raise
+                os.ftruncate(fd, 0)
                 self._master_ready = True
             finally:
                 os.close(fd)  # releases the lock
