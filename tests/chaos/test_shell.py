@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import elsewhere as ew
-from chaos.conftest import Tally, has_open, run_cli
+from chaos.conftest import Tally, _locks_held, _stopped_for_a_hang, has_open, run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -354,8 +354,8 @@ def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally
     timed_out = run_cli(tally, "wait", "sleepy", "--timeout", "0.3", "--no-progress")
     one_line_error(timed_out, 124, "did not reach finished")
     # Ctrl-C while it waits: 130 and one line, once the waiter sleeps on the job's notify fifo
-    waiter = subprocess.Popen([sys.executable, "-m", "elsewhere", "wait", "sleepy", "--timeout", "60", "--no-progress"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    waiter = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "elsewhere", "wait", "sleepy", "--timeout",
+                               "60", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while not has_open(waiter.pid, "notify.fifo") and waiter.poll() is None:
@@ -364,7 +364,11 @@ def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally
                 break
             time.sleep(0.02)
         waiter.send_signal(signal.SIGINT)
-        out, err = waiter.communicate(timeout=30)
+        try:
+            out, err = waiter.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            where = _locks_held(None) + "\n" + _stopped_for_a_hang(waiter)
+            pytest.fail(f"elsewhere wait went on for 30 s after Ctrl-C; where it was:\n{where}")
     finally:
         if waiter.poll() is None:
             waiter.kill()
