@@ -114,6 +114,7 @@ def test_fixed_header_validation(offset: int, value: bytes, match: str) -> None:
         Challenge("p", "g", "u", "h", False, b"n" * 32),
         Auth(),
         Ask("t", 5, 1.5, 2),
+        Ask("t", 5, 1.5, 2, lane=True),
         Accept("t"),
         Refuse("t", RefuseReason.FAIR_SHARE, "later"),
         Task("t", {"job": "j", "attempt": 2}),

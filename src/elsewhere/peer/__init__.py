@@ -28,7 +28,9 @@ The controller (one job's tasks on the peers): :mod:`.controller`, its state
 state (:mod:`.workerstate`) and parts (:mod:`.inbound`, :mod:`.intake`,
 :mod:`.dispatch`, :mod:`.delivery`, :mod:`.offer`), with :mod:`.options`,
 :mod:`.admission`, :mod:`.fairshare`, :mod:`.access`, :mod:`.runs`,
-:mod:`.children` and the task process, :mod:`.child`.
+:mod:`.children` and the task process, :mod:`.child`; lanes (a controller's connection
+served by a task process directly): the daemon's side :mod:`.lanes`, the task process's
+:mod:`.lane`.
 
 The protocol is described in ``docs/peer-protocol.md``.
 

@@ -43,6 +43,8 @@ class Peer:
         self.fns: dict[str, tuple[Any, ...]] = {}  # digest -> raw buffers of (fn, job_data)
         self.closed = False
         self.events = selectors.EVENT_READ  # what the selector watches for now
+        self.lane = False  # a lane connection (see lanes.py): one ASK, then a task process's
+        self.lane_asked = False
 
     def connect(self, conn: Connection) -> None:
         """Attach the protocol state (made once the peer exists: it owns what it receives)."""

@@ -14,6 +14,9 @@ dies; the daemon starts another::
                                               per task: run it, keep its output
                                       <--     "results" {items, group} + memfds
                                               (every 10 ms and at the end of a batch)
+    "lane" {session, ask, ...} + socket -->   serve a controller's connection (lane.py):
+                                              its TASKs run, its RESULTs written, here
+                                      <--     "lane-ended" {why, batches, dirty, ...}
     reads CUR (shared map) after a crash:     CUR = (task now running, since, log offset)
     which task was running                    (or SEVERAL while it loads or pickles for
                                               several tasks at once: they run again alone)
@@ -188,8 +191,16 @@ class _Child:
 
     # -- one batch -------------------------------------------------------
     def run(self, header: dict[str, Any], body: memoryview, fds: list[int]) -> None:
+        """Run the batch of a "run" message; its results go to the daemon."""
         maps: list[tuple[int, Any, mmap.mmap]] = []
-        parts = cut_parts(header["parts"], body, fds, maps=maps, cache=self.in_maps)
+        # (no name here holds the parts: run_parts drops them before it looks whether the
+        # daemon's maps are still in use)
+        self.run_parts(header, cut_parts(header["parts"], body, fds, maps=maps, cache=self.in_maps), maps)
+
+    def run_parts(self, header: dict[str, Any], parts: list[Any], maps: list[tuple[int, Any, mmap.mmap]],
+                  deliver: Callable[[dict[str, Any], list[Any], list[int]], None] | None = None) -> None:  # fmt: skip
+        """Run a batch whose buffers are ``parts`` (tasks, function, job part; ``maps``: those
+        in the daemon's memfds); its results go to the daemon, or to ``deliver`` (a lane's)."""
         ntask = int(header["ntask"])
         nfn = int(header.get("nfn", len(parts) - ntask))
         task_parts, fn_parts, job_parts = parts[:ntask], parts[ntask : ntask + nfn], parts[ntask + nfn :]
@@ -224,7 +235,7 @@ class _Child:
             common = (common[0], self.common.get(jdigest, (None, None))[0])
         self.runner.use_common(lambda: common)
         out = BatchResults(self.sock, header["batch"], leases=self.leases, error=self.runner.error,
-                           finish=self._finish, maps=maps, mark=self.runner.mark,
+                           finish=self._finish, maps=maps, mark=self.runner.mark, deliver=deliver,
                            group_bytes=int(header.get("group_bytes") or GROUP_BYTES))  # fmt: skip
         self._run_items(out, items, entries, failure, header.get("diary", "always"))
         if maps:
@@ -455,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
             # within moments: polling meanwhile saves a wake-up on its path (the daemon's
             # --busy-poll; 0: sleep at once).
             poll_until = time.monotonic() + float(header.get("poll", 0.0))
+        elif op == "lane":  # a controller's connection, served here until it ends (lane.py)
+            from .lane import serve_lane
+
+            send_message(sock, serve_lane(child, fds, header))
+            poll_until = 0.0
         elif op == "release":
             child.leases.release([int(i) for i in header.get("ids", [])])
         elif op == "exit":

@@ -152,12 +152,13 @@ class MessageReader:
         return header, body, fds
 
     def read_available(self) -> tuple[list[tuple[dict[str, Any], memoryview, list[int]]], bool]:
-        """Non-blocking: the whole messages readable now, and whether the stream is still open."""
+        """Non-blocking (whatever the socket's mode): the whole messages readable now, and
+        whether the stream is still open."""
         out = []
         open_ = True
         while True:
             try:
-                n = self._recv(1 << 18)
+                n = self._recv(1 << 18, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:

@@ -87,12 +87,16 @@ class BatchResults:
     ``error`` makes the error record of a task (by index) whose value cannot be pickled;
     ``maps`` are the batch's inputs in shared memory, ``(position, key, map)``; ``finish``
     adds to the header of the last message what the daemon learns once per batch.
+    ``deliver``: where a message goes instead of ``sock`` (a lane's task process keeps its
+    results: ``deliver(header, body, fds)``, large values in the body, not in memfds).
     """
 
     def __init__(self, sock: Any, batch: str, *, leases: Leases, error: Callable[[BaseException, int], ErrorRecord],
                  finish: Callable[[dict[str, Any]], None], maps: list[tuple[int, Any, mmap.mmap]] | None = None,
-                 group_bytes: int = GROUP_BYTES, mark: Callable[[int], None] | None = None) -> None:  # fmt: skip
+                 group_bytes: int = GROUP_BYTES, mark: Callable[[int], None] | None = None,
+                 deliver: Callable[[dict[str, Any], list[Any], list[int]], None] | None = None) -> None:  # fmt: skip
         self.sock = sock
+        self.deliver = deliver
         self.mark = mark  # tells the daemon which task a crash while pickling costs
         self.batch = batch
         self.leases = leases
@@ -231,7 +235,7 @@ class BatchResults:
                 within = self._within_input(b) if len(b) >= OOB_MEMFD_BYTES and self.maps else None
                 if within is not None:  # a view of an input (returned as given, or changed
                     parts.append([len(b), 2, *within])  # in place): the daemon sends it from there
-                elif len(b) >= OOB_MEMFD_BYTES and len(fds) < MAX_FDS:
+                elif len(b) >= OOB_MEMFD_BYTES and len(fds) < MAX_FDS and self.deliver is None:
                     fd, lid, capacity = self.leases.lease(b)
                     fds.append(fd)
                     parts.append([len(b), 1, lid, capacity])
@@ -251,7 +255,10 @@ class BatchResults:
         if last:
             header["released"] = self.released
             self.finish(header)
-        send_message(self.sock, header, body, fds)
+        if self.deliver is not None:
+            self.deliver(header, body, fds)
+        else:
+            send_message(self.sock, header, body, fds)
         self.values, self.items, self.runs, self.logs = [], [], [], []
         self.since = time.time()
 

@@ -70,6 +70,7 @@ from .inbound import Inbound
 from .intake import Intake
 from .keys import GroupKey
 from .keywatch import retired
+from .lanes import Lanes
 from .messages import Bye, RefuseReason
 from .net import listen_tcp, primary_address
 from .offer import Offer
@@ -83,7 +84,7 @@ _ANNOUNCE_EVERY_S = 0.05  # coalesce state changes into at most 20 announcements
 _TICK_S = 0.1
 
 
-class PeerWorker(Inbound, Intake, Dispatch, Delivery, Offer, WorkerState):
+class PeerWorker(Inbound, Intake, Dispatch, Delivery, Lanes, Offer, WorkerState):
     """The worker daemon: see the module docstring. ``PeerWorker(options)`` makes it (see
     :class:`~.workerstate.WorkerState`); ``serve()`` runs it until it exits."""
 

@@ -203,8 +203,12 @@ class Dispatch(WorkerState):
                 if op == "ready":
                     child.ready = True
                     child.base_rss = int(header.get("rss", 0))
+                    if self.lanes_waiting:
+                        self._start_waiting_lanes()
                 elif op == "results":
                     self._on_results(child, header, body, fds)
+                elif op == "lane-ended":
+                    self._lane_ended(child, header)
                 else:
                     for fd in fds:
                         os.close(fd)
@@ -252,7 +256,10 @@ class Dispatch(WorkerState):
         idx, since, log_off = child.current()
         child.close()
         self.children.remove(child)
-        if run is not None:
+        if run is not None and run.info.get("lane"):
+            self.stats["child_deaths"] += 1
+            self._lane_died(run)
+        elif run is not None:
             self.stats["child_deaths"] += 1
             self._free_buffers(run, None)  # its maps died with it
             run.leases = [(c, i) for c, i in run.leases if c is not child]

@@ -264,6 +264,12 @@ class Handshake:
             initiator = self.role is Role.INITIATOR
             self._send_key, self._recv_key = (i2r, r2i) if initiator else (r2i, i2r)
         self._transcript = []
+        self._become_ready()
+        assert self.peer is not None  # set by the HELLO or CHALLENGE step
+        events.append(HandshakeComplete(self.peer))
+
+    def _become_ready(self) -> None:
+        """READY: every type but the handshake's may come, under the caps of :attr:`limits`."""
         self.state = ConnectionState.READY
         self._expect = frozenset(MessageType) - HANDSHAKE_TYPES
         limits = self.limits
@@ -272,8 +278,6 @@ class Handshake:
             nbuf = limits.max_buffers if payload else 0
             cap = limits.max_header_bytes if payload else limits.max_control_header_bytes
             self._ready_specs[int(mtype)] = (mtype, cap, nbuf, limits.max_body_bytes if nbuf else 0)
-        assert self.peer is not None  # set by the HELLO or CHALLENGE step
-        events.append(HandshakeComplete(self.peer))
 
     def _exchange(self) -> bytes:
         """The X25519 shared secret of the two key shares (both ends proved the key, which

@@ -36,6 +36,7 @@ from ..util.errors import PeerError, ProtocolError
 from .access import same_user
 from .admission import Peer
 from .handshake import HANDSHAKE_DEADLINE_S
+from .lanes import LANE_SUFFIX
 from .messages import Ack, Ask, Bye, Cancel, Error, Ping, Pong, Result, Task
 from .net import abort as _abort
 from .net import tune, watch_after_flush
@@ -225,6 +226,12 @@ class Inbound(WorkerState):
             self.stats["cipher_" + peer.conn.cipher] += 1
         del self.handshaking[peer]
         g = event.peer
+        if g.peer_id.endswith(LANE_SUFFIX):  # a lane: the controller's, replacing nothing
+            if self._lane_handshake(peer, g):
+                peer.refusal = self.options.access.check(g.user, g.host, peer.address)
+                if peer.refusal is None and self.key is None and not same_user(peer.sock):
+                    peer.refusal = "without a group key a worker serves only its own user"
+            return
         if g.peer_id not in self.by_controller and len(self.by_controller) >= MAX_AUTHENTICATED:
             self.stats["controllers_over_cap"] += 1
             why = f"this worker serves at most {MAX_AUTHENTICATED} controllers at once"

@@ -30,10 +30,17 @@ class Intake(WorkerState):
     def _on_ask(self, peer: Peer, ask: Ask) -> None:
         self.stats["asks"] += 1
         opts = self.options
+        lane = self._lane_refusal(peer, ask) if peer.lane else ""
+        if peer.lane:
+            peer.lane_asked = True
         if peer.refusal is not None:
             self._refuse(peer, ask, RefuseReason.NOT_ALLOWED, peer.refusal)
         elif self.draining is not None:
             self._refuse(peer, ask, RefuseReason.DRAINING, "the worker is stopping")
+        elif lane:
+            self._refuse(peer, ask, RefuseReason.BUSY, lane)
+        elif ask.lane and not peer.lane:
+            self._refuse(peer, ask, RefuseReason.BUSY, "a lane is asked for on a lane connection")
         elif ask.cores > opts.slots:
             self._refuse(peer, ask, RefuseReason.BUSY,
                          f"the task needs {ask.cores} cores; this worker has {opts.slots}")  # fmt: skip
@@ -63,6 +70,7 @@ class Intake(WorkerState):
             free_slots, free_mem = self._free(now)
             chosen = self.admission.choose(free_slots, free_mem, now)
             if chosen is None:
+                self._take_lanes_back()  # ASKs wait: a lane gives its slot back
                 return
             self._seq += 1
             run = Run(self._seq, chosen.peer.controller, chosen.ask.task_id, chosen.ask, {},
@@ -70,6 +78,9 @@ class Intake(WorkerState):
             self.admission.reserve(chosen.peer, chosen.ask.task_id, run)
             self.stats["accepted"] += 1
             self._announce_due = True
+            if chosen.peer.lane:
+                self._start_lane(chosen.peer, chosen.ask, run)
+                continue
             folding = self._folding
             if folding is not None and folding[0] is chosen.peer and len(folding[1]) < MAX_ACKS - 1:
                 folding[1].append(chosen.ask.task_id)  # it leaves inside the RESULT being made

@@ -269,23 +269,35 @@ def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
 
 @dataclass(frozen=True)
 class Ask(TaskMessage):
-    """Admission request: may I send this task? Sent before any payload."""
+    """Admission request: may I send this task? Sent before any payload. ``lane``: the
+    controller asks, on a connection of its own, for the slot to be served by a task process
+    directly (to a peer that said ``lane``; see "Lanes" in docs/peer-protocol.md)."""
 
     TYPE = MessageType.ASK
     mem_bytes: int = 0
     time_s: float = 0.0
     cores: int = 1
+    lane: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
+        if not isinstance(self.lane, bool):
+            raise ValueError(f"lane must be a bool, got {self.lane!r:.80}")
+
+    def to_header(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": self.task_id, "mem_bytes": self.mem_bytes, "time_s": self.time_s,
+                               "cores": self.cores}  # fmt: skip
+        if self.lane:
+            out["lane"] = True
+        return out
 
     @classmethod
     def made(cls, task_id: str, mem_bytes: int, time_s: float, cores: int) -> Ask:
         """The ASK of a batch this end made, of figures checked when they were set (the
         job's settings): built without checking them again, as a placing turn makes one a
         batch. (The receiver checks every ASK it reads.)"""
-        return _built(cls, task_id=task_id, mem_bytes=mem_bytes, time_s=float(time_s), cores=cores)
+        return _built(cls, task_id=task_id, mem_bytes=mem_bytes, time_s=float(time_s), cores=cores, lane=False)
 
 
 @dataclass(frozen=True)

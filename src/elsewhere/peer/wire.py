@@ -73,6 +73,7 @@ from .messages import (
     Ack,
     Ask,
     Cancel,
+    Challenge,
     Greeting,
     Hello,
     Identity,
@@ -97,7 +98,7 @@ __all__ = [
     "Role",
 ]
 
-CAPABILITIES = ("ack-many", "alone", "fold", "job-part", "runs")
+CAPABILITIES = ("ack-many", "alone", "fold", "job-part", "lane", "runs")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
 lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
@@ -107,7 +108,9 @@ own (``jpart``, ``njpart``), once per connection whatever the functions; ``runs`
 RESULT whose ``runs`` hold the successes without output of consecutive tasks as one entry
 each (see "Layout of TASK and RESULT" in docs/peer.md); ``alone``, a RESULT whose ``alone``
 lists tasks its sender asks to get back each in a batch of its own (their task process died
-working for them together, and could not tell which of them did it)."""
+working for them together, and could not tell which of them did it); ``lane``, a worker that
+hands a connection named as a lane to a task process once its ASK with ``lane`` is admitted
+(see "Lanes" in docs/peer-protocol.md)."""
 
 _MAX_SEQ = 2**64 - 1
 _PACKER_BYTES = 4 << 10
@@ -237,6 +240,47 @@ class Connection(Reader, Handshake):
         self._outbox = []
         self._allocate = bytearray
         self._ring = None
+
+    # ------------------------------------------------------------ moving to another process
+
+    def session(self) -> dict[str, Any]:
+        """What another process needs to carry this connection on (with its socket): the
+        keys and sequence numbers of both directions, the peer's greeting, the admissions
+        open. Plain values (msgpack). Only between frames: nothing half read, nothing waiting
+        to be sent; the connection here must not be used after (see :meth:`resumed`). It
+        holds the connection's own keys, never the group key's secret."""
+        if self.state is not ConnectionState.READY or self._sent_bye or self.peer is None:
+            raise PeerError(f"cannot move a connection that is {self._state_text()}")
+        if self._outbox or self._stage is not _Stage.FIXED or self._pos:
+            raise PeerError("cannot move a connection in the middle of a frame")
+        keys = [[k._key, k.encrypt, k.cipher] if k is not None else None for k in (self._send_key, self._recv_key)]
+        return {"role": self.role.value, "identity": [self.identity.peer_id, self.identity.user, self.identity.host],
+                "peer": [type(self.peer) is Hello, self.peer.to_header()], "keyed": self.keyed,
+                "encrypt": self.encrypt, "cipher": self.cipher, "group": self.group, "keys": keys,
+                "seq": [self._send_seq, self._recv_seq],
+                "admission": [sorted(self._asks_from_peer), sorted(self._accepted_for_peer),
+                              sorted(self._asks_to_peer), sorted(self._accepted_by_peer)]}  # fmt: skip
+
+    @classmethod
+    def resumed(cls, session: dict[str, Any], *, limits: Limits | None = None,
+                allocate: Allocator = bytearray) -> Connection:  # fmt: skip
+        """The connection :meth:`session` described, READY, carried on in this process."""
+        peer_id, user, host = session["identity"]
+        conn = cls(Role(session["role"]), None, Identity(peer_id, user, host), limits=limits, allocate=allocate,
+                   ciphers=())  # fmt: skip
+        conn._outbox = []  # (an initiator queued a HELLO)
+        hello, header = session["peer"]
+        conn.peer = (Hello if hello else Challenge).from_header(header)
+        conn.keyed, conn.encrypt, conn.cipher, conn.group = (bool(session["keyed"]), bool(session["encrypt"]),
+                                                             str(session["cipher"]), str(session["group"]))  # fmt: skip
+        conn._send_key, conn._recv_key = (DirectionKey(bytes(k[0]), bool(k[1]), str(k[2])) if k else None
+                                          for k in session["keys"])  # fmt: skip
+        conn._send_seq, conn._recv_seq = (int(n) for n in session["seq"])
+        conn._dh = None
+        (conn._asks_from_peer, conn._accepted_for_peer, conn._asks_to_peer,
+         conn._accepted_by_peer) = (set(ids) for ids in session["admission"])  # fmt: skip
+        conn._become_ready()
+        return conn
 
     # ------------------------------------------------------------ sending
 
