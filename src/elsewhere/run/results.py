@@ -17,7 +17,7 @@ import time
 
 from ..folder import records
 from ..folder.records import Kind, Record
-from ..folder.store import writev_all
+from ..folder.store import SEVERAL, writev_all
 from .runner import TaskOutcome
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
@@ -168,7 +168,8 @@ class ResultWriter:
 
     def _charge(self, index: int) -> Callable[[], None] | None:
         """While values are pickled on the worker's thread, a death costs task ``index``, the
-        one pickled alone, or none (-1): the tasks of a group go back to the queue, and come
+        one pickled alone, or none (:data:`SEVERAL`, which a watcher of a worker given its
+        tasks reads as a task's doing, see ``run/supervise.py``): the tasks of a group go back to the queue, and come
         back one by one (a claim of tasks run again: ``JobRun._run_each``), each pickled
         alone, so that the one whose value kills its worker is found, and no other is
         charged. (The late writer's writes, while a task runs, leave the map to that task.)"""
@@ -215,7 +216,7 @@ class ResultWriter:
                 self.unsynced = False
             return
         values = [o.value for o in pending]
-        back = self._charge(pending[0].index if len(pending) == 1 else -1)
+        back = self._charge(pending[0].index if len(pending) == 1 else SEVERAL)
         try:
             data, bufs, bad = dump_values(values, lambda k, exc: self.error(exc, pending[k].index))
         finally:
@@ -257,7 +258,7 @@ class ResultWriter:
         self.flush(sync=False)  # the journal stays in task order
         from ..folder import serial
 
-        back = self._charge(start if len(values) == 1 else -1)
+        back = self._charge(start if len(values) == 1 else SEVERAL)
         try:
             data, bufs = serial.dumps_plain(values)
         except BaseException:

@@ -365,8 +365,8 @@ class TaskRunner:
         _pack_cur(self._cur, 0, -1, 0.0, 0)
 
     def charge(self, index: int) -> Callable[[], None]:
-        """Task ``index`` (-1: none) is charged should the process die now, while values are
-        pickled after their tasks ran: the map names it, as if it ran, until the call returned
+        """Task ``index`` (-1: none; :data:`SEVERAL`: none, the values of several pickled
+        together) is charged should the process die now, while values are pickled after their tasks ran: the map names it, as if it ran, until the call returned
         is called, which puts the map back as it was. A value whose pickling kills its worker
         (too large for its memory, a crash in a library) then fails its own task as lost, not
         another's, nor goes back to the queue, unrun for all the reaper knows, to kill the next."""
@@ -374,7 +374,7 @@ class TaskRunner:
         if cur is None:
             return _nothing
         was = cur[:CUR.size]
-        if index < 0:
+        if index < 0 and index != SEVERAL:
             _pack_cur(cur, 0, -1, 0.0, 0)
         else:
             _pack_cur(cur, 0, index, _time(), self.log_pos)

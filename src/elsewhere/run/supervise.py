@@ -42,7 +42,7 @@ import time
 from ..folder import records
 from ..folder.journal import finished_by
 from ..folder.records import FLAG_RERUN, Kind
-from ..folder.store import JobStore
+from ..folder.store import SEVERAL, JobStore
 from ..util.signals import ended
 
 TYPE_CHECKING = False
@@ -88,7 +88,7 @@ def supervise(job_dir: str, wid: str, tasks: list[int], run: Callable[[str, list
                 return _exit_code(code)
             if code in _OWN_CODES:
                 return _end_as(culprit_death) if culprit_death else (1 if failed and code == 0 else code)
-            left, culprit, progress = _after_death(store, name, rest)
+            left, culprit, progress = _after_death(store, name, rest, alone)
             failed = failed or _raised(store, name, rest)  # (it would have ended 1)
             if culprit >= 0:
                 culprit_death = code
@@ -196,15 +196,16 @@ def _raised(store: JobStore, wid: str, tasks: list[int]) -> bool:
     return any(r.kind == Kind.ERROR and not r.flags & FLAG_RERUN and r.task in given for r in recs)
 
 
-def _after_death(store: JobStore, wid: str, rest: list[int]) -> tuple[list[int], int, bool]:
+def _after_death(store: JobStore, wid: str, rest: list[int], alone: bool) -> tuple[list[int], int, bool]:
     """What worker ``wid``, dead, given ``rest``, left: (the tasks still to run, the task its
-    map names or -1, whether it left an outcome or named a task). Read only."""
+    map names or -1, whether it left an outcome or named a task, or died pickling the values
+    of several together, which they each alone tell apart (not again once ``alone``)). Read only."""
     q = store.queue()
     done = finished_by(store, wid, q)
     idx, _, _ = store.read_running(wid)
     left = [t for t in rest if t not in done]
     culprit = idx if idx in left else -1
-    progress = culprit >= 0 or len(left) < len(rest)
+    progress = culprit >= 0 or len(left) < len(rest) or (idx == SEVERAL and not alone)
     skip = q.cancelled_tasks
     left = [t for t in left if t != culprit and t not in skip] if not q.cancelled else []
     return left, culprit, progress
