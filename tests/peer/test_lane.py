@@ -15,8 +15,16 @@ from test_daemon import Client, decode, start_worker
 
 from elsewhere.peer.child import Outcome
 from elsewhere.peer.keys import GroupKey, load_key, write_key
-from elsewhere.peer.lanes import LANE_SUFFIX
-from elsewhere.peer.messages import Accept, Ask, Bye, Refuse, RefuseReason, Result, Task
+from elsewhere.peer.messages import (
+    LANE_SUFFIX,
+    Accept,
+    Ask,
+    Bye,
+    Refuse,
+    RefuseReason,
+    Result,
+    Task,
+)
 from elsewhere.peer.wire import Connection, Received
 from elsewhere.util.errors import PeerError, ProtocolError
 

@@ -512,6 +512,7 @@ class _Links(Links):
         self.stats: collections.Counter[str] = collections.Counter()
         self.opened: list[Worker] = []
         self.placing_epoch = self.roster_epoch = 0
+        self.lanes_wanted = False  # (an Executor's lanes: not in these tests)
 
     def _connect(self, w: Worker, now: float) -> None:
         w.state, w.since = "connecting", now

@@ -134,6 +134,8 @@ class Batching(ControllerState):
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         pending, final, cancelled = self.pending, self.final, self.cancelled
+        if w.lane_of is not None and pending and pending[0] in self.off_lanes:
+            w = w.lane_of  # a task whose lane broke under it goes through the worker itself
         take = pending.popleft
         if k == 1:  # a batch of one task (longer than a batch: the usual case at scale)
             i = take()
@@ -281,6 +283,11 @@ class Batching(ControllerState):
 
     def _on_refuse(self, w: Worker, msg: Refuse) -> None:
         b = self.batches.get(msg.task_id)
+        if w.lane_of is not None:  # no lane for now: the tasks go through the worker itself
+            if b is not None:
+                self._unplace(b, requeue_front=True)
+            self._lane_closed(w, f"refused: {msg.detail}", ended=False)
+            return
         if b is None:
             return
         self.stats[f"refused_{msg.reason.name.lower()}"] += 1
@@ -347,7 +354,9 @@ class Batching(ControllerState):
 
     def _fill_standing(self, b: Batch, *, send: bool = True) -> None:
         """Give a standing batch the pending tasks (as many as one batch takes); send them
-        if it was admitted already."""
+        if it was admitted already. (Not a lane's, to a task whose lane broke under it.)"""
+        if b.worker.lane_of is not None and self.pending and self.pending[0] in self.off_lanes:
+            return
         if len(self.pending) == 1:  # an Executor's task, one at a time: no batch to size
             k = 1
         else:

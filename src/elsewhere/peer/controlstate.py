@@ -28,6 +28,7 @@ the job folder (:meth:`~ControllerState._load_state`,
 from __future__ import annotations
 
 import collections
+import dataclasses
 import getpass
 import os
 import queue
@@ -42,7 +43,7 @@ from ..util.progress import NoteTeller
 from .announce import new_peer_id
 from .discovery import Announcer, Listener
 from .encoder import TaskEncoder
-from .messages import Identity, Refuse, Result
+from .messages import LANE_SUFFIX, Identity, Refuse, Result
 from .net import Waker
 from .placement import Batch, ControllerSettings, Worker
 from .recorder import Recorder
@@ -73,6 +74,8 @@ class ControllerState:
         # .links
         def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool: ...
         def _disconnected(self, w: Worker, why: str) -> None: ...
+        def _lane_closed(self, lane: Worker, why: str, *, ended: bool) -> None: ...
+        def _short(self) -> bool: ...
         def _write_worker_info(self, w: Worker) -> None: ...
 
         # .batching
@@ -103,14 +106,20 @@ class ControllerState:
         meta = store.meta()
         self.meta = meta
         self.stream = bool(meta.get("stream"))
+        # an open Executor whose tasks declare no memory or time takes lanes where workers
+        # serve them (ELSEWHERE_PEER_LANES=0: none, every task through the worker daemon)
+        self.lanes_wanted = (self.stream and not settings.mem_bytes and not settings.time_s
+                             and settings.cores == 1 and os.environ.get("ELSEWHERE_PEER_LANES", "1") != "0")  # fmt: skip
         self.retries = int(meta.get("retries", 0))
         self.rerun_spec = meta.get("retry")  # retries=ew.Retry(on=...): errors run again
         self.later: dict[int, float] = {}  # errors run again: task -> when (monotonic) to place it
         self.alone: set[int] = set()  # tasks to send each in a batch of its own (see Batching._alone_cut)
+        self.off_lanes: set[int] = set()  # tasks whose lane broke under them: through a worker daemon
         self.seed = meta.get("seed")
         self.peer_id = settings.peer_id or new_peer_id()
         self.short = os.urandom(3).hex()
         self.identity = Identity(self.peer_id, getpass.getuser()[:256], socket.gethostname()[:256])
+        self.lane_identity = dataclasses.replace(self.identity, peer_id=self.peer_id + LANE_SUFFIX)
         job_info = {
             "id": meta.get("id", ""), "name": meta.get("name", ""), "seed": self.seed,
             "cwd": meta.get("cwd"), "sys_path": list(meta.get("sys_path") or []),

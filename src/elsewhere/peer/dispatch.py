@@ -207,6 +207,8 @@ class Dispatch(WorkerState):
                         self._start_waiting_lanes()
                 elif op == "results":
                     self._on_results(child, header, body, fds)
+                elif op == "lane-tasks":
+                    self._lane_tasks(child, header)
                 elif op == "lane-ended":
                     self._lane_ended(child, header)
                 else:

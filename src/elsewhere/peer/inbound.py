@@ -36,8 +36,7 @@ from ..util.errors import PeerError, ProtocolError
 from .access import same_user
 from .admission import Peer
 from .handshake import HANDSHAKE_DEADLINE_S
-from .lanes import LANE_SUFFIX
-from .messages import Ack, Ask, Bye, Cancel, Error, Ping, Pong, Result, Task
+from .messages import LANE_SUFFIX, Ack, Ask, Bye, Cancel, Error, Ping, Pong, Result, Task
 from .net import abort as _abort
 from .net import tune, watch_after_flush
 from .stream import Closed

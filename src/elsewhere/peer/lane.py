@@ -27,8 +27,9 @@ import os
 import select
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .childmsg import send_message
 from .messages import (
     Accept,
     Ask,
@@ -46,12 +47,10 @@ from .runs import Run, build_result, cap_result, fill_unfinished, run_tasks, tak
 from .stream import Closed, ConnectionPump
 from .wire import Connection, Limits, Received
 
-if TYPE_CHECKING:
-    from .child import _Child
-
 __all__ = ["serve_lane"]
 
 _POLL_MS = 1000  # the longest sleep between looks at the daemon's socket while the lane idles
+_TELL_S = 0.5  # the daemon hears how many tasks a lane ran at most this often (and at its end)
 
 
 class _Sink:
@@ -67,7 +66,9 @@ class _Sink:
 class _Lane:
     """One lane: its connection, its slot, the parts of functions and jobs it was sent."""
 
-    def __init__(self, child: _Child, sock: socket.socket, header: dict[str, Any]) -> None:
+    def __init__(self, child: Any, sock: socket.socket, header: dict[str, Any]) -> None:
+        """``child``: the task process's state (``child._Child``: its reader of the daemon's
+        socket, its runner, its leases; not imported here, which ``child`` imports)."""
         self.child = child
         self.conn = Connection.resumed(header["session"], limits=Limits(**header.get("limits", {})))
         sock.setblocking(False)
@@ -83,7 +84,10 @@ class _Lane:
         self.accepted: str | None = None  # the ASK accepted and not used yet (the slot's)
         self.held: collections.deque[str] = collections.deque()  # ASKs waiting for the slot
         self.parts: dict[str, tuple[Any, ...]] = {}  # function and job parts, by digest
+        self.job: dict[str, Any] = {}  # of the last TASK
         self.batches = 0
+        self.tasks = 0  # run, not told to the daemon yet
+        self.told = time.monotonic()  # when the daemon was last told
         self.ending = ""  # why the lane ends once the batch in hand is done
         self.closed = False  # by the controller (no BYE to send it)
         self.held.append(str(header["ask"]))  # the lane's own ASK, open on the connection
@@ -157,6 +161,7 @@ class _Lane:
         fn_parts = self.parts.get(digest, ()) if digest else ()
         job_parts = self.parts.get(jdigest, ()) if jdigest else ()
         job = info.get("job") or {}
+        self.job = job
         header = {"batch": msg.task_id, "job": job, "diary": str(info.get("diary", "always")), "items": items,
                   "fn": digest, "jpart": jdigest, "ntask": ntask, "nfn": len(fn_parts),
                   "forget": [d for d in info.get("forget") or () if isinstance(d, str)]}  # fmt: skip
@@ -173,6 +178,7 @@ class _Lane:
         del buffers
         self.child.run_parts(header, parts, [], deliver)
         self.batches += 1
+        self.tasks += len(items)
         if run_tasks(run) < len(items):  # (every task reports; but never a RESULT short of one)
             fill_unfinished(run, -1, None, "", b"", 0.0, os.getpid(), self.host)
         cap_result(run, self.max_result, self.host)
@@ -181,6 +187,15 @@ class _Lane:
         folded: list[str] = []
         self._give_slot(fold=folded)
         self.conn.send(Result.made(msg.task_id, result_info, tuple(folded)), result_buffers)
+        self.flush()
+        if time.monotonic() - self.told >= _TELL_S:  # (after the RESULT: off its path)
+            send_message(self.child.sock, self.progress())
+
+    def progress(self) -> dict[str, Any]:
+        """The "lane-tasks" message: the tasks run since the last, the parts held."""
+        out = {"op": "lane-tasks", "tasks": self.tasks, "parts": len(self.parts)}
+        self.tasks, self.told = 0, time.monotonic()
+        return out
 
     # -- the socket ----------------------------------------------------------
     def flush(self) -> None:
@@ -219,6 +234,8 @@ class _Lane:
                 if time.monotonic() < idle_until:
                     os.sched_yield()  # the next task of a stream often comes within moments
                     continue
+                if self.tasks:  # idle: the daemon hears of the last tasks now
+                    send_message(self.child.sock, self.progress())
                 listen.poll(_POLL_MS)
         except Closed:
             return "closed by its controller"
@@ -242,7 +259,7 @@ class _Lane:
                 os.close(fd)
 
 
-def serve_lane(child: _Child, fds: list[int], header: dict[str, Any]) -> dict[str, Any]:
+def serve_lane(child: Any, fds: list[int], header: dict[str, Any]) -> dict[str, Any]:
     """Serve the lane of a "lane" message (its socket in ``fds``); the "lane-ended" message for
     the daemon (why, how many batches, and what the last message of a batch tells)."""
     sock = socket.socket(fileno=fds[0])
@@ -254,6 +271,7 @@ def serve_lane(child: _Child, fds: list[int], header: dict[str, Any]) -> dict[st
     finally:
         lane.conn.close()
         sock.close()
-    report: dict[str, Any] = {"op": "lane-ended", "why": why, "batches": lane.batches}
+    report: dict[str, Any] = {"op": "lane-ended", "why": why, "batches": lane.batches, "tasks": lane.tasks,
+                              "job": child.job_id and {"id": child.job_id, **lane.job}}  # fmt: skip
     child._finish(report)
     return report

@@ -26,15 +26,11 @@ from typing import Any
 from ..util.errors import PeerError
 from .admission import Peer
 from .children import ChildProcess
-from .messages import Ask, Error, Greeting, RefuseReason
+from .messages import LANE_SUFFIX, Ask, Error, Greeting, RefuseReason
 from .runs import Run, job_context
 from .workerstate import WorkerState
 
 __all__ = ["LANE_SUFFIX", "Lanes"]
-
-LANE_SUFFIX = "/lane"
-"""The end of the peer id a controller names a lane connection with (its own peer id before it)."""
-
 
 class Lanes(WorkerState):
     """How :class:`~.daemon.PeerWorker` hands lanes over and takes them back (see the module doc)."""
@@ -125,8 +121,24 @@ class Lanes(WorkerState):
                 continue
             self._start_lane(peer, ask, run)
 
+    def _lane_tasks(self, child: ChildProcess, header: dict[str, Any]) -> None:
+        """A lane's task process ran tasks (told every half second or so, and at its end)."""
+        run = child.run
+        try:
+            n = max(0, int(header.get("tasks") or 0))
+            parts = max(0, int(header.get("parts") or 0))
+        except (TypeError, ValueError):
+            return
+        self.tasks_done += n
+        self.stats["tasks"] = self.tasks_done
+        self.stats["lane_tasks"] += n
+        self.last_busy = time.monotonic()
+        if run is not None and run.info.get("lane"):
+            run.info["parts"] = parts
+
     def _lane_ended(self, child: ChildProcess, header: dict[str, Any]) -> None:
         """The task process says its lane ended: the slot is free, the process idle again."""
+        self._lane_tasks(child, header)
         run = child.run
         if run is None or not run.info.get("lane"):
             return

@@ -66,6 +66,7 @@ __all__ = [
     "FLAG_VALUES",
     "HANDSHAKE_HEADER_CAP",
     "HANDSHAKE_TYPES",
+    "LANE_SUFFIX",
     "MAGIC",
     "NONCE_BYTES",
     "PAYLOAD_TYPES",
@@ -75,6 +76,7 @@ __all__ = [
     "Flags",
     "Limits",
     "MessageType",
+    "RefuseReason",
     "head_struct",
     "lengths_struct",
 ]
@@ -86,6 +88,9 @@ TAG_SIZE = 16
 NONCE_BYTES = 32
 HANDSHAKE_HEADER_CAP = 2048
 """Largest msgpack header of a HELLO, CHALLENGE, AUTH or handshake ERROR."""
+LANE_SUFFIX = "/lane"
+"""The end of the peer id a controller names a lane connection with (its own peer id before
+it; see "Lanes" in docs/peer-protocol.md)."""
 
 FIXED = struct.Struct(">4sBBHQIQHH")
 """The 32 fixed bytes as a :mod:`struct` (what :class:`FixedHeader` packs and parses)."""
@@ -116,6 +121,17 @@ class Flags(enum.IntFlag):
     NONE = 0
     COMPRESSED = 1
     """The sender compressed the buffers (zstandard); the receiver decompresses."""
+
+
+class RefuseReason(enum.IntEnum):
+    """Why a worker refused an ASK. The numbers never change."""
+
+    BUSY = 1
+    MEMORY = 2
+    TIME = 3
+    FAIR_SHARE = 4
+    NOT_ALLOWED = 5
+    DRAINING = 6
 
 
 _KNOWN_FLAGS = int(Flags.COMPRESSED)

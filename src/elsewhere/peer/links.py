@@ -17,6 +17,7 @@ is lost: its batches go to other workers (:mod:`.retries`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import selectors
 import time
@@ -27,8 +28,9 @@ from .access import same_user
 from .announce import Announcement, PeerState
 from .controlstate import ControllerState
 from .handshake import HandshakeRefused
-from .messages import Accept, Bye, Error, Ping, Refuse, Result
+from .messages import Accept, Ask, Bye, Error, Ping, Refuse, Result
 from .net import connect_error, connect_tcp, watch_after_flush
+from .peertable import PeerInfo
 from .placement import Worker
 from .stream import Closed, ConnectionPump
 from .wire import Connection, HandshakeComplete, Received, Role
@@ -65,6 +67,8 @@ class Links(ControllerState):
                     self._roster_changed()  # what it offers this job changed (not only its free slots)
                 w.info = info
                 w.listed = True
+                if w.lane is not None:
+                    w.lane.info, w.lane.listed = _lane_info(info), True
             if w.unsuitable and (w.offer != w.unsuitable_for or now - w.unsuitable_since > 30.0):
                 w.unsuitable = ""  # its offer changed, or a while passed: ask again
                 self._roster_changed()
@@ -81,7 +85,52 @@ class Links(ControllerState):
                 w.listed = False
                 self._roster_changed()
                 self._lose(w, "its announcements stopped (it expired)")
+        if self.lanes_wanted:
+            self._open_lanes(now)
         self._update_note()
+
+    # -- lanes: a connection of this controller's served by a task process of the worker
+    def _open_lanes(self, now: float) -> None:
+        """Open a lane to each ready worker that serves lanes and has none, while the tasks
+        are short (an open Executor whose tasks declare no memory or time: see "Lanes" in
+        docs/peer-protocol.md). Tasks no longer short: the lanes close once idle (a lane's
+        task runs to its end when cancelled; the worker daemon stops a cancelled task at once)."""
+        if self.closed or not self._short():
+            for lane in [w for w in self.workers.values() if w.lane_of is not None and not any(
+                    b.sent for b in w.batches.values())]:  # fmt: skip
+                self._send(lane, Bye("the tasks are not short"))
+                self._lane_closed(lane, "the tasks are not short", ended=True)
+            return
+        for w in list(self.workers.values()):
+            if (w.lane_of is not None or w.lane is not None or w.state != "ready" or now < w.lane_after
+                    or w.conn is None or w.conn.peer is None or "lane" not in w.conn.peer.caps
+                    or not w.usable(self.settings)):  # fmt: skip
+                continue
+            lane = Worker(w.peer_id, _lane_info(w.info))
+            lane.lane_of, w.lane = w, lane
+            self.workers[lane.key] = lane
+            self.stats["lanes_opened"] += 1
+            self._connect(lane, now)
+
+    def _lane_closed(self, lane: Worker, why: str, *, ended: bool) -> None:
+        """A lane ended (``ended``: its worker took the slot back, or said why with BYE) or
+        broke: what it had, ran or was granted goes to be placed again, and the next lane to
+        that worker is opened after a moment (a second; after a break, a refusal or a
+        failure, half a minute: the next batch there goes through the worker itself)."""
+        main = lane.lane_of
+        log.debug("lane to %s closed: %s", lane.host, why)
+        self._drop_connection(lane)
+        for b in list(lane.batches.values()):
+            if b.sent and not ended:  # (its death, the daemon's path tells of it as lost)
+                self.off_lanes.update(b.indices)
+            self._unplace(b, requeue_front=True, resubmit=bool(b.sent))
+        self.workers.pop(lane.key, None)
+        lane.listed = False
+        if main is not None and main.lane is lane:
+            main.lane = None
+            main.lane_after = time.monotonic() + (1.0 if ended else 30.0)
+        self.stats["lanes_ended" if ended else "lanes_broken"] += 1
+        self._roster_changed()
 
     def _fit(self, a: Announcement) -> tuple[int, bool, bool, bool]:
         """What of a worker's offer decides whether this job's tasks may go there, and how
@@ -114,7 +163,8 @@ class Links(ControllerState):
             w.sock = None
             self._connect_failed(w, why)
             return
-        w.conn = Connection(Role.INITIATOR, self.settings.key, self.identity, allocate=self.buffers,
+        identity = self.identity if w.lane_of is None else self.lane_identity
+        w.conn = Connection(Role.INITIATOR, self.settings.key, identity, allocate=self.buffers,
                             encrypt=self.settings.encrypt)  # fmt: skip
         w.pump = ConnectionPump(sock, w.conn)
         w.state = "handshake"
@@ -169,7 +219,11 @@ class Links(ControllerState):
         elif isinstance(msg, Ping):
             pass
         elif isinstance(msg, (Bye, Error)):
-            self._disconnected(w, getattr(msg, "reason", "") or getattr(msg, "message", ""))
+            why = getattr(msg, "reason", "") or getattr(msg, "message", "")
+            if w.lane_of is not None:
+                self._lane_closed(w, why, ended=isinstance(msg, Bye))
+            else:
+                self._disconnected(w, why)
 
     def _on_handshake(self, w: Worker, event: HandshakeComplete) -> None:
         g = event.peer
@@ -187,7 +241,8 @@ class Links(ControllerState):
         w.host = g.host or w.host
         if not w.wid:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in w.host)[:40] or "peer"
-            w.wid = f"peer-{safe}-{w.peer_id[:8]}-{self.short}"
+            lane = "-lane" if w.lane_of is not None else ""  # (its results go to a file of its own)
+            w.wid = f"peer-{safe}-{w.peer_id[:8]}{lane}-{self.short}"
             self._write_worker_info(w)
 
     def _write_worker_info(self, w: Worker) -> None:
@@ -203,6 +258,9 @@ class Links(ControllerState):
     def _send(self, w: Worker, message: Any, buffers: Any = (), *, flush: bool = True) -> bool:
         if w.conn is None or w.state != "ready":
             return False
+        if w.lane_of is not None and not w.lane_asked and isinstance(message, Ask):
+            message = Ask(message.task_id, lane=True)  # a lane's first ASK asks for the lane
+            w.lane_asked = True
         try:
             w.conn.send(message, buffers)
         except PeerError as exc:
@@ -251,6 +309,9 @@ class Links(ControllerState):
 
     def _disconnected(self, w: Worker, why: str) -> None:
         """The connection broke: ASKs are void; running batches wait for a reconnect."""
+        if w.lane_of is not None:  # (nothing waits for a lane's reconnect: it kept no result)
+            self._lane_closed(w, why, ended=False)
+            return
         log.debug("connection to %s lost: %s", w.host, why)
         self.stats["disconnections"] += 1
         was_ready = w.state == "ready"
@@ -267,13 +328,23 @@ class Links(ControllerState):
 
     def _lose(self, w: Worker, why: str) -> None:
         """The worker is gone: its batches go elsewhere."""
+        if w.lane is not None:
+            self._lane_closed(w.lane, why, ended=False)
+        if w.lane_of is not None:
+            self._lane_closed(w, why, ended=False)
+            return
         if w.batches:
             log.info("worker %s lost (%s): %d batch(es) placed again", w.host, why, len(w.batches))
         for b in list(w.batches.values()):
             self._unplace(b, requeue_front=True, resubmit=bool(b.sent))
         self._drop_connection(w)
         if not w.listed:
-            self.workers.pop(w.peer_id, None)
+            self.workers.pop(w.key, None)
+
+
+def _lane_info(info: PeerInfo) -> PeerInfo:
+    """A lane's view of its worker's announcement: one slot, free (the lane's own)."""
+    return dataclasses.replace(info, announcement=dataclasses.replace(info.announcement, slots=1, slots_free=1))
 
 
 def _encryption_differs(worker_encrypts: bool) -> str:

@@ -29,6 +29,7 @@ from .layout import (  # the frame's numbers, importable from here as they alway
     FLAG_VALUES,
     HANDSHAKE_HEADER_CAP,
     HANDSHAKE_TYPES,
+    LANE_SUFFIX,
     MAGIC,
     NONCE_BYTES,
     PAYLOAD_TYPES,
@@ -37,6 +38,7 @@ from .layout import (  # the frame's numbers, importable from here as they alway
     FixedHeader,
     Flags,
     MessageType,
+    RefuseReason,
 )
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "FLAG_VALUES",
     "HANDSHAKE_HEADER_CAP",
     "HANDSHAKE_TYPES",
+    "LANE_SUFFIX",
     "MAGIC",
     "MAX_ACKS",
     "MESSAGE_CLASSES",
@@ -81,17 +84,6 @@ MAX_ACKS = 1000
 """Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
 
 _MAX_TEXT = 1024
-
-
-class RefuseReason(enum.IntEnum):
-    """Why a worker refused an ASK. The numbers never change."""
-
-    BUSY = 1
-    MEMORY = 2
-    TIME = 3
-    FAIR_SHARE = 4
-    NOT_ALLOWED = 5
-    DRAINING = 6
 
 
 # ---------------------------------------------------------------- messages
@@ -258,10 +250,12 @@ def _task_ids(value: object, name: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _check_ask(mem_bytes: object, time_s: object, cores: object) -> float:
+def _check_ask(mem_bytes: object, time_s: object, cores: object, lane: object = False) -> float:
     """Check an ASK's figures; returns ``time_s`` as a float."""
     _count(mem_bytes, "mem_bytes")
     _count(cores, "cores", 1)
+    if not isinstance(lane, bool):
+        raise ValueError(f"lane must be a bool, got {lane!r:.80}")
     if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or math.isnan(time_s) or time_s < 0:
         raise ValueError(f"time_s must be a number >= 0, got {time_s!r:.80}")
     return float(time_s)
@@ -281,16 +275,11 @@ class Ask(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores))
-        if not isinstance(self.lane, bool):
-            raise ValueError(f"lane must be a bool, got {self.lane!r:.80}")
+        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores, self.lane))
 
-    def to_header(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"task_id": self.task_id, "mem_bytes": self.mem_bytes, "time_s": self.time_s,
-                               "cores": self.cores}  # fmt: skip
-        if self.lane:
-            out["lane"] = True
-        return out
+    def to_header(self) -> dict[str, Any]:  # (no "lane" unless asked: the header of the first form)
+        out = {"task_id": self.task_id, "mem_bytes": self.mem_bytes, "time_s": self.time_s, "cores": self.cores}
+        return {**out, "lane": True} if self.lane else out
 
     @classmethod
     def made(cls, task_id: str, mem_bytes: int, time_s: float, cores: int) -> Ask:

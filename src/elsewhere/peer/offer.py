@@ -100,7 +100,8 @@ class Offer(WorkerState):
             data["datagrams_dropped"] = self.listener.dropped
             data["datagrams_received"] = self.listener.received
         data["unacked"] = sum(len(done) for done in self.unacked.values())  # results kept
-        data["function_parts"] = sum(len(p.fns) for p in self.peers)  # kept for controllers
+        data["function_parts"] = (sum(len(p.fns) for p in self.peers)  # kept for controllers (and by lanes)
+                                  + sum(int(r.info.get("parts", 0)) for r in self.running.values()))  # fmt: skip
         data["handshaking"] = len(self.handshaking)  # connections not authenticated (yet)
         data["controllers"] = len(self.peers) - len(self.handshaking)
         data["pid"] = os.getpid()

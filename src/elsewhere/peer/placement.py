@@ -24,7 +24,7 @@ from typing import Any
 from .announce import Announcement, PeerState
 from .discovery import DiscoveryConfig
 from .keys import GroupKey
-from .messages import Ask
+from .messages import LANE_SUFFIX, Ask
 from .peertable import PeerInfo
 from .recorder import GroupWriter
 from .stream import ConnectionPump
@@ -115,6 +115,15 @@ class Worker:
         self.failures = 0
         self.listed = True
         self.events = 0  # what the controller's selector watches its socket for now
+        self.lane_of: Worker | None = None  # a lane: the worker whose task process it reaches
+        self.lane: Worker | None = None  # this worker's lane, if it has one
+        self.lane_after = 0.0  # no lane is opened to it before this (one was refused, or ended)
+        self.lane_asked = False  # (a lane: its one lane ASK went)
+
+    @property
+    def key(self) -> str:
+        """Its key among the controller's workers: the peer id (a lane's: with LANE_SUFFIX)."""
+        return self.peer_id + LANE_SUFFIX if self.lane_of is not None else self.peer_id
 
     @property
     def offer(self) -> tuple[Any, ...]:
@@ -273,7 +282,7 @@ class Candidates:
             idle = a.slots_free >= cores or (
                 a.state is PeerState.IDLE and sum(1 for b in w.batches.values() if b.sent) < slots)  # fmt: skip
             local = prefer_local and w.info.connect_address[0] in local_addresses
-            rank = (0 if idle else 2) + (0 if local else 1)
+            rank = 2 * ((0 if idle else 2) + (0 if local else 1)) + (0 if w.lane_of is not None else 1)
             heap.append((rank, n / slots, (a.mem_bytes - mem) if mem else 0, order, w, slots, n))
         heapq.heapify(heap)
         self._heap = heap
@@ -329,7 +338,7 @@ def choose_standing(workers: Iterable[Worker], settings: ControllerSettings,
         if len(w.batches) >= (2 * slots if short else slots):
             continue
         local = w.info.connect_address[0] in local_addresses
-        key = (0 if local else 1, -len(w.batches) if short else len(w.batches))
+        key = (0 if local else 1, 0 if w.lane_of is not None else 1, -len(w.batches) if short else len(w.batches))
         if best is None or key < best[0]:
             best = (key, w)
     return best[1] if best is not None else None
