@@ -124,12 +124,16 @@ def _median(xs):
     return xs[len(xs) // 2]
 
 
-def m_ew_rt(port: int, key: str, n: int = 200) -> dict:
+def m_ew_rt(port: int, key: str, n: int = 200, lanes: bool = True) -> dict:
     """The Executor's round trip, and ProcessPoolExecutor's (2 workers) in the same process,
-    in alternating blocks of 20: the same minute of this machine for both."""
+    in alternating blocks of 20: the same minute of this machine for both. ``lanes``: False,
+    every task through the worker daemon (ELSEWHERE_PEER_LANES=0)."""
     import concurrent.futures as cf
 
     import elsewhere as ew
+
+    if not lanes:
+        os.environ["ELSEWHERE_PEER_LANES"] = "0"
 
     with ew.Executor(on=_peers(port, key)) as ex, cf.ProcessPoolExecutor(2) as ppe:
         for i in range(30):
@@ -156,19 +160,21 @@ class WireClient:
     """A bare controller: the wire protocol on a blocking socket, no job folder."""
 
     def __init__(self, port: int, key_path: str, encrypt: bool = True, host: str = "127.0.0.1",
-                 ciphers: tuple[str, ...] | None = None) -> None:  # fmt: skip
+                 ciphers: tuple[str, ...] | None = None, lane: bool = False) -> None:  # fmt: skip
         import socket
 
         from elsewhere.peer.announce import new_peer_id
         from elsewhere.peer.keys import load_key
-        from elsewhere.peer.messages import Identity
+        from elsewhere.peer.messages import LANE_SUFFIX, Identity
         from elsewhere.peer.stream import ReusableBuffers
         from elsewhere.peer.wire import Connection, HandshakeComplete, Limits, Role
 
         self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffers = ReusableBuffers()  # warm receive buffers, as the controller keeps
-        self.conn = Connection(Role.INITIATOR, load_key(key_path), Identity(new_peer_id(), "b", "b"),
+        self.lane = lane  # a lane connection: its first ASK asks for the lane (a task process answers)
+        peer_id = new_peer_id() + (LANE_SUFFIX if lane else "")
+        self.conn = Connection(Role.INITIATOR, load_key(key_path), Identity(peer_id, "b", "b"),
                                limits=Limits(max_body_bytes=1 << 34), allocate=self.buffers, encrypt=encrypt,
                                ciphers=ciphers)  # (ciphers: what this controller offers; default by the CPU)
         self.events: list = []
@@ -220,7 +226,7 @@ class WireClient:
         self.n += 1
         tid = f"t{self.n}"
         if tid not in self.admitted:
-            self.conn.send(Ask(tid))
+            self.conn.send(Ask(tid, lane=self.lane and self.n == 1))
             self._send_pending()
             self.wait(Accept)
         data, oob = serial.dumps([(None, (arg,), {})])
@@ -248,8 +254,8 @@ class WireClient:
         return ev
 
 
-def m_wire_rt(port: int, key: str, n: int = 500) -> dict:
-    c = WireClient(port, key)
+def m_wire_rt(port: int, key: str, n: int = 500, lane: bool = False) -> dict:
+    c = WireClient(port, key, lane=lane)
     for i in range(50):
         c.run(noop, i)
     ts = []
@@ -609,7 +615,10 @@ def collect(rounds: int, quick: bool, only: set[str] | None, tmp: str,
     dask, ipp = have("distributed"), have("ipyparallel")
     if "rt" in want:
         plan += [("rt", "ew_rt", {"port": port, "key": key}, True),
-                 ("rt", "wire_rt", {"port": tcp_ports[0], "key": key}, False)]
+                 ("rt", "ew_rt_nolane", {"port": port, "key": key, "lanes": False}, True),
+                 ("rt", "wire_rt", {"port": tcp_ports[0], "key": key}, False),
+                 ("rt", "lane_rt", {"port": tcp_ports[1], "key": key, "lane": True}, False)]
+        children.update(ew_rt_nolane="ew_rt", lane_rt="wire_rt")
         plan += [("rt", "dask_rt", {}, False)] if dask else []
         plan += [("rt", "ipp_rt", {}, False)] if ipp and not quick else []
     if "tput" in want:
@@ -689,7 +698,10 @@ def report(got: dict) -> str:
     r = ppe_rt / ew_rt  # the target scaled by this machine's pace: 0.15 ms / 0.2 ms
     rows.append(["rt", "ProcessPoolExecutor submit().result() (this machine's pace)", fmt_time(ppe_rt),
                  f"{r:.2f}x", ">= 0.75x", verdict(r, 0.75)])
-    rows.append(["rt", "peer wire: TASK+ask / RESULT+accept (lower bound)", fmt_time(wire_rt), "", "", "info"])
+    rows.append(["rt", "ew.Executor without lanes (ELSEWHERE_PEER_LANES=0)", fmt_time(med("ew_rt_nolane")),
+                 f"{med('ew_rt_nolane', 'ppe') / med('ew_rt_nolane'):.2f}x", "", "info"])
+    rows.append(["rt", "peer wire: TASK+ask / RESULT+accept through the daemon", fmt_time(wire_rt), "", "", "info"])
+    rows.append(["rt", "peer wire through a lane (lower bound)", fmt_time(med("lane_rt")), "", "", "info"])
     rows.append(["rt", "dask client.submit().result()", fmt_time(dask_rt),
                  f"{dask_rt / ew_rt:.1f}x", "", "info"])
     rows.append(["rt", "ipyparallel apply_sync", fmt_time(ipp_rt), f"{ipp_rt / ew_rt:.1f}x", "", "info"])
@@ -755,7 +767,8 @@ def report(got: dict) -> str:
     return table(["group", "measurement", "elsewhere / figure", "ratio", "target", "verdict"], rows)
 
 
-PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "wire_rt"), ("rt", "dask_rt"), ("rt", "ipp_rt"),
+PLAN_GROUPS = [("rt", "ew_rt"), ("rt", "ew_rt_nolane"), ("rt", "wire_rt"), ("rt", "lane_rt"), ("rt", "dask_rt"),
+               ("rt", "ipp_rt"),
                ("tput", "ew_tput"), ("tput", "dask_tput"), ("tput", "ipp_tput"),
                ("big", "wire_big"), ("big", "ew_big"), ("big", "bare"), ("big", "bare_mac"),
                ("big", "dask_big"), ("big", "ipp_big"), ("bytes", "ew_bytes"), ("blas", "ew_blas"),
@@ -783,7 +796,9 @@ def figures_json(fig, got: dict) -> None:
                 ("ew.Executor", med("ew_rt")),
                 [(ppe, med("ew_rt", "ppe")), ("dask client.submit", med("dask_rt")),
                  ("ipyparallel apply_sync", med("ipp_rt"))], "s",
-                variants=[("the peer wire alone (a bare controller)", med("wire_rt"))],
+                variants=[("ew.Executor without lanes", med("ew_rt_nolane")),
+                          ("the peer wire alone (a bare controller)", med("wire_rt")),
+                          ("the peer wire alone, through a lane", med("lane_rt"))],
                 samples={"ew.Executor": every("ew_rt", "samples"), ppe: every("ew_rt", "ppe_samples")})  # fmt: skip
     fig.compare("tput", "10 000 no-op tasks on 2 workers", ("ew.map", med("ew_tput")),
                 [("dask client.map + gather", med("dask_tput")), ("ipyparallel map_sync", med("ipp_tput"))],
