@@ -157,7 +157,7 @@ def test_job_data_crosses_once_per_worker_whatever_the_functions(on: PeerCluster
         got = [ex.submit(functools.partial(with_table, float(k)), 1.0).result(timeout=30) for k in range(30)]
         sent = ex._stream.link.counters()["bytes_sent"]
     assert got == [float(k) + len(table) for k in range(30)]
-    assert sent < 3 * len(table), sent  # two workers: twice, not thirty times
+    assert sent < 5 * len(table), sent  # two workers, two connections each (its own, its lane): not thirty times
 
 
 def test_workers_without_job_parts_get_the_job_data_in_the_function_part() -> None:

@@ -5,6 +5,8 @@ worker daemon's lanes spoken to by a hand-driven controller."""
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import msgpack
@@ -20,6 +22,7 @@ from elsewhere.peer.messages import (
     Accept,
     Ask,
     Bye,
+    Cancel,
     Refuse,
     RefuseReason,
     Result,
@@ -169,5 +172,41 @@ def test_lanes_are_refused_where_a_task_process_cannot_serve_them(tmp_path: Path
         second = Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)
         assert isinstance(second.ask("x", cores=1), Refuse)  # a lane connection asks for a lane
         assert main.ask("m2") == Accept("m2")  # the controller's own connection is untouched
+    finally:
+        w.stop()
+
+
+def test_a_worker_asked_to_stop_ends_its_lanes_and_exits(tmp_path: Path, key_file: Path) -> None:
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    key = load_key(key_file)
+    try:
+        _main, lane = _lane_pair(port, key)
+        assert lane.ask("l1", lane=True) == Accept("l1")
+        lane.task("l1", abs, [(-3,)], ask=Ask("l2"))
+        assert lane.result("l1") == [(0, Outcome.OK, 3)]
+        w.signal(signal.SIGTERM)  # drain: the lane ends after the batch in hand (none), the worker exits
+        assert "stopping" in lane.next(Bye, 20).message.reason
+        assert w.proc.wait(20) == 0
+    finally:
+        w.stop()
+
+
+def test_a_task_admitted_before_a_lane_took_the_slot_is_not_stuck_behind_it(tmp_path: Path, key_file: Path) -> None:
+    # the controller's own connection was admitted (its ASK ahead), the slot went to its lane
+    # once that admission went unused for a moment; then the TASK comes: the lane ends after
+    # its batch and the TASK runs (before, it waited for as long as the lane lived)
+    w, port = start_worker(tmp_path, key_file, "--slots", "1")
+    key = load_key(key_file)
+    try:
+        main, lane = _lane_pair(port, key)
+        assert main.ask("m1") == Accept("m1")
+        lane.send(Ask("l1", lane=True))
+        time.sleep(0.2)  # the admission of m1 goes stale (unused); the next ASK admits the lane
+        main.send(Ask("m2"))
+        assert lane.next((Accept, Refuse), 20).message == Accept("l1")
+        main.task("m1", abs, [(-4,)])
+        assert "waits for this slot" in lane.next(Bye, 20).message.reason
+        assert main.result("m1") == [(0, Outcome.OK, 4)]
+        main.send(Cancel("m2"))  # (its admission would hold the worker's exit up)
     finally:
         w.stop()

@@ -232,6 +232,7 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Lanes, Offer, WorkerState)
         self.draining = why
         for h in self.admission.take_held():
             self._refuse(h.peer, h.ask, RefuseReason.DRAINING, "the worker is stopping")
+        self._end_lanes("the worker is stopping")  # after the batch each runs: then it exits
         self._announce_due = True
 
     # -- time ---------------------------------------------------------------------------

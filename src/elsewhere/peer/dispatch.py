@@ -87,7 +87,10 @@ class Dispatch(WorkerState):
             run = self.queued[0]
             busy = sum(r.ask.cores for r in self.running.values())
             if busy and busy + run.ask.cores > self.options.slots:
-                return  # over-admitted (an unused admission lost its slot): wait for one
+                # over-admitted (an unused admission lost its slot): wait for one; a slot a
+                # lane holds comes back after the lane's batch (its controller's lane first)
+                self._lane_for(run)
+                return
             idle = [c for c in self.children if c.ready and c.run is None and not c.dead and not c.retiring]
             # a child that has the job's modules loaded first: the clean one stays clean
             child = next((c for c in sorted(idle, key=lambda c: not c.dirty) if self._may_run(c, run)), None)

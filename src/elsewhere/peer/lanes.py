@@ -63,6 +63,10 @@ class Lanes(WorkerState):
         """Hand ``peer``'s connection, whose lane ASK was admitted (``run`` holds the slot),
         to an idle clean task process, or once one is ready (one is always kept warm and
         clean, or starting); refuse it (BUSY) if it cannot be handed over."""
+        if self.draining is not None:
+            self.admission.take(peer, ask.task_id)
+            self._refuse(peer, ask, RefuseReason.DRAINING, "the worker is stopping")
+            return
         child = next((c for c in self.children if c.ready and c.run is None and not c.dead and not c.retiring
                       and not c.dirty and not c.out), None)  # fmt: skip
         if child is None and len(self.lanes_waiting) < self.options.slots:
@@ -186,9 +190,29 @@ class Lanes(WorkerState):
         others = [r for r in lanes if waiting - {r.controller}]
         if not others:
             return  # (a controller's own ASK waits behind its lane: it has the slot)
-        run = min(others, key=lambda r: r.started)
-        run.info["ending"] = True
-        assert run.child is not None
-        run.child.send({"op": "lane-end", "why": "another controller waits for this worker's slot"}, [], [])
-        self._flush_child(run.child)
+        self._end_lane(min(others, key=lambda r: r.started), "another controller waits for this worker's slot")
         self.stats["lanes_taken_back"] += 1
+
+    def _lane_for(self, run: Run) -> None:
+        """A TASK that was admitted waits for a slot, and lanes hold slots (an admission
+        given before a lane took the slot: the controller sent its TASK there, not on the
+        lane): a lane ends after its batch, ``run``'s controller's own first, else the
+        oldest; one at a time. Without it the TASK waited for as long as the lane lived."""
+        lanes = [r for r in self.running.values() if r.info.get("lane")]
+        if not lanes or any(r.info.get("ending") for r in lanes):
+            return
+        own = [r for r in lanes if r.controller == run.controller]
+        self._end_lane(min(own or lanes, key=lambda r: r.started), "a task admitted earlier waits for this slot")
+        self.stats["lanes_given_way"] += 1
+
+    def _end_lanes(self, why: str) -> None:
+        """Every lane ends after the batch it runs (the worker drains)."""
+        for run in list(self.running.values()):
+            if run.info.get("lane") and not run.info.get("ending"):
+                self._end_lane(run, why)
+
+    def _end_lane(self, run: Run, why: str) -> None:
+        run.info["ending"] = True
+        if run.child is not None:
+            run.child.send({"op": "lane-end", "why": why}, [], [])
+            self._flush_child(run.child)
