@@ -349,13 +349,33 @@ def test_every_json_output_is_strict(ew_home, tally, shell):
 
 
 
+def _sigint_inherited() -> str:
+    """How this thread's SIGINT differs from a terminal command's ("" if it does not)."""
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    return " and ".join(w for w, on in (("blocked", blocked), ("ignored", ignored)) if on)
+
+
+def _sigint_as_at_a_terminal() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally):
     job = ew.submit(nap, [60], name="sleepy", on=ew.local(cores=1))
     timed_out = run_cli(tally, "wait", "sleepy", "--timeout", "0.3", "--no-progress")
     one_line_error(timed_out, 124, "did not reach finished")
     # Ctrl-C while it waits: 130 and one line, once the waiter sleeps on the job's notify fifo
+    # The waiter inherits this process's signal mask and ignored signals: a test run before
+    # this one in the same pytest process, or the shell that started pytest in the
+    # background, may have left SIGINT blocked or ignored, and then no Ctrl-C reaches it (it
+    # hung so twice). Said here if so, and the waiter starts as a terminal's command would.
+    inherited = _sigint_inherited()
+    if inherited:
+        print(f"note: this test's process has SIGINT {inherited}; the waiter starts without that")
     waiter = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "elsewhere", "wait", "sleepy", "--timeout",
-                               "60", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               "60", "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=_sigint_as_at_a_terminal)  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while not has_open(waiter.pid, "notify.fifo") and waiter.poll() is None:
@@ -367,7 +387,9 @@ def test_wait_timeout_cancel_and_ctrl_c_have_their_own_exit_codes(ew_home, tally
         try:
             out, err = waiter.communicate(timeout=30)
         except subprocess.TimeoutExpired:
-            where = _locks_held(None) + "\n" + _stopped_for_a_hang(waiter)
+            with open(f"/proc/{waiter.pid}/status") as f:  # (its signal mask, ignored and caught signals)
+                sig = "".join(line for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+            where = sig + _locks_held(None) + "\n" + _stopped_for_a_hang(waiter)
             pytest.fail(f"elsewhere wait went on for 30 s after Ctrl-C; where it was:\n{where}")
     finally:
         if waiter.poll() is None:
