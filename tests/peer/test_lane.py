@@ -4,14 +4,16 @@ worker daemon's lanes spoken to by a hand-driven controller."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
-from peer_procs import wait_until
+from peer_procs import WorkerProc, wait_until
 from peer_testing import make_pair, pump
 from test_daemon import Client, decode, start_worker
 
@@ -102,17 +104,21 @@ def test_a_connection_is_not_moved_in_the_middle_of_a_frame(key: GroupKey) -> No
 # ---------------------------------------------------------------- a worker daemon's lanes
 
 
-def _lane_pair(port: int, key: GroupKey) -> tuple[Client, Client]:
-    """A controller's own connection to the worker, and a lane connection of the same controller."""
-    main = Client(port, key)
-    return main, Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)
+@contextlib.contextmanager
+def _lane_worker(tmp_path: Path, key_file: Path, slots: int) -> Iterator[tuple[WorkerProc, Client, Client, int, GroupKey]]:
+    """A live worker of ``slots`` slots, a controller's own connection to it, and a lane
+    connection of the same controller (and the worker's port and key, for more clients)."""
+    w, port = start_worker(tmp_path, key_file, "--slots", str(slots))
+    key = load_key(key_file)
+    try:
+        main = Client(port, key)
+        yield w, main, Client(port, key, peer_id=main.peer_id + LANE_SUFFIX), port, key
+    finally:
+        w.stop()
 
 
 def test_a_lane_runs_its_tasks_in_a_task_process_and_gives_its_slot_back(tmp_path: Path, key_file: Path) -> None:
-    w, port = start_worker(tmp_path, key_file, "--slots", "1")
-    key = load_key(key_file)
-    try:
-        main, lane = _lane_pair(port, key)
+    with _lane_worker(tmp_path, key_file, 1) as (w, main, lane, port, key):
         assert lane.ask("l1", lane=True) == Accept("l1")  # said by the task process
         lane.task("l1", os.getpid, [()], ask=Ask("l2"))
         ev = lane.next(Result, 20)
@@ -139,15 +145,10 @@ def test_a_lane_runs_its_tasks_in_a_task_process_and_gives_its_slot_back(tmp_pat
         assert fate is Outcome.OK and pid2 == pid  # the same task process, the daemon's again
         assert main.next((Accept, Refuse), 20).message == Accept("m1")  # then the controller's own
         wait_until(lambda: w.stats().get("lanes_taken_back") == 1, 10, "the lane taken back")
-    finally:
-        w.stop()
 
 
 def test_a_lane_whose_task_process_dies_frees_its_slot(tmp_path: Path, key_file: Path) -> None:
-    w, port = start_worker(tmp_path, key_file, "--slots", "1")
-    key = load_key(key_file)
-    try:
-        main, lane = _lane_pair(port, key)
+    with _lane_worker(tmp_path, key_file, 1) as (w, main, lane, _port, _key):
         assert lane.ask("l1", lane=True) == Accept("l1")
         lane.task("l1", os._exit, [(3,)])
         with pytest.raises(ConnectionError):
@@ -156,15 +157,10 @@ def test_a_lane_whose_task_process_dies_frees_its_slot(tmp_path: Path, key_file:
         assert main.ask("m1") == Accept("m1")  # its slot is free
         main.task("m1", abs, [(-2,)])
         assert main.result("m1") == [(0, Outcome.OK, 2)]
-    finally:
-        w.stop()
 
 
 def test_lanes_are_refused_where_a_task_process_cannot_serve_them(tmp_path: Path, key_file: Path) -> None:
-    w, port = start_worker(tmp_path, key_file, "--slots", "2")
-    key = load_key(key_file)
-    try:
-        main, lane = _lane_pair(port, key)
+    with _lane_worker(tmp_path, key_file, 2) as (_w, main, lane, port, key):
         refused = lane.ask("l1", lane=True, time_s=60)
         assert isinstance(refused, Refuse) and refused.reason is RefuseReason.BUSY and "no memory or time" in refused.detail
         refused = main.ask("m1", lane=True)  # on the controller's own connection
@@ -172,33 +168,23 @@ def test_lanes_are_refused_where_a_task_process_cannot_serve_them(tmp_path: Path
         second = Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)
         assert isinstance(second.ask("x", cores=1), Refuse)  # a lane connection asks for a lane
         assert main.ask("m2") == Accept("m2")  # the controller's own connection is untouched
-    finally:
-        w.stop()
 
 
 def test_a_worker_asked_to_stop_ends_its_lanes_and_exits(tmp_path: Path, key_file: Path) -> None:
-    w, port = start_worker(tmp_path, key_file, "--slots", "1")
-    key = load_key(key_file)
-    try:
-        _main, lane = _lane_pair(port, key)
+    with _lane_worker(tmp_path, key_file, 1) as (w, _main, lane, _port, _key):
         assert lane.ask("l1", lane=True) == Accept("l1")
         lane.task("l1", abs, [(-3,)], ask=Ask("l2"))
         assert lane.result("l1") == [(0, Outcome.OK, 3)]
         w.signal(signal.SIGTERM)  # drain: the lane ends after the batch in hand (none), the worker exits
         assert "stopping" in lane.next(Bye, 20).message.reason
         assert w.proc.wait(20) == 0
-    finally:
-        w.stop()
 
 
 def test_a_task_admitted_before_a_lane_took_the_slot_is_not_stuck_behind_it(tmp_path: Path, key_file: Path) -> None:
     # the controller's own connection was admitted (its ASK ahead), the slot went to its lane
     # once that admission went unused for a moment; then the TASK comes: the lane ends after
     # its batch and the TASK runs (before, it waited for as long as the lane lived)
-    w, port = start_worker(tmp_path, key_file, "--slots", "1")
-    key = load_key(key_file)
-    try:
-        main, lane = _lane_pair(port, key)
+    with _lane_worker(tmp_path, key_file, 1) as (_w, main, lane, _port, _key):
         assert main.ask("m1") == Accept("m1")
         lane.send(Ask("l1", lane=True))
         time.sleep(0.2)  # the admission of m1 goes stale (unused); the next ASK admits the lane
@@ -208,5 +194,3 @@ def test_a_task_admitted_before_a_lane_took_the_slot_is_not_stuck_behind_it(tmp_
         assert "waits for this slot" in lane.next(Bye, 20).message.reason
         assert main.result("m1") == [(0, Outcome.OK, 4)]
         main.send(Cancel("m2"))  # (its admission would hold the worker's exit up)
-    finally:
-        w.stop()
