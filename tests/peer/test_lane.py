@@ -167,6 +167,9 @@ def test_lanes_are_refused_where_a_task_process_cannot_serve_them(tmp_path: Path
         assert isinstance(refused, Refuse) and "lane connection" in refused.detail
         second = Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)
         assert isinstance(second.ask("x", cores=1), Refuse)  # a lane connection asks for a lane
+        third = Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)  # one lane a slot, at most
+        with pytest.raises(ConnectionError):
+            third.ask("y", lane=True)
         assert main.ask("m2") == Accept("m2")  # the controller's own connection is untouched
 
 

@@ -40,7 +40,7 @@ class Lanes(WorkerState):
         controller's connection (it replaces none). False if it was closed (too many)."""
         controller = g.peer_id[: -len(LANE_SUFFIX)]
         open_ = sum(1 for p in self.peers if p.lane and p.controller == controller and not p.closed)
-        if not controller or open_ > self.options.slots:
+        if not controller or open_ >= self.options.slots:
             self.stats["lanes_over_cap"] += 1
             self._send(peer, Error("busy", f"at most {self.options.slots} lanes of one controller"))
             self._close(peer, "too many lanes")
