@@ -197,3 +197,19 @@ def test_a_task_admitted_before_a_lane_took_the_slot_is_not_stuck_behind_it(tmp_
         assert "waits for this slot" in lane.next(Bye, 20).message.reason
         assert main.result("m1") == [(0, Outcome.OK, 4)]
         main.send(Cancel("m2"))  # (its admission would hold the worker's exit up)
+
+
+def test_a_worker_with_an_idle_lane_idles_out(tmp_path: Path, key_file: Path) -> None:
+    # --maxidle: a lane that runs no task keeps the worker no more than an unused admission
+    w, port = start_worker(tmp_path, key_file, "--slots", "1", "--maxidle", "1")
+    key = load_key(key_file)
+    try:
+        main = Client(port, key)
+        lane = Client(port, key, peer_id=main.peer_id + LANE_SUFFIX)
+        assert lane.ask("l1", lane=True) == Accept("l1")
+        lane.task("l1", abs, [(-5,)], ask=Ask("l2"))
+        assert lane.result("l1") == [(0, Outcome.OK, 5)]  # then nothing more
+        assert "stopping" in lane.next(Bye, 30).message.reason
+        assert w.proc.wait(30) == 0
+    finally:
+        w.stop()

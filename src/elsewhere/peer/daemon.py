@@ -245,7 +245,12 @@ class PeerWorker(Inbound, Intake, Dispatch, Delivery, Lanes, Offer, WorkerState)
         opts = self.options
         if now - self.started > opts.maxtime and self.draining is None:
             self._drain(f"ran for its maximum time ({opts.maxtime:.0f} s)")
-        idle = not (self.running or self.queued or self.admission.reserved or self.admission.held)
+        # (a lane is busy while its task process runs a task, and keeps last_busy as it tells
+        # the tasks it ran; an idle Executor's lane lets the worker idle out, as its unused
+        # admissions do)
+        idle = not (any(not r.info.get("lane") or (r.child is not None and r.child.current()[0] != -1)
+                        for r in self.running.values())
+                    or self.queued or self.admission.reserved or self.admission.held)  # fmt: skip
         if idle and now - self.last_busy > opts.maxidle and self.draining is None:
             self._drain(f"idle for {opts.maxidle:.0f} s (maxidle)")
         self._check_limits(now)
