@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -426,6 +427,19 @@ def _lane_tasks(workers: Workers) -> int:
     return sum(w.stats().get("lane_tasks", 0) for w in workers)
 
 
+def _settled_lane_tasks(workers: Workers) -> int:
+    """The workers' count of lane tasks once it stays put for longer than a lane waits to tell it."""
+    counts = [_lane_tasks(workers)]
+
+    def settled() -> bool:
+        time.sleep(0.7)  # (a lane tells its tasks every 0.5 s at most)
+        counts.append(_lane_tasks(workers))
+        return counts[-1] == counts[-2]
+
+    wait_until(settled, 15, "the lanes' task counts to settle")
+    return counts[-1]
+
+
 def test_an_executors_tasks_go_on_lanes_to_the_task_processes(on: PeerCluster, lab_workers: Workers) -> None:
     # an open Executor's tasks, one at a time: once a worker's lane is open they go to its
     # task process directly (the daemon counts them when the lane tells it), the results
@@ -442,8 +456,7 @@ def test_an_executors_tasks_go_on_lanes_to_the_task_processes(on: PeerCluster, l
 def test_without_lanes_every_task_goes_through_the_worker_daemon(
         on: PeerCluster, lab_workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("ELSEWHERE_PEER_LANES", "0")
-    wait_until(lambda: (n := _lane_tasks(lab_workers)) == _lane_tasks(lab_workers) and [n], 5, "quiet")
-    before = _lane_tasks(lab_workers)
+    before = _settled_lane_tasks(lab_workers)  # (an earlier test's lanes told all they ran)
     with ew.Executor(on=on) as ex:
         assert [ex.submit(square, k).result(timeout=30) for k in range(100)] == [k * k for k in range(100)]
         assert ex._stream.link.counters().get("lanes_opened", 0) == 0

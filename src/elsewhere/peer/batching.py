@@ -134,8 +134,7 @@ class Batching(ControllerState):
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         pending, final, cancelled = self.pending, self.final, self.cancelled
-        if w.lane_of is not None and pending and pending[0] in self.off_lanes:
-            w = w.lane_of  # a task whose lane broke under it goes through the worker itself
+        w = self._through(w)
         take = pending.popleft
         if k == 1:  # a batch of one task (longer than a batch: the usual case at scale)
             i = take()
@@ -304,6 +303,13 @@ class Batching(ControllerState):
         else:
             w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
 
+    def _through(self, w: Worker) -> Worker:
+        """The worker the next pending task goes to when ``w`` is chosen: the lane's worker
+        itself if ``w`` is a lane and the task's lane broke under it (a worker daemon tells a
+        death as lost), else ``w``."""
+        main = w.lane_of
+        return main if main is not None and self.pending and self.pending[0] in self.off_lanes else w
+
     def _stand(self, now: float) -> None:
         """An open stream job (an Executor) with nothing to place: ask one worker ahead, so
         the next task skips a round trip. The worker lets another controller have the slot
@@ -355,7 +361,7 @@ class Batching(ControllerState):
     def _fill_standing(self, b: Batch, *, send: bool = True) -> None:
         """Give a standing batch the pending tasks (as many as one batch takes); send them
         if it was admitted already. (Not a lane's, to a task whose lane broke under it.)"""
-        if b.worker.lane_of is not None and self.pending and self.pending[0] in self.off_lanes:
+        if self._through(b.worker) is not b.worker:
             return
         if len(self.pending) == 1:  # an Executor's task, one at a time: no batch to size
             k = 1

@@ -42,6 +42,15 @@ _MAX_STARTING = max(1, usable_cores() // 2)
 _CHILD_FNS = 16  # function and job parts a child keeps unpickled (the daemon says which go)
 
 
+def take_user_files(child: ChildProcess, header: dict[str, Any]) -> None:
+    """The user modules a task process reports it imported (``user_files``), kept with it."""
+    files = header.get("user_files")
+    if isinstance(files, list):
+        for f in files:
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
+
+
 def subtree_rss(pids: list[int]) -> dict[int, int]:
     """The resident memory, in bytes, of each of ``pids`` with all its descendants (0 for a
     process that is gone), found down each tree through ``/proc/PID/task/TID/children``: a
@@ -237,11 +246,7 @@ class Dispatch(WorkerState):
         take_results(child, header, body, fds)
         if run is not None and len(run.kept) > kept:
             self.stats["results_from_inputs"] += len(run.kept) - kept
-        files = header.get("user_files")
-        if isinstance(files, list):
-            for f in files:
-                with contextlib.suppress(TypeError, ValueError):
-                    child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
+        take_user_files(child, header)
         with contextlib.suppress(TypeError, ValueError):
             self.stats["child_busy_polls"] += int(header.get("polls", 0))
             self.stats["child_fast_tasks"] += int(header.get("fast", 0))

@@ -18,7 +18,7 @@ from typing import Any
 
 from .admission import Peer
 from .messages import MAX_ACKS, Accept, Ask, Error, Refuse, RefuseReason, Task
-from .runs import Run, job_context
+from .runs import Run, job_context, task_layout
 from .workerstate import WorkerState
 
 __all__ = ["Intake"]
@@ -94,12 +94,7 @@ class Intake(WorkerState):
             run = Run(self._seq, peer.controller, msg.task_id, Ask(msg.task_id), {})
         info = msg.info
         try:
-            ntask = int(info["ntask"])
-            nfn = int(info.get("nfn", 0))
-            njp = int(info.get("njpart", 0))
-            items = [[int(i), int(a)] for i, a in info["items"]]
-            if not (ntask >= 1 and nfn >= 0 and njp >= 0 and ntask + nfn + njp == len(buffers) and items):
-                raise ValueError("buffer counts do not match")
+            ntask, nfn, njp, items = task_layout(info, len(buffers))
         except (KeyError, TypeError, ValueError) as exc:
             self._send(peer, Error("task", f"malformed TASK {msg.task_id!r}: {exc}"))
             self._close(peer, f"malformed TASK: {exc}")

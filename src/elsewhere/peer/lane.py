@@ -43,7 +43,15 @@ from .messages import (
     Result,
     Task,
 )
-from .runs import Run, build_result, cap_result, fill_unfinished, run_tasks, take_results
+from .runs import (
+    Run,
+    build_result,
+    cap_result,
+    fill_unfinished,
+    run_tasks,
+    take_results,
+    task_layout,
+)
 from .stream import Closed, ConnectionPump
 from .wire import Connection, Limits, Received
 
@@ -137,10 +145,7 @@ class _Lane:
         """Run the batch of a TASK and send its RESULT (the next ASK's ACCEPT folded in)."""
         info = msg.info
         try:
-            ntask, nfn, njp = int(info["ntask"]), int(info.get("nfn", 0)), int(info.get("njpart", 0))
-            items = [[int(i), int(a)] for i, a in info["items"]]
-            if not (ntask >= 1 and nfn >= 0 and njp >= 0 and ntask + nfn + njp == len(buffers) and items):
-                raise ValueError("buffer counts do not match")
+            ntask, nfn, njp, items = task_layout(info, len(buffers))
         except (KeyError, TypeError, ValueError) as exc:
             self.conn.send(Error("task", f"malformed TASK {msg.task_id!r}: {exc}"))
             self.ending = f"malformed TASK: {exc}"

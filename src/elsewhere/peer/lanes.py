@@ -26,11 +26,13 @@ from typing import Any
 from ..util.errors import PeerError
 from .admission import Peer
 from .children import ChildProcess
+from .dispatch import take_user_files
 from .messages import LANE_SUFFIX, Ask, Error, Greeting, RefuseReason
 from .runs import Run, job_context
 from .workerstate import WorkerState
 
-__all__ = ["LANE_SUFFIX", "Lanes"]
+__all__ = ["Lanes"]
+
 
 class Lanes(WorkerState):
     """How :class:`~.daemon.PeerWorker` hands lanes over and takes them back (see the module doc)."""
@@ -146,46 +148,40 @@ class Lanes(WorkerState):
         run = child.run
         if run is None or not run.info.get("lane"):
             return
-        now = time.monotonic()
-        self.running.pop(run.seq, None)
-        self.fair.finished(run.seq, now)
+        self._lane_over(run)
         child.run = None
-        self.last_busy = now
-        self._announce_due = True
         self.stats["lane_batches"] += int(header.get("batches") or 0)
         child.dirty = bool(header.get("dirty"))
         job = header.get("job")
         if child.dirty and isinstance(job, dict):
             child.job_id = str(job.get("id", "")) or None
             child.context = job_context(run.info["user"], run.info["host"], job)
-        for f in header.get("user_files") or ():
-            try:
-                child.user_files.append((str(f[0]), int(f[1]), int(f[2])))
-            except (TypeError, ValueError, IndexError):
-                pass
+        take_user_files(child, header)
         self._dispatch()
         self._admit()  # the slot, to the ASKs that waited for it
 
     def _lane_died(self, run: Run) -> None:
         """A lane's task process died (or was killed): its slot is free. The controller sees
         the connection end, and places the batch it had there again."""
-        self.running.pop(run.seq, None)
-        self.fair.finished(run.seq, time.monotonic())
+        self._lane_over(run)
         self.stats["lanes_lost"] += 1
-        self._announce_due = True
         self._admit()
+
+    def _lane_over(self, run: Run) -> None:
+        """A lane ended or died: its slot is free."""
+        now = time.monotonic()
+        self.running.pop(run.seq, None)
+        self.fair.finished(run.seq, now)
+        self.last_busy = now
+        self._announce_due = True
 
     def _take_lanes_back(self) -> None:
         """ASKs wait for a slot and lanes hold some: a lane of a controller other than a
         waiting one's ends after the batch it runs (the oldest; one lane at a time is asked),
         and fair share gives the slot. A controller's own ASK does not end its lane."""
-        if not self.admission.held:
+        lanes = self._lanes_to_end()
+        if not lanes or not self.admission.held:
             return
-        lanes = [r for r in self.running.values() if r.info.get("lane") and not r.info.get("ending")]
-        if not lanes:
-            return
-        if len(lanes) < sum(1 for r in self.running.values() if r.info.get("lane")):
-            return  # one is ending already
         waiting = {h.peer.controller for h in self.admission.held}
         others = [r for r in lanes if waiting - {r.controller}]
         if not others:
@@ -198,12 +194,17 @@ class Lanes(WorkerState):
         given before a lane took the slot: the controller sent its TASK there, not on the
         lane): a lane ends after its batch, ``run``'s controller's own first, else the
         oldest; one at a time. Without it the TASK waited for as long as the lane lived."""
-        lanes = [r for r in self.running.values() if r.info.get("lane")]
-        if not lanes or any(r.info.get("ending") for r in lanes):
+        lanes = self._lanes_to_end()
+        if not lanes:
             return
         own = [r for r in lanes if r.controller == run.controller]
         self._end_lane(min(own or lanes, key=lambda r: r.started), "a task admitted earlier waits for this slot")
         self.stats["lanes_given_way"] += 1
+
+    def _lanes_to_end(self) -> list[Run]:
+        """The running lanes, of which one may be asked to end: none while one is ending."""
+        lanes = [r for r in self.running.values() if r.info.get("lane")]
+        return [] if any(r.info.get("ending") for r in lanes) else lanes
 
     def _end_lanes(self, why: str) -> None:
         """Every lane ends after the batch it runs (the worker drains)."""

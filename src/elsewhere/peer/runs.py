@@ -24,7 +24,8 @@ from .childmsg import GROUP_BYTES, Outcome
 from .children import ChildProcess
 from .messages import Ask
 
-__all__ = ["Done", "Run", "build_result", "build_run_message", "cap_result", "fill_unfinished", "take_results"]
+__all__ = ["Done", "Run", "build_result", "build_run_message", "cap_result", "fill_unfinished", "take_results",
+           "task_layout"]
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _NO_VALUES = pickle.dumps([], protocol=5)
@@ -54,6 +55,17 @@ class Run:
     held: list[tuple[Any, bool]] = field(default_factory=list)  # those buffers, reusable after?
     context: tuple[Any, ...] = ()  # who sent it and the job's surroundings: see job_context
     alone: list[int] = field(default_factory=list)  # tasks to run again each alone (its child died)
+
+
+def task_layout(info: dict[str, Any], nbuffers: int) -> tuple[int, int, int, list[list[int]]]:
+    """A TASK's buffer counts (tasks, function part, job part) and its items, checked
+    against the ``nbuffers`` it came with; ValueError (or KeyError, TypeError) if they do not
+    hold (the daemon's and a lane's reading of a TASK)."""
+    ntask, nfn, njp = int(info["ntask"]), int(info.get("nfn", 0)), int(info.get("njpart", 0))
+    items = [[int(i), int(a)] for i, a in info["items"]]
+    if not (ntask >= 1 and nfn >= 0 and njp >= 0 and ntask + nfn + njp == nbuffers and items):
+        raise ValueError("buffer counts do not match")
+    return ntask, nfn, njp, items
 
 
 def job_context(user: str, host: str, job: dict[str, Any]) -> tuple[Any, ...]:
