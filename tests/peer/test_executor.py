@@ -482,3 +482,80 @@ def test_a_task_that_kills_its_lanes_process_is_lost_alone(on: PeerCluster, lab_
         assert "exit code 3" in str(err.value) or "exited" in str(err.value), err.value  # the daemon's account
         assert [ex.submit(exits_on, k, -1).result(timeout=30) for k in range(50)] == list(range(50))
         assert ex._stream.link.counters().get("lanes_broken", 0) == 1  # (not the other worker's lane too)
+
+
+# ---------------------------------------------------------------- a waiting caller reads
+
+
+def test_a_caller_waiting_for_a_short_task_reads_its_result_itself(
+        on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # result() on a short task polls the task's connection in the caller's thread and reads
+    # the RESULT there (the loop's thread is not woken for it); a generous poll here, so
+    # that a loaded machine still answers within it
+    from elsewhere.peer import controller
+
+    monkeypatch.setattr(controller, "_SPIN_LEAST_S", 0.05)
+    with ew.Executor(on=on) as ex:
+        got = [ex.submit(square, k).result(timeout=30) for k in range(200)]
+        reads = ex._stream.link.counters().get("caller_reads", 0)
+    assert got == [k * k for k in range(200)]
+    assert reads >= 100, reads
+
+
+def test_with_no_spin_the_loop_reads_every_result(on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ELSEWHERE_PEER_SPIN_MS", "0")
+    with ew.Executor(on=on) as ex:
+        assert [ex.submit(square, k).result(timeout=30) for k in range(100)] == [k * k for k in range(100)]
+        assert ex._stream.link.counters().get("caller_reads", 0) == 0
+
+
+def test_callers_in_several_threads_each_get_their_own_results(
+        on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # one connection, four waiting threads: one reads it at a time, the others wait as
+    # usual, and each result reaches its own future whoever read it
+    from elsewhere.peer import controller
+
+    monkeypatch.setattr(controller, "_SPIN_LEAST_S", 0.05)
+    got: dict[int, list[int]] = {}
+    with ew.Executor(on=on) as ex:
+
+        def run(t: int) -> None:
+            got[t] = [ex.submit(square, 1000 * t + k).result(timeout=30) for k in range(60)]
+
+        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        reads = ex._stream.link.counters().get("caller_reads", 0)
+    assert got == {t: [(1000 * t + k) ** 2 for k in range(60)] for t in range(4)}
+    assert reads > 0
+
+
+def test_a_timeout_holds_while_the_caller_polls(on: PeerCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the tasks so far were short, so the caller polls for the next; a task that is not
+    # short still times out when asked to (and runs on)
+    from elsewhere.peer import controller
+
+    monkeypatch.setattr(controller, "_SPIN_LEAST_S", 10.0)
+    monkeypatch.setenv("ELSEWHERE_PEER_SPIN_MS", "1000")  # (a poll as long as the timeout allows)
+    with ew.Executor(on=on) as ex:
+        assert [ex.submit(square, k).result(timeout=30) for k in range(50)] == [k * k for k in range(50)]
+        slow = ex.submit(time.sleep, 5)
+        t0 = time.monotonic()
+        with pytest.raises(cf.TimeoutError, match=r"did not finish within 0\.1 s"):
+            slow.result(timeout=0.1)
+        assert time.monotonic() - t0 < 0.9  # not the whole second of polling
+        assert not slow.done()
+        assert ex.kill(slow)
+        assert ex.submit(square, 3).result(timeout=30) == 9
+
+
+def test_a_bad_spin_setting_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elsewhere.peer.controlstate import _spin_s
+
+    monkeypatch.setenv("ELSEWHERE_PEER_SPIN_MS", "fast")
+    with pytest.raises(ElsewhereError, match="ELSEWHERE_PEER_SPIN_MS must be 0 to 1000"):
+        _spin_s()
+    monkeypatch.setenv("ELSEWHERE_PEER_SPIN_MS", "0.5")
+    assert _spin_s() == 0.0005

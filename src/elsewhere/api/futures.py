@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import time
 from typing import Any
 
 from ..util.errors import RemoteTraceback, TaskError
@@ -45,15 +46,26 @@ class StreamFuture(cf.Future[Any]):
 
     def result(self, timeout: float | None = None) -> Any:
         try:
-            return super().result(timeout)
+            return super().result(self._help(timeout))
         except cf.TimeoutError:
             raise cf.TimeoutError(self._late(timeout)) from None
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         try:
-            return super().exception(timeout)
+            return super().exception(self._help(timeout))
         except cf.TimeoutError:
             raise cf.TimeoutError(self._late(timeout)) from None
+
+    def _help(self, timeout: float | None) -> float | None:
+        """Before waiting: let the cluster's controller in this process (the peers) read
+        the result in this thread, if it can (``Controller.wait_for``); what is left of
+        ``timeout`` after that."""
+        wait_for = getattr(self._ew_stream.link, "wait_for", None)
+        if wait_for is None or self._state == "FINISHED" or self._ew_index < 0:
+            return timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait_for(self._ew_index, self.done, deadline)
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     def _late(self, timeout: float | None) -> str:
         """What a timeout says: where the call is, and what holds it back (the backend's note)."""

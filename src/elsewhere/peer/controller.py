@@ -46,9 +46,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
+import select
+import selectors
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .announce import Announcement, PeerState
@@ -60,7 +64,7 @@ from .links import Links
 from .messages import Bye, Cancel
 from .notes import RUNNING_FILE, Notes
 from .peertable import PeerInfo
-from .placement import ControllerSettings, local_addresses
+from .placement import ControllerSettings, Worker, local_addresses
 from .recorder import Recorder
 from .results import _ACK_S, Results
 from .retries import MAX_RESUBMITS, Retries
@@ -74,6 +78,8 @@ log = logging.getLogger(__name__)
 
 _PUT_WAIT_S = 0.002
 """How long ``put`` waits for the loop to finish its turn before leaving the task to it."""
+_SPIN_LEAST_S = 0.0005
+"""A waiting caller polls for twice the tasks' mean time and this (at most ``spin_s``)."""
 
 
 class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
@@ -151,6 +157,88 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         anything in the loop, and the caller learns at once what cannot be pickled (this
         raises what pickling raises)."""
         return self.encoder.prepare(entry)
+
+    def wait_for(self, index: int, done: Callable[[], bool], deadline: float | None) -> None:
+        """The caller's thread waits for task ``index`` (an Executor's ``result()``).
+
+        While the tasks are short, the caller first polls the connection the task went on
+        without sleeping, for about twice a task's time (at most ``spin_s``), reads what
+        comes itself and hands it out: on two shared cores, a thread woken on another core
+        costs more than the whole frame (measured: a caller that sleeps on the connection
+        instead gains nothing over the loop's thread waking it). The loop does not watch
+        that connection meanwhile. Returns once ``done()``, once the spin or ``deadline``
+        (monotonic) is over, or at once when it cannot help: the caller then waits as usual.
+        """
+        if not self.spin_s or self._thread is None or threading.current_thread() is self._thread:
+            return
+        poller = select.poll()
+        until = None
+        while not done():
+            if not self._state.acquire(blocking=False):
+                return  # the loop is at work: it reads the result itself
+            try:
+                w = self._helping(index)
+                if w is None:
+                    return
+                sock = w.sock
+                assert sock is not None
+                if until is None:
+                    until = time.monotonic() + min(self.spin_s, 2 * self.mean_s + _SPIN_LEAST_S)
+                    if deadline is not None:
+                        until = min(until, deadline)
+                try:
+                    self.sel.unregister(sock)
+                except (KeyError, ValueError):
+                    return  # another caller's thread reads it now
+            finally:
+                self._state.release()
+            readable: list[Any] = []
+            try:
+                poller.register(sock, select.POLLIN)
+                readable = _spin(poller, until)
+                poller.unregister(sock)
+            finally:
+                with self._state:
+                    try:
+                        if readable and w.sock is sock:
+                            self._read_for_caller(w)
+                    finally:
+                        # watched again once read (else the loop would wake for what was
+                        # read), unless the loop dropped it meanwhile, and closed it
+                        if w.sock is sock:
+                            self.sel.register(sock, w.events or selectors.EVENT_READ, ("worker", w))
+            if self.outcomes:
+                self._deliver_outcomes()
+            if not readable:
+                return
+
+    def _read_for_caller(self, w: Worker) -> None:
+        """A turn of the loop on ``w``'s connection, in a waiting caller's thread."""
+        self.stats["caller_reads"] += 1
+        self._corked = True
+        try:
+            self._on_readable(w, selectors.EVENT_READ)
+            self._place(time.monotonic())
+        finally:
+            self._corked = False
+        self._flush_unflushed()
+
+    def _helping(self, index: int) -> Worker | None:
+        """The worker whose connection the caller may read for task ``index`` (see
+        :meth:`wait_for`): the one batch it is in was sent there, its tasks are short, and
+        nothing waits to be written to it."""
+        if self._loop_ended or not self._short():
+            return None
+        bids = self.inflight.get(index)
+        if bids is None or len(bids) != 1:
+            return None
+        b = self.batches.get(next(iter(bids)))
+        if b is None or not b.sent:
+            return None
+        w = b.worker
+        if w.state != "ready" or w.sock is None or w.events != selectors.EVENT_READ:
+            return None
+        return w
 
     def cancel_task(self, index: int) -> None:
         """Drop task ``index``: it is not placed again, and its result is not kept."""
@@ -336,3 +424,13 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
             self.running_view.clear()
         self.waker.close()
         self.sel.close()
+
+
+def _spin(poller: select.poll, until: float) -> list[Any]:
+    """Poll without sleeping until ``until`` (monotonic), yielding the core between looks;
+    what became ready, or [] once the time is up."""
+    while True:
+        ready = poller.poll(0)
+        if ready or time.monotonic() >= until:
+            return ready
+        os.sched_yield()

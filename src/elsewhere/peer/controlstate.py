@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..folder.taskmap import TaskSet
+from ..util.errors import ConfigError
 from ..util.progress import NoteTeller
 from .announce import new_peer_id
 from .discovery import Announcer, Listener
@@ -110,6 +111,7 @@ class ControllerState:
         # serve them (ELSEWHERE_PEER_LANES=0: none, every task through the worker daemon)
         self.lanes_wanted = (self.stream and not settings.mem_bytes and not settings.time_s
                              and settings.cores == 1 and os.environ.get("ELSEWHERE_PEER_LANES", "1") != "0")  # fmt: skip
+        self.spin_s = _spin_s()  # how long a caller waiting for a short task's result spins
         self.retries = int(meta.get("retries", 0))
         self.rerun_spec = meta.get("retry")  # retries=ew.Retry(on=...): errors run again
         self.later: dict[int, float] = {}  # errors run again: task -> when (monotonic) to place it
@@ -294,3 +296,16 @@ class ControllerState:
                 b = self.batches.get(bid)
                 if b is not None and all(i in final or i in self.cancelled for i in b.indices):
                     self._withdraw(b)  # a copy elsewhere that nobody needs any more
+
+
+def _spin_s() -> float:
+    """``ELSEWHERE_PEER_SPIN_MS``: how long, at most, a thread waiting for a short task's
+    result polls its connection without sleeping (default 2 ms; 0: it sleeps at once)."""
+    text = os.environ.get("ELSEWHERE_PEER_SPIN_MS", "2")
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0.0 <= ms <= 1000.0:
+        raise ConfigError(f"ELSEWHERE_PEER_SPIN_MS must be 0 to 1000 (milliseconds), not {text!r}")
+    return ms / 1000.0

@@ -89,7 +89,9 @@ class Notes(ControllerState):
         a TASK; ``accepts_folded``: ACCEPTs that came inside a RESULT), refusals by reason,
         batches, duplicates,
         bytes on the wire both ways (``bytes_sent``, ``bytes_received``) and the payload
-        bytes they carried (``payload_bytes`` of tasks, ``result_bytes`` of results)."""
+        bytes they carried (``payload_bytes`` of tasks, ``result_bytes`` of results);
+        ``caller_reads``: reads of a connection made by a thread waiting for a result
+        (``Controller.wait_for``)."""
         out = dict(self.stats)
         for w in list(self.workers.values()):
             pump = w.pump

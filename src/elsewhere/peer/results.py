@@ -213,7 +213,8 @@ class Results(ControllerState):
     def _deliver_outcomes(self) -> None:
         """Hand the values of this turn to the Executor, once the turn's lock is released and
         its frames are sent: the thread a value wakes may then place its next task at once."""
-        outcomes, self.outcomes = self.outcomes, []
+        with self._state:  # (the loop's thread and a caller's in Controller.wait_for hand out)
+            outcomes, self.outcomes = self.outcomes, []
         for index, ok, value, seed in outcomes:
             try:
                 self.on_outcome(index, ok, value, seed)
