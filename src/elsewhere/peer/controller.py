@@ -182,6 +182,7 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
                     return
                 sock = w.sock
                 assert sock is not None
+                fd = sock.fileno()  # (polled by number: the loop may close it meanwhile)
                 if until is None:
                     until = time.monotonic() + min(self.spin_s, 2 * self.mean_s + _SPIN_LEAST_S)
                     if deadline is not None:
@@ -194,9 +195,11 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
                 self._state.release()
             readable: list[Any] = []
             try:
-                poller.register(sock, select.POLLIN)
-                readable = _spin(poller, until)
-                poller.unregister(sock)
+                poller.register(fd, select.POLLIN)
+                try:
+                    readable = _spin(poller, until)
+                finally:
+                    poller.unregister(fd)
             finally:
                 with self._state:
                     try:
