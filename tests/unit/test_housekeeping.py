@@ -74,6 +74,41 @@ def test_removals_left_at_exit_are_done_before_the_process_ends(tmp_path):
     assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".spare")) == []
 
 
+def test_a_process_that_ends_while_its_purged_folder_is_made_a_spare_leaves_no_half_made_one(tmp_path):
+    # The thread renames a purged folder under .spare/.building-* and empties it; a process
+    # that ended meanwhile left it there whole (its results too) for the sweep an hour on.
+    # At exit, the thread's work in hand is finished first.
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from elsewhere.folder import housekeeping
+        from elsewhere.folder.lifecycle import remove_folder
+        root = Path({str(tmp_path)!r})
+        job = root / "job"
+        housekeeping.make_job_folder(job)
+        deadline = time.monotonic() + 30
+        while not housekeeping._ready(root / housekeeping.SPARES):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # the next spare is made: a purge now makes the second
+        (job / "results" / "w.bin").write_bytes(b"x" * 100_000)
+        empty = housekeeping._empty
+        def slow_empty(folder):  # a folder of many files: emptying it takes a while
+            time.sleep(0.5)
+            empty(folder)
+        housekeeping._empty = slow_empty
+        remove_folder(job)
+        while not housekeeping._doing:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        time.sleep(0.05)  # in slow_empty now; the process ends
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    left = os.listdir(tmp_path / housekeeping.SPARES)
+    assert [n for n in left if n.startswith(".building-")] == [], left
+    assert len(spares(tmp_path)) == 2  # the purged folder is the second spare
+    assert sorted(n for n in os.listdir(tmp_path) if n != housekeeping.SPARES) == []
+
+
 def ended_pid():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=60)

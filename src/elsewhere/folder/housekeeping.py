@@ -24,7 +24,7 @@ costs as much again. So a client process
   at all (its files are gone: there is nothing to keep).
 
 Whatever the background thread had not done when the process ends is done
-at exit; folders left by a process that was killed (``.<id>.purged-*``,
+at exit, once the thread has done what it was doing; folders left by a process that was killed (``.<id>.purged-*``,
 ``.spare/.building-*``) are swept by the next process that makes a spare, and other
 sweeps run once per process in the background (:func:`call_later`: the folders of jobs
 whose client was killed inside ``submit``, see ``core/submit.py``).
@@ -65,6 +65,8 @@ SYNC_DELAY_S = 1.0  # a submitted job's inputs are made durable this long after 
 SPARES_KEPT = 2  # a purged folder is made a spare while its storage holds fewer than this
 _GRAVE = ".purged-"  # in the name of a job folder renamed away by a purge (see grave_name)
 _OLD_S = 3600.0  # a grave or a half-built spare this old was left by a process that died
+_doing: list[tuple[str, Any]] = []  # what the thread is doing now (finish() waits for it)
+_FINISH_WAIT_S = 60.0
 _due: dict[Any, float] = {}  # when each sync or later call of _todo is due (time.monotonic())
 _calls: dict[str, Callable[[], object]] = {}  # the calls of later(), by key
 
@@ -416,10 +418,15 @@ def _run() -> None:
             _due.pop(path, None)
             if kind in ("soon", "later"):
                 _todo.remove(pick)  # taken: drain() and finish() must not make the call again
-        _do(kind, path)
-        with _lock:
-            if (kind, path) in _todo:
-                _todo.remove((kind, path))
+            _doing.append(pick)
+        try:
+            _do(kind, path)
+        finally:
+            with _lock:
+                _doing.clear()
+                if (kind, path) in _todo:
+                    _todo.remove((kind, path))
+                _wake.notify_all()  # (finish() may wait for it)
 
 
 def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
@@ -443,7 +450,12 @@ def _do(kind: str, path: Any, *, recycle: bool = True) -> None:
 
 def finish() -> None:
     """Do what is still to be done, now (at exit: purges, syncs and removals; no new spares,
-    no sweeps)."""
+    no sweeps), once the thread has done what it is doing (up to :data:`_FINISH_WAIT_S`): a
+    process that ended while its thread made a purged folder a spare left that folder whole
+    under ``.spare/.building-*``, results and all, for the sweep an hour later."""
+    if _thread is not None and _thread_pid == os.getpid() and _thread is not threading.current_thread():
+        with _lock:
+            _wake.wait_for(lambda: not _doing, _FINISH_WAIT_S)
     while True:  # (a purge queues a removal)
         with _lock:
             todo = [t for t in _todo if t[0] not in ("spare", "call")]
@@ -464,6 +476,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _wake = threading.Condition(_lock)
     _thread, _todo, _busy = None, [], 0
+    _doing.clear()
     _due.clear()
     _calls.clear()
 
