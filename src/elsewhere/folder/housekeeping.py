@@ -455,7 +455,8 @@ def finish() -> None:
     under ``.spare/.building-*``, results and all, for the sweep an hour later."""
     if _thread is not None and _thread_pid == os.getpid() and _thread is not threading.current_thread():
         with _lock:
-            _wake.wait_for(lambda: not _doing, _FINISH_WAIT_S)
+            # (not for a sweep, which may take long, and leaves nothing half done)
+            _wake.wait_for(lambda: not _doing or _doing[0][0] == "call", _FINISH_WAIT_S)
     while True:  # (a purge queues a removal)
         with _lock:
             todo = [t for t in _todo if t[0] not in ("spare", "call")]
