@@ -484,6 +484,65 @@ def test_a_task_that_kills_its_lanes_process_is_lost_alone(on: PeerCluster, lab_
         assert ex._stream.link.counters().get("lanes_broken", 0) == 1  # (not the other worker's lane too)
 
 
+
+def pid_and_sleep(path: str, seconds: float) -> None:
+    import time
+
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    time.sleep(seconds)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
+        on: PeerCluster, lab_workers: Workers, tmp_path: Path) -> None:  # fmt: skip
+    # Executor.kill of a task on a lane: its task process reads the lane's CANCEL only after
+    # the task, so the controller tells the lane's worker daemon on its own connection, and
+    # the daemon stops the process. The lane ended as asked (not broken) and the next tasks
+    # go on; before, the task ran on (its core and slot held) and the next task waited
+    # behind it on the lane until a timer moved it
+    marker = tmp_path / "pid"
+    with ew.Executor(on=on) as ex:
+        link = ex._stream.link
+
+        first: dict[str, str] = {}  # each lane's first batch (its ASK for the lane)
+
+        def next_on_a_lane() -> bool:  # (lanes open once tasks were measured short)
+            assert ex.submit(square, 3).result(timeout=30) == 9
+            with link._state:
+                for b in link.batches.values():
+                    if b.standing and b.worker.lane_of is not None:
+                        # a later batch: the worker daemon knows the first one's id (as the
+                        # lane's), and would stop it on the lane's CANCEL alone
+                        return first.setdefault(b.worker.key, b.bid) != b.bid
+            return False
+
+        wait_until(next_on_a_lane, 30, "the tasks to go on a lane")
+        slow = ex.submit(pid_and_sleep, str(marker), 120)
+        wait_until(marker.exists, 30, "the task to start")
+        pid = int(marker.read_text())
+        with link._state:
+            (bid,) = link.inflight[slow._ew_index]
+            assert link.batches[bid].worker.lane_of is not None
+        assert ex.kill(slow)
+        with pytest.raises(ew.TaskError, match="killed"):
+            slow.result(timeout=10)
+        wait_until(lambda: not _alive(pid), 15, "the lane's task process to be stopped")
+        assert [ex.submit(square, k).result(timeout=30) for k in range(50)] == [k * k for k in range(50)]
+        counters = link.counters()
+        assert counters.get("lanes_ended", 0) >= 1 and counters.get("lanes_broken", 0) == 0, counters
+    wait_until(lambda: sum(w.stats().get("lanes_killed", 0) for w in lab_workers) >= 1, 15,
+               "the worker to count the lane it stopped")  # fmt: skip
+
+
 # ---------------------------------------------------------------- a waiting caller reads
 
 

@@ -122,6 +122,7 @@ def test_fixed_header_validation(offset: int, value: bytes, match: str) -> None:
         Ack("t"),
         Ack("t", ("u", "v")),
         Cancel("t"),
+        Cancel("t", (4, 7)),
         Ping(3),
         Pong(3),
         Bye("done"),
@@ -142,6 +143,11 @@ def test_an_ack_of_one_task_has_the_header_of_the_first_protocol() -> None:
     # a peer that did not say "ack-many" gets ACKs it has always read
     assert Ack("t").to_header() == {"task_id": "t"}
     assert Ack("t", ("u",)).to_header() == {"task_id": "t", "more": ["u"]}
+
+
+def test_a_cancel_without_tasks_has_the_header_of_the_first_protocol() -> None:
+    assert Cancel("t").to_header() == {"task_id": "t"}
+    assert Cancel("t", (4,)).to_header() == {"task_id": "t", "tasks": [4]}
 
 
 def test_a_greeting_without_capabilities_has_none() -> None:
@@ -177,6 +183,10 @@ def test_a_greeting_without_capabilities_has_none() -> None:
         (MessageType.ACK, {"task_id": "t", "more": [""]}),
         (MessageType.ACK, {"task_id": "t", "more": [7]}),
         (MessageType.ACK, {"task_id": "t", "more": ["u"] * messages.MAX_ACKS}),
+        (MessageType.CANCEL, {"task_id": "t", "tasks": [-1]}),
+        (MessageType.CANCEL, {"task_id": "t", "tasks": ["3"]}),
+        (MessageType.CANCEL, {"task_id": "t", "tasks": 3}),
+        (MessageType.CANCEL, {"task_id": "t", "tasks": [True]}),
         (MessageType.CHALLENGE, {"peer_id": "p", "group": "g", "user": "", "host": "", "keyed": True,
                                  "nonce": b"n" * 32, "caps": ["x" * 65]}),
         (MessageType.CHALLENGE, {"peer_id": "p", "group": "g", "user": "", "host": "", "keyed": True,

@@ -393,7 +393,7 @@ class Batching(ControllerState):
         CANCEL that crossed it); the batch stays, empty, until the answer comes.
         """
         if b.sent or b.accepted:
-            self._send(b.worker, Cancel(b.bid))
+            self._cancel_sent(b)
             self._forget(b)
             return
         tasks = b.indices
@@ -402,6 +402,18 @@ class Batching(ControllerState):
         self.batches[b.bid] = b
         b.worker.batches[b.bid] = b
         del tasks
+
+    def _cancel_sent(self, b: Batch) -> None:
+        """CANCEL a batch sent (or admitted): to its worker; for a lane's batch that was sent,
+        also to the lane's worker daemon, naming its tasks (it never saw the batch): the task
+        process reads the lane's CANCEL only after the task, the daemon stops it now."""
+        self._send(b.worker, Cancel(b.bid))
+        main = b.worker.lane_of
+        peer = main.conn.peer if main is not None and main.conn is not None else None
+        if b.sent and b.indices and peer is not None and "lane-kill" in peer.caps:
+            assert main is not None
+            if self._send(main, Cancel(b.bid, tasks=tuple(b.indices))):
+                b.worker.lane_killed = time.monotonic()
 
     def _forget(self, b: Batch) -> None:
         self.batches.pop(b.bid, None)

@@ -61,7 +61,7 @@ from .ciphers import offered_ciphers
 from .controlstate import ControllerState
 from .discovery import Announcer, Listener
 from .links import Links
-from .messages import Bye, Cancel
+from .messages import Bye
 from .notes import RUNNING_FILE, Notes
 from .peertable import PeerInfo
 from .placement import ControllerSettings, Worker, local_addresses
@@ -318,7 +318,7 @@ class Controller(Links, Batching, Results, Retries, Notes, ControllerState):
         with self._state:
             if self._cancelled_job:
                 for b in list(self.batches.values()):
-                    self._send(b.worker, Cancel(b.bid))
+                    self._cancel_sent(b)
             self._send_acks(wait=True)
 
     def _turn(self, events: list[Any]) -> None:

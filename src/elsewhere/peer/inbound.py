@@ -211,6 +211,8 @@ class Inbound(WorkerState):
                 self.unacked.pop(peer.controller, None)
         elif isinstance(msg, Cancel):
             self._on_cancel(peer, msg.task_id)
+            if msg.tasks:
+                self._cancel_on_lanes(peer, msg.tasks)
         elif isinstance(msg, Ping):
             self._send(peer, Pong(msg.token))
         elif isinstance(msg, (Bye, Error)):

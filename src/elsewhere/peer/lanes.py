@@ -160,6 +160,20 @@ class Lanes(WorkerState):
         self._dispatch()
         self._admit()  # the slot, to the ASKs that waited for it
 
+    def _cancel_on_lanes(self, peer: Peer, tasks: tuple[int, ...]) -> None:
+        """``peer``'s controller cancels a batch it sent on one of its lanes (``tasks``, the
+        job's task numbers: the batch itself went past this daemon): the lane whose task
+        process runs one of them now is stopped, the process killed and replaced, as a
+        cancelled batch of the daemon's own is. Its controller sees the lane end. A task
+        that ended meanwhile is not stopped: its lane runs on."""
+        wanted = set(tasks)
+        for run in list(self.running.values()):
+            child = run.child
+            if run.info.get("lane") and run.controller == peer.controller and child is not None \
+                    and child.current()[0] in wanted:  # fmt: skip
+                self.stats["lanes_killed"] += 1
+                self._kill_run(run, None, "its task was cancelled by its controller")
+
     def _lane_died(self, run: Run) -> None:
         """A lane's task process died (or was killed): its slot is free. The controller sees
         the connection end, and places the batch it had there again."""

@@ -39,6 +39,9 @@ __all__ = ["Links"]
 
 log = logging.getLogger("elsewhere.peer.controller")
 
+_KILLED_S = 10.0
+"""A lane that closes within this long of a CANCEL that asked its worker to stop the task it
+ran (see ``Batching._cancel_sent``) ended as asked: it did not break."""
 _OPENING = 8
 """Connections in their handshake at once: a controller that found 32 workers and opened
 them all at once did each handshake's steps in turn, and on a busy machine every one ran
@@ -94,7 +97,8 @@ class Links(ControllerState):
         """Open a lane to each ready worker that serves lanes and has none, while the tasks
         are short (an open Executor whose tasks declare no memory or time: see "Lanes" in
         docs/peer-protocol.md). Tasks no longer short: the lanes close once idle (a lane's
-        task runs to its end when cancelled; the worker daemon stops a cancelled task at once)."""
+        cancelled task is stopped by its worker daemon, told on this controller's own
+        connection: see ``Batching._cancel_sent``)."""
         if self.closed or not self._short():
             for lane in [w for w in self.workers.values() if w.lane_of is not None and not any(
                     b.sent for b in w.batches.values())]:  # fmt: skip
@@ -116,9 +120,12 @@ class Links(ControllerState):
         """A lane ended (``ended``: its worker took the slot back, or said why with BYE) or
         broke: what it had, ran or was granted goes to be placed again, and the next lane to
         that worker is opened after a moment (a second; after a break, a refusal or a
-        failure, half a minute: the next batch there goes through the worker itself)."""
+        failure, half a minute: the next batch there goes through the worker itself). A lane
+        whose worker stopped the task it ran, as this controller asked, ended."""
         main = lane.lane_of
         log.debug("lane to %s closed: %s", lane.host, why)
+        if not ended and lane.lane_killed and time.monotonic() - lane.lane_killed < _KILLED_S:
+            ended = True  # its worker stopped the task we cancelled: no break of the lane's own
         self._drop_connection(lane)
         for b in list(lane.batches.values()):
             if b.sent and not ended:  # (its death, the daemon's path tells of it as lost)

@@ -15,7 +15,6 @@ and its keys in :mod:`.handshake`; the admission rules in :mod:`.wire`, whose
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -23,6 +22,7 @@ from typing import Any, ClassVar, TypeVar
 import msgpack
 
 from ..util.errors import ProtocolError
+from .fields import MAX_ACKS, check_ask, check_info, count, task_ids, task_numbers, text
 from .layout import (  # the frame's numbers, importable from here as they always were
     FIXED,
     FIXED_SIZE,
@@ -80,12 +80,6 @@ __all__ = [
     "parse_header",
 ]
 
-MAX_ACKS = 1000
-"""Most task ids one ACK acknowledges (its ``task_id`` and ``more``)."""
-
-_MAX_TEXT = 1024
-
-
 # ---------------------------------------------------------------- messages
 
 _M = TypeVar("_M", bound="Message")
@@ -98,16 +92,6 @@ def _built(cls: type[_M], **fields: Any) -> _M:
     message = object.__new__(cls)
     message.__dict__.update(fields)
     return message
-
-
-def _text(value: object, name: str, *, empty: bool = True) -> None:
-    if not isinstance(value, str) or len(value) > _MAX_TEXT or (not empty and not value):
-        raise ValueError(f"{name} must be a str of 1..{_MAX_TEXT} characters, got {value!r:.80}")
-
-
-def _count(value: object, name: str, low: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**63:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r:.80}")
 
 
 @dataclass(frozen=True)
@@ -164,10 +148,10 @@ class Greeting(Message):
     peer's AES-256-GCM alone); the worker takes the first of the controller's that it has."""
 
     def __post_init__(self) -> None:
-        _text(self.peer_id, "peer_id", empty=False)
-        _text(self.group, "group")
-        _text(self.user, "user")
-        _text(self.host, "host")
+        text(self.peer_id, "peer_id", empty=False)
+        text(self.group, "group")
+        text(self.user, "user")
+        text(self.host, "host")
         if not isinstance(self.keyed, bool):
             raise ValueError(f"keyed must be a bool, got {self.keyed!r:.80}")
         if not isinstance(self.nonce, bytes) or len(self.nonce) != NONCE_BYTES:
@@ -219,9 +203,9 @@ class Identity:
     host: str = ""
 
     def __post_init__(self) -> None:
-        _text(self.peer_id, "peer_id", empty=False)
-        _text(self.user, "user")
-        _text(self.host, "host")
+        text(self.peer_id, "peer_id", empty=False)
+        text(self.user, "user")
+        text(self.host, "host")
 
 
 @dataclass(frozen=True)
@@ -238,27 +222,7 @@ class TaskMessage(Message):
     task_id: str
 
     def __post_init__(self) -> None:
-        _text(self.task_id, "task_id", empty=False)
-
-
-def _task_ids(value: object, name: str) -> tuple[str, ...]:
-    """Check a list of fewer than ``MAX_ACKS`` task ids; returns it as a tuple."""
-    if not isinstance(value, (list, tuple)) or len(value) >= MAX_ACKS:
-        raise ValueError(f"{name} must be a list of fewer than {MAX_ACKS} task ids")
-    for task_id in value:
-        _text(task_id, "task_id", empty=False)
-    return tuple(value)
-
-
-def _check_ask(mem_bytes: object, time_s: object, cores: object, lane: object = False) -> float:
-    """Check an ASK's figures; returns ``time_s`` as a float."""
-    _count(mem_bytes, "mem_bytes")
-    _count(cores, "cores", 1)
-    if not isinstance(lane, bool):
-        raise ValueError(f"lane must be a bool, got {lane!r:.80}")
-    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) or math.isnan(time_s) or time_s < 0:
-        raise ValueError(f"time_s must be a number >= 0, got {time_s!r:.80}")
-    return float(time_s)
+        text(self.task_id, "task_id", empty=False)
 
 
 @dataclass(frozen=True)
@@ -275,7 +239,7 @@ class Ask(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "time_s", _check_ask(self.mem_bytes, self.time_s, self.cores, self.lane))
+        object.__setattr__(self, "time_s", check_ask(self.mem_bytes, self.time_s, self.cores, self.lane))
 
     def to_header(self) -> dict[str, Any]:  # (no "lane" unless asked: the header of the first form)
         out = {"task_id": self.task_id, "mem_bytes": self.mem_bytes, "time_s": self.time_s, "cores": self.cores}
@@ -309,13 +273,7 @@ class Refuse(TaskMessage):
         if isinstance(self.reason, bool) or not isinstance(self.reason, int):
             raise ValueError(f"reason must be a RefuseReason, got {self.reason!r:.80}")
         object.__setattr__(self, "reason", RefuseReason(self.reason))
-        _text(self.detail, "detail")
-
-
-def _check_info(info: object) -> None:
-    # set(map(type, ...)): the keys' types in one C loop (msgpack gives exact str)
-    if not isinstance(info, dict) or (info and set(map(type, info)) != {str}):
-        raise ValueError(f"info must be a dict with str keys, got {type(info).__name__}")
+        text(self.detail, "detail")
 
 
 @dataclass(frozen=True)
@@ -333,15 +291,15 @@ class Task(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_info(self.info)
+        check_info(self.info)
         if not isinstance(self.ask, (list, tuple)) or len(self.ask) not in (0, 4):
             raise ValueError(f"ask must be empty or [task_id, mem_bytes, time_s, cores], got {self.ask!r:.80}")
         if self.ask:
             task_id, mem_bytes, time_s, cores = self.ask
-            _text(task_id, "task_id", empty=False)
+            text(task_id, "task_id", empty=False)
             if task_id == self.task_id:
                 raise ValueError("a TASK cannot ask for itself")
-            object.__setattr__(self, "ask", (task_id, mem_bytes, _check_ask(mem_bytes, time_s, cores), cores))
+            object.__setattr__(self, "ask", (task_id, mem_bytes, check_ask(mem_bytes, time_s, cores), cores))
         elif type(self.ask) is not tuple:
             object.__setattr__(self, "ask", ())
 
@@ -381,8 +339,8 @@ class Result(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_info(self.info)
-        object.__setattr__(self, "accepted", _task_ids(self.accepted, "accepted"))
+        check_info(self.info)
+        object.__setattr__(self, "accepted", task_ids(self.accepted, "accepted"))
 
     @classmethod
     def made(cls, task_id: str, info: dict[str, Any], accepted: tuple[str, ...] = ()) -> Result:
@@ -406,7 +364,7 @@ class Ack(TaskMessage):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "more", _task_ids(self.more, "more"))
+        object.__setattr__(self, "more", task_ids(self.more, "more"))
 
     @classmethod
     def made(cls, task_id: str, more: tuple[str, ...] = ()) -> Ack:
@@ -420,9 +378,20 @@ class Ack(TaskMessage):
 
 @dataclass(frozen=True)
 class Cancel(TaskMessage):
-    """Stop (or do not start) this task."""
+    """Stop (or do not start) this task. ``tasks``: to a worker, on the controller's own
+    connection, the job's task numbers of a batch the controller sent on one of its lanes,
+    which the worker never saw (only to a peer that said ``lane-kill``): the lane's task
+    process is stopped if it runs one of them."""
 
     TYPE = MessageType.CANCEL
+    tasks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "tasks", task_numbers(self.tasks, "tasks"))
+
+    def to_header(self) -> dict[str, Any]:  # (no "tasks" unless some: the CANCEL of the first form)
+        return {"task_id": self.task_id, "tasks": list(self.tasks)} if self.tasks else {"task_id": self.task_id}
 
 
 @dataclass(frozen=True)
@@ -430,7 +399,7 @@ class _TokenMessage(Message):
     token: int = 0
 
     def __post_init__(self) -> None:
-        _count(self.token, "token")
+        count(self.token, "token")
 
 
 @dataclass(frozen=True)
@@ -455,7 +424,7 @@ class Bye(Message):
     reason: str = ""
 
     def __post_init__(self) -> None:
-        _text(self.reason, "reason")
+        text(self.reason, "reason")
 
 
 @dataclass(frozen=True)
@@ -467,8 +436,8 @@ class Error(Message):
     message: str = ""
 
     def __post_init__(self) -> None:
-        _text(self.code, "code", empty=False)
-        _text(self.message, "message")
+        text(self.code, "code", empty=False)
+        text(self.message, "message")
 
 
 MESSAGE_CLASSES: Mapping[MessageType, type[Message]] = {

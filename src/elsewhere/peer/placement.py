@@ -119,6 +119,7 @@ class Worker:
         self.lane: Worker | None = None  # this worker's lane, if it has one
         self.lane_after = 0.0  # no lane is opened to it before this (one was refused, or ended)
         self.lane_asked = False  # (a lane: its one lane ASK went)
+        self.lane_killed = 0.0  # (a lane: when its worker was asked to stop the task it runs)
 
     @property
     def key(self) -> str:

@@ -98,7 +98,7 @@ __all__ = [
     "Role",
 ]
 
-CAPABILITIES = ("ack-many", "alone", "fold", "job-part", "lane", "runs")
+CAPABILITIES = ("ack-many", "alone", "fold", "job-part", "lane", "lane-kill", "runs")
 """What this end understands beyond protocol 1's first form, said in HELLO and CHALLENGE
 (``caps``; a peer that says nothing understands none): ``ack-many``, an ACK whose ``more``
 lists further task ids it acknowledges; ``fold``, a TASK that carries the ASK of the next
@@ -110,7 +110,8 @@ each (see "Layout of TASK and RESULT" in docs/peer.md); ``alone``, a RESULT whos
 lists tasks its sender asks to get back each in a batch of its own (their task process died
 working for them together, and could not tell which of them did it); ``lane``, a worker that
 hands a connection named as a lane to a task process once its ASK with ``lane`` is admitted
-(see "Lanes" in docs/peer-protocol.md)."""
+(see "Lanes" in docs/peer-protocol.md); ``lane-kill``, a worker that stops a lane's task
+process on a CANCEL whose ``tasks`` name the task it runs."""
 
 _MAX_SEQ = 2**64 - 1
 _PACKER_BYTES = 4 << 10
