@@ -543,6 +543,36 @@ def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
                "the worker to count the lane it stopped")  # fmt: skip
 
 
+
+def test_an_idle_executor_gives_its_lanes_slots_back_and_takes_lanes_again_when_tasks_come(
+        on: PeerCluster, lab_workers: Workers, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    # a notebook's Executor left open: its lanes held their workers' slots (busy to every
+    # other controller's eyes) for as long as it lived; now they close once no task came
+    # for a while, and open again with the next tasks
+    from elsewhere.peer import links
+
+    monkeypatch.setattr(links, "LANE_IDLE_S", 0.5)
+    with ew.Executor(on=on) as ex:
+        link = ex._stream.link
+
+        def lanes() -> int:
+            with link._state:
+                return sum(1 for w in link.workers.values() if w.lane_of is not None)
+
+        def busy() -> bool:  # keeps tasks coming until the lanes are open
+            assert ex.submit(square, 2).result(timeout=30) == 4
+            return lanes() == len(lab_workers)
+
+        wait_until(busy, 30, "lanes to every worker")
+        opened = link.counters().get("lanes_opened", 0)
+        wait_until(lambda: lanes() == 0, 15, "the idle Executor's lanes to close")
+        wait_until(lambda: all(w.stats().get("running", 1) == 0 for w in lab_workers), 15,
+                   "the workers to count their slots free")  # fmt: skip
+        wait_until(busy, 30, "lanes again once tasks come")
+        assert link.counters().get("lanes_opened", 0) > opened
+        assert link.counters().get("lanes_broken", 0) == 0
+
+
 # ---------------------------------------------------------------- a waiting caller reads
 
 

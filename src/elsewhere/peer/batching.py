@@ -235,6 +235,7 @@ class Batching(ControllerState):
             self._unplace(b, requeue_front=True)
             return
         b.sent, b.sent_wall = time.monotonic(), time.time()
+        self.last_sent = b.sent
         self.stats["batches_sent"] += 1
         with self.lock:
             for i in b.indices:

@@ -116,6 +116,7 @@ class ControllerState:
         self.rerun_spec = meta.get("retry")  # retries=ew.Retry(on=...): errors run again
         self.later: dict[int, float] = {}  # errors run again: task -> when (monotonic) to place it
         self.alone: set[int] = set()  # tasks to send each in a batch of its own (see Batching._alone_cut)
+        self.last_sent = 0.0  # when the last TASK went (an Executor idle for long closes its lanes)
         self.off_lanes: set[int] = set()  # tasks whose lane broke under them: through a worker daemon
         self.seed = meta.get("seed")
         self.peer_id = settings.peer_id or new_peer_id()

@@ -39,6 +39,9 @@ __all__ = ["Links"]
 
 log = logging.getLogger("elsewhere.peer.controller")
 
+LANE_IDLE_S = 5.0
+"""An Executor that sent no task for this long closes its lanes (their slots go back to the
+workers, for other controllers); they open again once tasks come."""
 _KILLED_S = 10.0
 """A lane that closes within this long of a CANCEL that asked its worker to stop the task it
 ran (see ``Batching._cancel_sent``) ended as asked: it did not break."""
@@ -95,15 +98,18 @@ class Links(ControllerState):
     # -- lanes: a connection of this controller's served by a task process of the worker
     def _open_lanes(self, now: float) -> None:
         """Open a lane to each ready worker that serves lanes and has none, while the tasks
-        are short (an open Executor whose tasks declare no memory or time: see "Lanes" in
-        docs/peer-protocol.md). Tasks no longer short: the lanes close once idle (a lane's
+        are short and come (an open Executor whose tasks declare no memory or time: see
+        "Lanes" in docs/peer-protocol.md). Tasks no longer short, or none sent for
+        :data:`LANE_IDLE_S`: the lanes close once idle, and give their slots back (a lane's
         cancelled task is stopped by its worker daemon, told on this controller's own
         connection: see ``Batching._cancel_sent``)."""
-        if self.closed or not self._short():
+        idle = now - self.last_sent > LANE_IDLE_S
+        if self.closed or not self._short() or idle:
+            why = "no task came for a while" if idle and self._short() else "the tasks are not short"
             for lane in [w for w in self.workers.values() if w.lane_of is not None and not any(
                     b.sent for b in w.batches.values())]:  # fmt: skip
-                self._send(lane, Bye("the tasks are not short"))
-                self._lane_closed(lane, "the tasks are not short", ended=True)
+                self._send(lane, Bye(why))
+                self._lane_closed(lane, why, ended=True)
             return
         for w in list(self.workers.values()):
             if (w.lane_of is not None or w.lane is not None or w.state != "ready" or now < w.lane_after
