@@ -20,6 +20,7 @@ from peer_procs import Workers, free_port, wait_until
 import elsewhere as ew
 from elsewhere.backends.peer import PeerCluster
 from elsewhere.folder import serial
+from elsewhere.folder.housekeeping import process_alive
 from elsewhere.peer import batching as peer_batching
 from elsewhere.peer.keys import write_key
 from elsewhere.util.errors import ElsewhereError
@@ -494,14 +495,6 @@ def pid_and_sleep(path: str, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
         on: PeerCluster, lab_workers: Workers, tmp_path: Path) -> None:  # fmt: skip
     # Executor.kill of a task on a lane: its task process reads the lane's CANCEL only after
@@ -535,7 +528,7 @@ def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
         assert ex.kill(slow)
         with pytest.raises(ew.TaskError, match="killed"):
             slow.result(timeout=10)
-        wait_until(lambda: not _alive(pid), 15, "the lane's task process to be stopped")
+        wait_until(lambda: not process_alive(pid), 15, "the lane's task process to be stopped")
         assert [ex.submit(square, k).result(timeout=30) for k in range(50)] == [k * k for k in range(50)]
         counters = link.counters()
         assert counters.get("lanes_ended", 0) >= 1 and counters.get("lanes_broken", 0) == 0, counters
