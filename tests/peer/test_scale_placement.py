@@ -169,6 +169,7 @@ class _Controller(Retries, Batching):
         self.stream, self.closed, self.standing_after = False, True, 0.0
         self._seq, self.short = 0, "ctl"
         self.placing_epoch, self.blocked, self.blocked_until, self.freed = 0, None, 0.0, set()
+        self.resting: list[tuple[float, int, Worker]] = []
         self.roster_epoch, self.roster_slots = 0, (-1, 0)
         self.sent: list[tuple[Worker, Any]] = []
 
@@ -294,7 +295,7 @@ def test_a_turn_after_batches_came_back_looks_at_their_workers_alone_and_asks_as
                         c._forget(next(iter(back.batches.values())))
             elif r < 0.85 and w.batches:  # the worker refused one: it rests a moment
                 c._forget(next(reversed(w.batches.values())))
-                w.busy_until = now + 0.05
+                c._rest(w, now + 0.05)
             elif r < 0.9:
                 c.pending.extend(range(10_000 + 10 * step, 10_000 + 10 * step + 10))
             if c is full and c.blocked is not None:
@@ -380,13 +381,38 @@ def test_a_worker_that_refused_is_asked_again_when_its_wait_ends() -> None:
     c = _full_controller(2)
     a, _b = c.workers.values()
     a.batches.clear()
-    a.busy_until = 1.05  # it refused us a moment ago (fair share)
+    c._rest(a, 1.05)  # it refused us a moment ago (fair share)
     c._place(1.0)
     assert _asks(c) == []
     c._place(1.04)
     assert c.stats["placing_skipped"] == 1
     c._place(1.06)
     assert _asks(c) == [a, a]
+
+
+def test_a_worker_whose_rest_ends_is_asked_without_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under contention workers refuse (fair share) and rest a moment; the end of a rest ran
+    # the pass over every worker again (bench/peer_scale.py: about half the passes of the
+    # controller of the longest tasks). Only the rested worker may have gained room.
+    c = _full_controller()
+    ws = list(c.workers.values())
+    c._forget(next(iter(ws[0].batches.values())))
+    c._place(1.0)  # a pass over every worker: it asks ws[0], and adds up the slots
+    assert _asks(c) == [ws[0]]
+    c._forget(next(iter(ws[3].batches.values())))  # a batch of ws[3]'s came back ...
+    c._rest(ws[3], 1.05)  # ... refused: it rests
+    c._place(1.01)
+    assert _asks(c) == [ws[0]]
+    from elsewhere.peer import batching
+
+    def no_pass(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a pass was built")
+
+    monkeypatch.setattr(batching, "Candidates", no_pass)
+    c._place(1.03)  # still resting: skipped
+    assert _asks(c) == [ws[0]] and c.stats["placing_skipped"] >= 1
+    c._place(1.06)  # its rest is over: asked, in a narrow turn
+    assert _asks(c) == [ws[0], ws[3]] and c.stats["placing_narrow"] >= 2
 
 
 def test_the_slots_of_all_workers_are_added_up_again_only_when_a_worker_changes() -> None:

@@ -19,6 +19,7 @@ A batch whose tasks are done elsewhere, cancelled or moved is withdrawn
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 import time
@@ -63,6 +64,12 @@ class Batching(ControllerState):
         if not self.pending:
             self._stand(now)
             return
+        resting = self.resting
+        while resting and resting[0][0] <= now:  # their rest is over: they may have room
+            until, _, w = heapq.heappop(resting)
+            if w.busy_until == until:  # (not resting again since)
+                self.freed.add(w)
+                self.placing_epoch += 1
         blocked = self.blocked
         if blocked is not None and blocked.epoch == self.placing_epoch and blocked.pending == len(self.pending) \
                 and now < self.blocked_until:  # fmt: skip
@@ -95,7 +102,7 @@ class Batching(ControllerState):
                 best = pick.take()
                 if best is None:
                     self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, connecting, known)
-                    self.blocked_until = min(recheck, pick.next_free)
+                    self.blocked_until = recheck  # (a worker that rests comes back by itself)
                     return
                 k = batch_size(s, best, pick.total_slots, len(self.pending), self.mean_s, self.n_measured,
                                self.result_bytes_per_task, least=not self.stream)  # fmt: skip
@@ -113,10 +120,9 @@ class Batching(ControllerState):
         a = w.info.announcement
         slots = a.slots // s.cores or 1
         n = len(w.batches)
-        until = self.blocked_until
         if w.state == "ready" and n < 2 * slots:
             if w.busy_until > now:
-                until = min(until, w.busy_until)
+                pass  # it rests: it comes back when its rest is over (see _place)
             elif w.usable(s):
                 pending = self.pending
                 while pending and n < depth * slots:
@@ -130,7 +136,6 @@ class Batching(ControllerState):
         b = self.blocked
         assert b is not None
         self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, b.connecting, b.known)
-        self.blocked_until = until
 
     def _ask(self, w: Worker, k: int, now: float) -> None:
         pending, final, cancelled = self.pending, self.final, self.cancelled
@@ -302,7 +307,7 @@ class Batching(ControllerState):
                 self.reasons[i] = f"refused by {w.host}: {why} ({msg.detail})"
             self._roster_changed()
         else:
-            w.busy_until = time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2)
+            self._rest(w, time.monotonic() + (0.05 if msg.reason is RefuseReason.FAIR_SHARE else 0.2))
 
     def _through(self, w: Worker) -> Worker:
         """The worker the next pending task goes to when ``w`` is chosen: the lane's worker

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import getpass
+import heapq
 import os
 import queue
 import selectors
@@ -183,6 +184,10 @@ class ControllerState:
         self.blocked: Blocked | None = None
         self.blocked_until = 0.0
         self.freed: set[Worker] = set()
+        # workers not to be asked until a moment passes (they refused us, or a batch waited
+        # there too long): (until, seq, worker), a heap; each is looked at again when its
+        # rest ends, as a worker a batch came back from is (``freed``)
+        self.resting: list[tuple[float, int, Worker]] = []
         self.roster_epoch = 0  # the part of it that changes which workers are ready and usable
         self.roster_slots = (-1, 0)  # (roster_epoch, the slots of those workers) when last added up
         self._seq = 0
@@ -196,6 +201,11 @@ class ControllerState:
         self.local_addresses: frozenset[str] = frozenset({"127.0.0.1"})
         self.buffers = ReusableBuffers()  # large RESULT buffers, reused once written to disk
         self.finished = threading.Event()
+
+    def _rest(self, w: Worker, until: float) -> None:
+        """Ask ``w`` nothing before ``until`` (monotonic); then a placing turn looks at it."""
+        w.busy_until = until
+        heapq.heappush(self.resting, (until, w.seq, w))
 
     def _roster_changed(self) -> None:
         """A worker was found, lost, connected, closed, or offers other than it did: which

@@ -224,13 +224,13 @@ class Candidates:
 
     The pass runs at events the controller handles, often to find that each worker holds all
     it may (the usual case under contention; the controller then skips it until something
-    may have given a worker room, or :attr:`next_free`): it is one loop with nothing called
+    may have given a worker room: a batch came back, a worker's rest ended): it is one loop with nothing called
     per worker, a worker is looked at further only if it has room, and the slots of all
     (:attr:`total_slots`) are added up only when a batch is sized, and not again until a
     worker's state or offer changes (the controller passes the sum it kept, ``total_slots``).
     """
 
-    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "connecting", "depth", "known", "next_free")
+    __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "connecting", "depth", "known")
 
     def __init__(
         self,
@@ -249,7 +249,6 @@ class Candidates:
         known = connecting = 0
         ready: list[tuple[Worker, Announcement, int]] = []
         room: list[tuple[Worker, Announcement, int, int]] = []
-        next_free = math.inf  # when the first worker that refused us a moment ago may be asked
         for w in workers:
             a = w.info.announcement
             slots = a.slots // cores or 1
@@ -262,13 +261,9 @@ class Candidates:
             if total_slots < 0:
                 ready.append((w, a, slots))
             n = len(w.batches)
-            if n < 2 * slots:
-                if w.busy_until <= now:
-                    room.append((w, a, slots, n))
-                elif w.busy_until < next_free:
-                    next_free = w.busy_until
+            if n < 2 * slots and w.busy_until <= now:  # (one that rests is asked once it is over)
+                room.append((w, a, slots, n))
         self._ready, self._settings, self._total_slots = ready, s, total_slots
-        self.next_free = next_free
         self.known, self.connecting = known, connecting
         if not depth:
             depth = 1 if connecting and pending <= known else 2

@@ -63,7 +63,7 @@ class Retries(ControllerState):
                         if i not in self.final and i not in self.cancelled:
                             self._requeue(i)
                     if waited > s.start_timeout_s:
-                        w.busy_until = now + 1.0  # stuck there: ask it again in a while
+                        self._rest(w, now + 1.0)  # stuck there: ask it again in a while
                     else:
                         spare -= 1  # (the next batch may wait there at once: among several
                         # controllers, a worker chooses whom to admit by use, not by arrival)
