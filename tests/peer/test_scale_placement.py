@@ -415,6 +415,18 @@ def test_a_worker_whose_rest_ends_is_asked_without_a_pass(monkeypatch: pytest.Mo
     assert _asks(c) == [ws[0], ws[3]] and c.stats["placing_narrow"] >= 2
 
 
+def test_rests_that_ended_are_let_go_with_no_task_waiting() -> None:
+    # an open Executor with nothing to place has its standing ASK refused again and again:
+    # the rests must not pile up while no task waits
+    c = _full_controller(4)
+    c.pending.clear()
+    ws = list(c.workers.values())
+    for k in range(1000):
+        c._rest(ws[k % 4], 1.0 + k * 0.001)
+    c._place(3.0)
+    assert c.resting == []
+
+
 def test_the_slots_of_all_workers_are_added_up_again_only_when_a_worker_changes() -> None:
     workers = [_worker(i, free=1, state=PeerState.IDLE) for i in range(2)]
     c = _Controller(workers)

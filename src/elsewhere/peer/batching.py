@@ -61,15 +61,15 @@ class Batching(ControllerState):
                 if self.pending:
                     # admitted: the tasks go now; not yet answered: they ride on that ASK
                     self._fill_standing(b, send=bool(b.accepted))
-        if not self.pending:
-            self._stand(now)
-            return
         resting = self.resting
         while resting and resting[0][0] <= now:  # their rest is over: they may have room
             until, _, w = heapq.heappop(resting)
             if w.busy_until == until:  # (not resting again since)
                 self.freed.add(w)
                 self.placing_epoch += 1
+        if not self.pending:
+            self._stand(now)
+            return
         blocked = self.blocked
         if blocked is not None and blocked.epoch == self.placing_epoch and blocked.pending == len(self.pending) \
                 and now < self.blocked_until:  # fmt: skip
