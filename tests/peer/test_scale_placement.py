@@ -311,13 +311,13 @@ def test_a_turn_after_batches_came_back_looks_at_their_workers_alone_and_asks_as
     assert len(narrow.sent) > 200  # (it placed)
 
 
-def test_a_turn_after_one_batch_came_back_asks_its_worker_without_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The usual turn under contention: one RESULT, its worker has room again. Building the
-    # pass's candidates for that one worker was most of the turn (bench/peer_scale.py).
+def _placed_once_then_no_pass(monkeypatch: pytest.MonkeyPatch) -> tuple[_Controller, list[Worker]]:
+    """Every worker full but the first, asked in a pass over every worker (which adds up the
+    slots); from then on, building a pass fails the test."""
     c = _full_controller()
     ws = list(c.workers.values())
     c._forget(next(iter(ws[0].batches.values())))
-    c._place(1.0)  # a pass over every worker: it asks ws[0], and adds up the slots
+    c._place(1.0)
     assert _asks(c) == [ws[0]]
     from elsewhere.peer import batching
 
@@ -325,6 +325,13 @@ def test_a_turn_after_one_batch_came_back_asks_its_worker_without_a_pass(monkeyp
         raise AssertionError("a pass was built")
 
     monkeypatch.setattr(batching, "Candidates", no_pass)
+    return c, ws
+
+
+def test_a_turn_after_one_batch_came_back_asks_its_worker_without_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usual turn under contention: one RESULT, its worker has room again. Building the
+    # pass's candidates for that one worker was most of the turn (bench/peer_scale.py).
+    c, ws = _placed_once_then_no_pass(monkeypatch)
     w = ws[5]
     c._forget(next(iter(w.batches.values())))
     c._place(1.01)
@@ -394,21 +401,11 @@ def test_a_worker_whose_rest_ends_is_asked_without_a_pass(monkeypatch: pytest.Mo
     # Under contention workers refuse (fair share) and rest a moment; the end of a rest ran
     # the pass over every worker again (bench/peer_scale.py: about half the passes of the
     # controller of the longest tasks). Only the rested worker may have gained room.
-    c = _full_controller()
-    ws = list(c.workers.values())
-    c._forget(next(iter(ws[0].batches.values())))
-    c._place(1.0)  # a pass over every worker: it asks ws[0], and adds up the slots
-    assert _asks(c) == [ws[0]]
+    c, ws = _placed_once_then_no_pass(monkeypatch)
     c._forget(next(iter(ws[3].batches.values())))  # a batch of ws[3]'s came back ...
     c._rest(ws[3], 1.05)  # ... refused: it rests
     c._place(1.01)
     assert _asks(c) == [ws[0]]
-    from elsewhere.peer import batching
-
-    def no_pass(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("a pass was built")
-
-    monkeypatch.setattr(batching, "Candidates", no_pass)
     c._place(1.03)  # still resting: skipped
     assert _asks(c) == [ws[0]] and c.stats["placing_skipped"] >= 1
     c._place(1.06)  # its rest is over: asked, in a narrow turn
