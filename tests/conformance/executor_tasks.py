@@ -90,6 +90,14 @@ def touch_later(path: str, seconds: float) -> str:
     return path
 
 
+def pid_then_sleep(path: str, seconds: float) -> None:
+    """Write this process's pid to ``path`` (whole, by a rename), then sleep."""
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    time.sleep(seconds)
+
+
 def _die() -> None:
     os._exit(9)
 

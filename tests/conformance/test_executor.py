@@ -12,9 +12,11 @@ design (a worker that dies fails one call, no BrokenProcessPool), the test says 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import gc
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -27,10 +29,15 @@ import pytest
 import elsewhere as ew
 from conformance import executor_tasks as et
 from conformance.contract import Backend, lacks, wait_until
+from elsewhere.folder.housekeeping import process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WAIT_S = 60  # how long any call of these tests may take to come back
+_CLAIMED = ("a plugin whose worker processes claim an Executor's calls from the queue cannot tell which "
+            "process runs a call: kill marks the call, and its process runs on to the call's end")
+_KILL_MARKS_ONLY = {"nohup": _CLAIMED, "tsp": _CLAIMED}
+"""The backends whose ``Executor.kill`` of a running call does not stop its process, and why."""
 
 
 @pytest.fixture
@@ -124,7 +131,7 @@ def test_a_worker_that_dies_at_any_point_of_a_call_fails_that_call_only(
 
 
 def test_cancel_follows_the_standard_and_kill_stops_a_running_call(
-    cluster: ew.Cluster, tmp_path: Path
+    backend: Backend, cluster: ew.Cluster, tmp_path: Path
 ) -> None:
     with ew.Executor(1, on=cluster) as ex:
         running = ex.submit(et.span, 1.5)
@@ -136,12 +143,21 @@ def test_cancel_follows_the_standard_and_kill_stops_a_running_call(
         assert t1 - t0 >= 1.4
         assert [f.result(timeout=WAIT_S) for f in held[1:]]
     with ew.Executor(1, on=cluster) as ex:
-        long = ex.submit(time.sleep, 60)
+        marker = tmp_path / "pid"
+        long = ex.submit(et.pid_then_sleep, str(marker), 120)
         wait_until(long.running, WAIT_S, "the long call to run")
+        wait_until(marker.exists, WAIT_S, "the long call to start")
         assert ex.kill(long)
         with pytest.raises(ew.TaskError, match="killed"):
             long.result(timeout=WAIT_S)
         assert ex.submit(pow, 2, 2).result(timeout=WAIT_S) == 4
+        pid = int(marker.read_text())
+        if backend.name in _KILL_MARKS_ONLY:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # (the test's own process: not left to sleep on)
+            pytest.xfail(_KILL_MARKS_ONLY[backend.name])
+        # stopped where it ran, not only given up on (its process does not run on)
+        wait_until(lambda: not process_alive(pid), WAIT_S, "the killed call's process to stop")
     ex = ew.Executor(1, on=cluster)
     first = ex.submit(et.span, 0.5)
     rest = [ex.submit(et.span, 0.1) for _ in range(3)]
