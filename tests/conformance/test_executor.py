@@ -12,11 +12,9 @@ design (a worker that dies fails one call, no BrokenProcessPool), the test says 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import gc
 import inspect
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -34,10 +32,6 @@ from elsewhere.folder.housekeeping import process_alive
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 WAIT_S = 60  # how long any call of these tests may take to come back
-_CLAIMED = ("a plugin whose worker processes claim an Executor's calls from the queue cannot tell which "
-            "process runs a call: kill marks the call, and its process runs on to the call's end")
-_KILL_MARKS_ONLY = {"nohup": _CLAIMED, "tsp": _CLAIMED}
-"""The backends whose ``Executor.kill`` of a running call does not stop its process, and why."""
 
 
 @pytest.fixture
@@ -131,7 +125,7 @@ def test_a_worker_that_dies_at_any_point_of_a_call_fails_that_call_only(
 
 
 def test_cancel_follows_the_standard_and_kill_stops_a_running_call(
-    backend: Backend, cluster: ew.Cluster, tmp_path: Path
+    cluster: ew.Cluster, tmp_path: Path
 ) -> None:
     with ew.Executor(1, on=cluster) as ex:
         running = ex.submit(et.span, 1.5)
@@ -151,12 +145,8 @@ def test_cancel_follows_the_standard_and_kill_stops_a_running_call(
         with pytest.raises(ew.TaskError, match="killed"):
             long.result(timeout=WAIT_S)
         assert ex.submit(pow, 2, 2).result(timeout=WAIT_S) == 4
-        pid = int(marker.read_text())
-        if backend.name in _KILL_MARKS_ONLY:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)  # (the test's own process: not left to sleep on)
-            pytest.xfail(_KILL_MARKS_ONLY[backend.name])
         # stopped where it ran, not only given up on (its process does not run on)
+        pid = int(marker.read_text())
         wait_until(lambda: not process_alive(pid), WAIT_S, "the killed call's process to stop")
     ex = ew.Executor(1, on=cluster)
     first = ex.submit(et.span, 0.5)

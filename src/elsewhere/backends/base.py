@@ -230,7 +230,9 @@ class Cluster(abc.ABC):
         """Stop task ``index``; the others go on. The library has marked it cancelled in the
         job folder already (no worker claims it from then on; a result, if one comes, is
         kept); stop it if it runs, or if a worker has claimed it already (a worker does not
-        look at the queue again before each task of its claim). The default does nothing more."""
+        look at the queue again before each task of its claim). The default does nothing more.
+        (An Executor's call that a worker of this machine runs, claimed from the queue, the
+        library stops itself after this: a plugin's processes cannot tell which runs it.)"""
 
     def delete_job(self, job: JobHandle) -> None:
         """Remove what the backend keeps of ``job`` outside its folder (copies on other

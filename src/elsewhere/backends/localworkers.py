@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..folder.housekeeping import process_alive
-from ..folder.journal import lock_is_free
+from ..folder.journal import lock_is_free, reap
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -252,3 +252,26 @@ def kill(member: dict[str, Any]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def stop_running_here(job: JobHandle, index: int) -> None:
+    """Kill the worker of this machine that claimed task ``index`` from the job's queue and
+    runs it now, whoever started it (the local backend, or a plugin's processes, which cannot
+    tell which of them runs a task); the rest of its claim goes back to the queue. A worker of
+    another machine is its backend's to stop."""
+    here = os.uname().nodename
+    with job.store.locked_queue() as q:
+        hit = [m for wid, m in q.members.items() if m.get("state") == "active" and m.get("host") == here
+               and job.store.read_running(wid)[0] == index]  # fmt: skip
+        for m in hit:
+            pid = int(m.get("pid", 0))
+            if pid <= 0 or lock_is_free(m.get("lock", "")):
+                continue  # already gone; its pid may belong to someone else by now
+            for signal_it in (os.killpg, os.kill):  # (a worker that leads no session of its own: itself)
+                try:
+                    signal_it(pid, signal.SIGKILL)
+                    break
+                except (ProcessLookupError, PermissionError):
+                    continue
+        if hit:
+            reap(job.store, q)

@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.localworkers import stop_running_here
 from ..folder import housekeeping
 from ..folder.handle import JobHandle
 from ..folder.lifecycle import remove_folder
@@ -196,6 +197,8 @@ def cancel_task(cluster: Cluster, handle: JobHandle, index: int) -> bool:
             submitted = q.submitted
         if submitted:
             cluster.cancel_task(handle, index)
+            if handle.stream:  # an Executor's call: the worker of this machine running it stops
+                stop_running_here(handle, index)
     return True
 
 
