@@ -239,19 +239,17 @@ def wake(fifo: str | None) -> None:
 
 
 def kill(member: dict[str, Any]) -> None:
-    """Kill a worker and everything it started (it leads its own session)."""
+    """Kill a worker and everything it started (it leads its own session; one a plugin
+    started may lead none: then itself)."""
     pid = int(member.get("pid", 0))
     if pid <= 0 or lock_is_free(member.get("lock", "")):
         return  # already gone; its pid may belong to someone else by now
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
+    for signal_it in (os.killpg, os.kill):
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            signal_it(pid, signal.SIGKILL)
+            return
+        except (ProcessLookupError, PermissionError):
+            continue
 
 
 def stop_running_here(job: JobHandle, index: int) -> None:
@@ -264,14 +262,6 @@ def stop_running_here(job: JobHandle, index: int) -> None:
         hit = [m for wid, m in q.members.items() if m.get("state") == "active" and m.get("host") == here
                and job.store.read_running(wid)[0] == index]  # fmt: skip
         for m in hit:
-            pid = int(m.get("pid", 0))
-            if pid <= 0 or lock_is_free(m.get("lock", "")):
-                continue  # already gone; its pid may belong to someone else by now
-            for signal_it in (os.killpg, os.kill):  # (a worker that leads no session of its own: itself)
-                try:
-                    signal_it(pid, signal.SIGKILL)
-                    break
-                except (ProcessLookupError, PermissionError):
-                    continue
+            kill(m)
         if hit:
             reap(job.store, q)

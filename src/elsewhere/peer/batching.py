@@ -120,19 +120,17 @@ class Batching(ControllerState):
         a = w.info.announcement
         slots = a.slots // s.cores or 1
         n = len(w.batches)
-        if w.state == "ready" and n < 2 * slots:
-            if w.busy_until > now:
-                pass  # it rests: it comes back when its rest is over (see _place)
-            elif w.usable(s):
-                pending = self.pending
-                while pending and n < depth * slots:
-                    k = batch_size(s, w, total, len(pending), self.mean_s, self.n_measured,
-                                   self.result_bytes_per_task, least=not self.stream)  # fmt: skip
-                    self._ask(w, self._alone_cut(k) if self.alone else k, now)
-                    n += 1
-                if not pending:
-                    self.blocked = None
-                    return
+        # (one that rests comes back when its rest is over: see _place)
+        if w.state == "ready" and n < 2 * slots and w.busy_until <= now and w.usable(s):
+            pending = self.pending
+            while pending and n < depth * slots:
+                k = batch_size(s, w, total, len(pending), self.mean_s, self.n_measured,
+                               self.result_bytes_per_task, least=not self.stream)  # fmt: skip
+                self._ask(w, self._alone_cut(k) if self.alone else k, now)
+                n += 1
+            if not pending:
+                self.blocked = None
+                return
         b = self.blocked
         assert b is not None
         self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, b.connecting, b.known)

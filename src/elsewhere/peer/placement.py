@@ -224,10 +224,11 @@ class Candidates:
 
     The pass runs at events the controller handles, often to find that each worker holds all
     it may (the usual case under contention; the controller then skips it until something
-    may have given a worker room: a batch came back, a worker's rest ended): it is one loop with nothing called
-    per worker, a worker is looked at further only if it has room, and the slots of all
-    (:attr:`total_slots`) are added up only when a batch is sized, and not again until a
-    worker's state or offer changes (the controller passes the sum it kept, ``total_slots``).
+    may have given a worker room: a batch came back, a worker's rest ended): it is one loop
+    with nothing called per worker, a worker is looked at further only if it has room, and
+    the slots of all (:attr:`total_slots`) are added up only when a batch is sized, and not
+    again until a worker's state or offer changes (the controller passes the sum it kept,
+    ``total_slots``).
     """
 
     __slots__ = ("_heap", "_ready", "_settings", "_total_slots", "connecting", "depth", "known")

@@ -366,10 +366,11 @@ class TaskRunner:
 
     def charge(self, index: int) -> Callable[[], None]:
         """Task ``index`` (-1: none; :data:`SEVERAL`: none, the values of several pickled
-        together) is charged should the process die now, while values are pickled after their tasks ran: the map names it, as if it ran, until the call returned
-        is called, which puts the map back as it was. A value whose pickling kills its worker
-        (too large for its memory, a crash in a library) then fails its own task as lost, not
-        another's, nor goes back to the queue, unrun for all the reaper knows, to kill the next."""
+        together) is charged should the process die now, while values are pickled after their
+        tasks ran: the map names it, as if it ran, until the call returned is called, which
+        puts the map back as it was. A value whose pickling kills its worker (too large for its
+        memory, a crash in a library) then fails its own task as lost, not another's, nor goes
+        back to the queue, unrun for all the reaper knows, to kill the next."""
         cur = self._cur
         if cur is None:
             return _nothing
