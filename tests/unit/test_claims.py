@@ -1,5 +1,6 @@
 """A worker's claims (run/claims.py): the first is one task, unless a warm worker knows the
-function from its last job; then an even share of the workers that joined or are on their way."""
+function from its last job; then an even share of the work outstanding between the workers that
+joined or are on their way."""
 
 import pytest
 
@@ -31,8 +32,18 @@ def test_a_known_fast_function_takes_an_even_share_of_the_workers_joined_and_on_
     with store.locked_queue() as q:
         q.note_dispatched(["b", "c", "d"], 0.0)  # four workers for the job: this one and three coming
     assert _join(store, "a", guess_s=1e-6) == range(0, 250)
-    # the next to arrive: a fourth of the 750 left (the first may still claim more)
-    assert _join(store, "b", guess_s=1e-6) == range(250, 438)
+    # the next to arrive: a fourth of the work outstanding, the 750 left and the 250 the first
+    # holds (a fourth of the 750 alone would leave it short, and make it claim again)
+    assert _join(store, "b", guess_s=1e-6) == range(250, 500)
+
+
+def test_two_warm_workers_handed_a_job_at_once_take_half_each(store):
+    # the second to join counts the first's claim as work outstanding: half of the job each,
+    # one claim apiece, and they end together
+    with store.locked_queue() as q:
+        q.note_dispatched(["b"], 0.0)
+    assert _join(store, "a", guess_s=1e-6) == range(0, 500)
+    assert _join(store, "b", guess_s=1e-6) == range(500, 1000)
 
 
 def test_the_guess_sizes_the_claim_to_about_20_ms_of_its_tasks(store):

@@ -438,6 +438,13 @@ def iter_ranges(claim: list[int]) -> Iterator[int]:
         yield from range(claim[0], claim[1])
 
 
+def claim_count(claim: list[int]) -> int:
+    """How many tasks a claim stored as ``[start, stop]`` or ``[-1, i, j, ...]`` holds."""
+    if claim and claim[0] == -1:
+        return len(claim) - 1
+    return claim[1] - claim[0] if len(claim) == 2 else 0
+
+
 def claim_holds(claim: list[int], index: int) -> bool:
     """Whether a claim stored as ``[start, stop]`` or ``[-1, i, j, ...]`` holds task ``index``."""
     if claim and claim[0] == -1:

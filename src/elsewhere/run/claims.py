@@ -5,8 +5,9 @@ Claims are guided: the first is one task (its time is unknown), then about 20 ms
 share of what is left that shrinks towards the end, never less than ~2 ms of work (a claim
 costs a lock and a rewrite of the queue). A warm worker whose last job had the same function
 (and job data) sizes its first claim by that job's time a task instead, and takes no more than
-an even share of the job between the workers that joined or are on their way: should the tasks
-now take longer, it holds no more than its part. Tasks to run again (retried, or given back by
+an even share of the work outstanding (the tasks left and those the other members hold) between
+the workers that joined or are on their way: should the tasks now take longer, it holds no more
+than its part, and two warm workers handed a job at once take half each, one claim apiece. Tasks to run again (retried, or given back by
 a lost worker) are claimed first. A worker that finds nothing left reaps lost members (their tasks
 come back) and looks again; in a job that may still grow (an open stream) it then waits.
 
@@ -130,10 +131,13 @@ class Claims:
             if remaining > 0:
                 # Guided: a share of what is left, halved while that is more than a few ms of
                 # work per worker; at the end, what is left is split evenly at once. A first
-                # claim sized by a guess takes at most an even share between the workers that
-                # joined and those on their way (the guess may be wrong).
+                # claim sized by a guess takes at most an even share of the work outstanding
+                # (what is left, and what the others hold) between the workers that joined and
+                # those on their way (the guess may be wrong).
                 if sized:
-                    k = min(want, -(-remaining // (q.live_members() + len(q.dispatched()))))
+                    held = sum(records.claim_count(o.get("claim") or []) for w, o in q.members.items()
+                               if w != wid and o.get("state") == "active")  # fmt: skip
+                    k = min(want, -(-(remaining + held) // (q.live_members() + len(q.dispatched()))))
                 else:
                     active = max(1, q.live_members())
                     share = -(-remaining // active)

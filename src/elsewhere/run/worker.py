@@ -40,6 +40,7 @@ import time
 
 from ..folder import records
 from ..folder.store import CUR, JobStore
+from .idlecore import IdleCore
 from .jobrun import JobRun
 from .runner import TaskRunner
 
@@ -91,6 +92,7 @@ class Worker:
         self.stdio = (os.dup(1), os.dup(2))  # its own stdout and stderr, while 1 and 2 are a job's log
         self.fifo_path = ""
         self.fifo_fd = -1
+        self.idle_core = IdleCore(pool) if pool else None  # its core and policy while idle
         if pool:
             self.fifo_path = os.path.join(pool, "fifo", wid)
             os.mkfifo(self.fifo_path, 0o600)
@@ -104,6 +106,8 @@ class Worker:
         try:
             while True:
                 if job:
+                    if self.idle_core is not None:
+                        self.idle_core.leave()  # (before anything of the job, a re-exec too)
                     if self._jobs_done and self._user_code_changed():
                         self._reexec(job)
                     self.run_job(job, tasks)
@@ -130,6 +134,8 @@ class Worker:
         marker = os.path.join(self.pool, "idle", self.wid)
         fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
         os.close(fd)
+        if self.idle_core is not None:
+            self.idle_core.enter()
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
             left = deadline - time.monotonic()
