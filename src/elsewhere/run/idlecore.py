@@ -10,7 +10,8 @@ for a job, a pool worker
 
 - is bound to one core of its own among those it may run on (it holds the lock of
   ``<pool>/cores/<core>``, a file per core, for as long as it lives: two workers of a pool never
-  share one while there are cores enough), so that two woken at once run side by side;
+  share one while there are cores enough; each pool looks from a core of its own, so that two
+  pools' workers do not all wait on the first cores), so that two woken at once run side by side;
 - runs under ``SCHED_BATCH``, the policy whose wake-ups do not preempt the task running, so
   that the client hands the job to all of them before any starts.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import zlib
 
 __all__ = ["IdleCore"]
 
@@ -78,10 +80,12 @@ class IdleCore:
                     pass
 
     def _claim(self, cores: list[int]) -> None:
-        """Take the first core whose file no other live worker of the pool holds locked."""
+        """Take the first core whose file no other live worker of the pool holds locked, looking
+        from a place of the pool's own (pools of other interpreters or users start elsewhere)."""
         folder = os.path.join(self.pool, "cores")
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        for core in cores:
+        start = zlib.crc32(os.fsencode(self.pool)) % len(cores) if cores else 0
+        for core in cores[start:] + cores[:start]:
             fd = os.open(os.path.join(folder, str(core)), os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
