@@ -598,19 +598,25 @@ def test_callers_in_several_threads_each_get_their_own_results(
     from elsewhere.peer import controller
 
     monkeypatch.setattr(controller, "_SPIN_LEAST_S", 0.05)
-    got: dict[int, list[int]] = {}
     with ew.Executor(on=on) as ex:
+        # (a caller reads only when it finds its call sent and the loop idle: on a loaded
+        # machine a round may have the loop read every result, so rounds go on until one
+        # caller has read, a few at most)
+        for _ in range(5):
+            got: dict[int, list[int]] = {}
 
-        def run(t: int) -> None:
-            got[t] = [ex.submit(square, 1000 * t + k).result(timeout=30) for k in range(60)]
+            def run(t: int, got: dict[int, list[int]] = got) -> None:
+                got[t] = [ex.submit(square, 1000 * t + k).result(timeout=30) for k in range(60)]
 
-        threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        reads = ex._stream.link.counters().get("caller_reads", 0)
-    assert got == {t: [(1000 * t + k) ** 2 for k in range(60)] for t in range(4)}
+            threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert got == {t: [(1000 * t + k) ** 2 for k in range(60)] for t in range(4)}
+            reads = ex._stream.link.counters().get("caller_reads", 0)
+            if reads:
+                break
     assert reads > 0
 
 
