@@ -429,15 +429,19 @@ def _lane_tasks(workers: Workers) -> int:
 
 
 def _settled_lane_tasks(workers: Workers) -> int:
-    """The workers' count of lane tasks once it stays put for longer than a lane waits to tell it."""
+    """The workers' count of lane tasks once it stays put for longer than a lane waits to tell
+    it and a daemon to write it down."""
     counts = [_lane_tasks(workers)]
 
     def settled() -> bool:
-        time.sleep(0.7)  # (a lane tells its tasks every 0.5 s at most)
+        # (a lane tells its tasks every 0.5 s at most, and at its end; a daemon writes its
+        # counters every second: two readings 0.7 s apart could read the same file, which
+        # failed once in the full suite, an earlier test's lane telling 137 tasks later)
+        time.sleep(1.6)
         counts.append(_lane_tasks(workers))
         return counts[-1] == counts[-2]
 
-    wait_until(settled, 15, "the lanes' task counts to settle")
+    wait_until(settled, 20, "the lanes' task counts to settle")
     return counts[-1]
 
 
