@@ -18,6 +18,7 @@ import pytest
 from peer_procs import Workers, free_port, wait_until
 
 import elsewhere as ew
+from conformance.executor_tasks import pid_then_sleep
 from elsewhere.backends.peer import PeerCluster
 from elsewhere.folder import serial
 from elsewhere.folder.housekeeping import process_alive
@@ -489,16 +490,6 @@ def test_a_task_that_kills_its_lanes_process_is_lost_alone(on: PeerCluster, lab_
         assert ex._stream.link.counters().get("lanes_broken", 0) == 1  # (not the other worker's lane too)
 
 
-
-def pid_and_sleep(path: str, seconds: float) -> None:
-    import time
-
-    with open(path + ".tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.rename(path + ".tmp", path)
-    time.sleep(seconds)
-
-
 def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
         on: PeerCluster, lab_workers: Workers, tmp_path: Path) -> None:  # fmt: skip
     # Executor.kill of a task on a lane: its task process reads the lane's CANCEL only after
@@ -523,7 +514,7 @@ def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
             return False
 
         wait_until(next_on_a_lane, 30, "the tasks to go on a lane")
-        slow = ex.submit(pid_and_sleep, str(marker), 120)
+        slow = ex.submit(pid_then_sleep, str(marker), 120)
         wait_until(marker.exists, 30, "the task to start")
         pid = int(marker.read_text())
         with link._state:
@@ -538,7 +529,6 @@ def test_a_task_killed_on_a_lane_is_stopped_by_its_worker(
         assert counters.get("lanes_ended", 0) >= 1 and counters.get("lanes_broken", 0) == 0, counters
     wait_until(lambda: sum(w.stats().get("lanes_killed", 0) for w in lab_workers) >= 1, 15,
                "the worker to count the lane it stopped")  # fmt: skip
-
 
 
 def test_an_idle_executor_gives_its_lanes_slots_back_and_takes_lanes_again_when_tasks_come(

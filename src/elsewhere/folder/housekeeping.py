@@ -25,8 +25,8 @@ costs as much again. So a client process
 
 Whatever the background thread had not done when the process ends is done
 at exit, once the thread has done what it was doing; folders left by a process that was
-killed (``.<id>.purged-*``, ``.spare/.building-*``) are swept by the next process that makes a spare, and other
-sweeps run once per process in the background (:func:`call_later`: the folders of jobs
+killed (``.<id>.purged-*``, ``.spare/.building-*``) are swept by the next process that makes
+a spare, and other sweeps run once per process in the background (:func:`call_later`: the folders of jobs
 whose client was killed inside ``submit``, see ``core/submit.py``).
 
 Also here: telling a full disk (:func:`is_disk_full`, :func:`no_space`) and a live process

@@ -7,9 +7,10 @@ costs a lock and a rewrite of the queue). A warm worker whose last job had the s
 (and job data) sizes its first claim by that job's time a task instead, and takes no more than
 an even share of the work outstanding (the tasks left and those the other members hold) between
 the workers that joined or are on their way: should the tasks now take longer, it holds no more
-than its part, and two warm workers handed a job at once take half each, one claim apiece. Tasks to run again (retried, or given back by
-a lost worker) are claimed first. A worker that finds nothing left reaps lost members (their tasks
-come back) and looks again; in a job that may still grow (an open stream) it then waits.
+than its part, and two warm workers handed a job at once take half each, one claim apiece.
+Tasks to run again (retried, or given back by a lost worker) are claimed first. A worker that
+finds nothing left reaps lost members (their tasks come back) and looks again; in a job that
+may still grow (an open stream) it then waits.
 
 A worker never leaves with tasks it did not finish (see ``jobrun.py``): interrupted, or out of
 memory, it writes itself off as a reaper would (:meth:`Claims.lose`); failed because of the

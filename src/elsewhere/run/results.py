@@ -172,7 +172,8 @@ class ResultWriter:
         tasks reads as a task's doing, see ``run/supervise.py``): the tasks of a group go
         back to the queue, and come back one by one (a claim of tasks run again:
         ``JobRun._run_each``), each pickled alone, so that the one whose value kills its
-        worker is found, and no other is charged. (The late writer's writes, while a task runs, leave the map to that task.)"""
+        worker is found, and no other is charged. (The late writer's writes, while a task
+        runs, leave the map to that task.)"""
         return self.charge(index) if self.charge is not None and not self.in_task else None
 
     def _append_body(self, data: bytes, bufs: list[memoryview]) -> tuple[int, int]:
