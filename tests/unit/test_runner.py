@@ -10,7 +10,9 @@ import mmap
 import os
 import pickle
 import random
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -193,6 +195,46 @@ def test_a_flood_of_quiet_tasks_runs_in_one_loop_and_stops_at_the_first_error(ru
         assert values == [1.0, 0.5, 0.25] and ew.task().index == 12
         j, err = runner.run_quiet(lambda a, b: a / b, [(1, 1), (1, 0), (2, 1)], False, 0, 0, 3, values.append, 0.0)
         assert (j, err["type"], err["index"]) == (1, "ZeroDivisionError", 1) and values[-1] == 1.0
+
+
+def test_tasks_of_a_flood_see_their_own_index_and_seed_and_one_that_loads_random_seeds_the_rest(tmp_path) -> None:
+    # In a process where random is not loaded (a worker that never drew a number), the loop of
+    # a flood writes each task's index to the map alone: ew.task() reads it from there, and a
+    # task that imports random mid-flood gets its own seed, as do the tasks after it.
+    script = textwrap.dedent("""
+        import mmap, sys
+        import elsewhere as ew
+        from elsewhere.folder.store import CUR
+        from elsewhere.run.runner import JobSetup, TaskRunner
+        assert "random" not in sys.modules
+        cur = mmap.mmap(-1, CUR.size)
+        r = TaskRunner("here")
+        r.enter(JobSetup(name="j", job_id="i", seed=100), cur=cur, fallback_cwd=lambda: "/", common=None)
+
+        def probe(x):
+            t = ew.task()
+            drew = None
+            if x >= 3:
+                import random
+                drew = random.random()
+            return x, t.index, t.seed, CUR.unpack_from(cur)[0], drew
+
+        values = []
+        assert r.run_quiet(probe, list(range(6)), True, 10, 10, 16, values.append, 0.0) is None
+        import random
+        want = [(x, 10 + x, 110 + x, 10 + x, random.Random(110 + x).random() if x >= 3 else None)
+                for x in range(6)]
+        assert values == want, values
+        assert (ew.task().index, ew.task().seed) == (15, 115)
+        j, err = r.run_quiet(lambda x: 1 / x, [2, 1, 0, 4], True, 0, 0, 4, values.append, 0.0)
+        assert (j, err["index"], err["seed"], ew.task().index) == (2, 2, 102, 2), (j, err)
+        print("ok")
+    """)
+    log = tmp_path / "log"  # (a worker's output goes to a file: its tasks' byte ranges are read)
+    with open(log, "w") as f:
+        out = subprocess.run([sys.executable, "-c", script], stdout=f, stderr=subprocess.PIPE, text=True,
+                             timeout=60)  # fmt: skip
+    assert log.read_text().strip() == "ok", out.stderr
 
 
 def test_a_job_setup_names_what_it_cannot_use() -> None:

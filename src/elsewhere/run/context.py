@@ -33,19 +33,20 @@ class TaskContext:
             ranks and an mpi4py communicator; ``None`` in independent jobs.
     """
 
-    __slots__ = ("_comm", "_job_data", "attempt", "cores", "host", "index", "job", "job_id", "job_seed",
-                 "rank", "seed", "size")
+    __slots__ = ("_comm", "_index", "_job_data", "_live", "_seed", "attempt", "cores", "host", "job", "job_id",
+                 "job_seed", "rank", "size")
 
     def __init__(
         self, index: int, job: str, job_id: str, cores: int, seed: int, job_seed: int, attempt: int = 0,
         host: str = "", rank: int | None = None, size: int | None = None,
         _job_data: Callable[[], Any] | None = None, _comm: Any = None,
     ) -> None:
-        self.index = index
+        self._index = index
+        self._live: Any = None  # while a loop of tiny tasks runs: its map, whose [0] is the index
         self.job = job
         self.job_id = job_id
         self.cores = cores
-        self.seed = seed
+        self._seed = seed
         self.job_seed = job_seed
         self.attempt = attempt
         self.host = host
@@ -58,6 +59,24 @@ class TaskContext:
         extra = f", rank={self.rank}, size={self.size}" if self.rank is not None else ""
         return (f"TaskContext(index={self.index}, job={self.job!r}, cores={self.cores}, seed={self.seed}, "
                 f"attempt={self.attempt}, host={self.host!r}{extra})")
+
+    @property
+    def index(self) -> int:
+        live = self._live
+        return self._index if live is None else live[0]
+
+    @index.setter
+    def index(self, index: int) -> None:
+        self._index = index
+
+    @property
+    def seed(self) -> int:
+        live = self._live
+        return self._seed if live is None else self.job_seed + live[0]
+
+    @seed.setter
+    def seed(self, seed: int) -> None:
+        self._seed = seed
 
     @property
     def job_data(self) -> Any:

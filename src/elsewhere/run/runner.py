@@ -327,21 +327,41 @@ class TaskRunner:
         _pack_cur(self._cur, 0, start, t0, self.log_pos)
         ctx.attempt = 0
         j = start
-        try:
+        if seeder is not None:
+            seeder.job_seed = js
+        if seeder is None or seeder.nothing_loaded:
+            # The map's index is all a task of the loop costs: ew.task() and the seeder (for a
+            # module a task loads) read it from there while it runs (see seeding.py)
+            ctx._live = cur_index
             if seeder is not None:
-                seeder.job_seed = js
-                begin = seeder.begin
-            for j in range(start, end):  # the per-task work is a handful of bytecodes: keep it so
+                seeder._live = cur_index
+            try:
+                j = _quiet_loop(fn, args[start - first:end - first], single, start, cur_index, append, seeder)
+            except BaseException as exc:
+                j = cur_index[0]  # the task that raised
+                return j, self.error(exc, j).to_value()
+            finally:
+                ctx._live = None
+                k = cur_index[0]
+                ctx.index = k
+                ctx.seed = js + k
+                if seeder is not None:
+                    seeder._live = None
+                    seeder._index = k
+            if j == end:
+                return None
+        # A task loaded random or NumPy: the rest seeded one by one
+        assert seeder is not None
+        begin = seeder.begin
+        rest = range(j, end)
+        try:
+            for j in rest:
                 cur_index[0] = j
                 ctx.index = j
                 ctx.seed = js + j
-                if seeder is not None:
-                    if seeder.nothing_loaded:
-                        seeder._index = j  # seeds a module the task loads (see seeding.py)
-                    else:
-                        if seeder.fired:
-                            seeder.rearm()
-                        begin(js, j)
+                if seeder.fired:
+                    seeder.rearm()
+                begin(js, j)
                 append(fn(args[j - first]) if single else fn(*args[j - first]))
         except BaseException as exc:
             return j, self.error(exc, j).to_value()
@@ -394,6 +414,38 @@ class TaskRunner:
         from ..folder.errorrecord import ErrorRecord
 
         return ErrorRecord.of_exception(exc, self.host, index, self.job_seed + index)
+
+
+class _NoSeeder:
+    nothing_loaded = True
+
+
+_NO_SEEDER = _NoSeeder()
+
+
+def _quiet_loop(fn: Callable[..., Any], args: Sequence[Any], single: bool, j: int, cur_index: Any,
+                append: Callable[[Any], Any], watch: Any) -> int:
+    """Call ``fn`` on each of ``args`` (``single``: ``fn(a)``, else ``fn(*a)``; task ``j``
+    first), each task's index in the map; until a task loads a module that ``watch`` (the
+    job's seeder, or None) seeds: then the tasks after it are seeded one by one. Returns the
+    task that runs next. The loop is what a flood of no-op tasks costs: keep it this short."""
+    if watch is None:
+        watch = _NO_SEEDER
+    if single:
+        for a in args:
+            if not watch.nothing_loaded:
+                break
+            cur_index[0] = j
+            append(fn(a))
+            j += 1
+    else:
+        for a in args:
+            if not watch.nothing_loaded:
+                break
+            cur_index[0] = j
+            append(fn(*a))
+            j += 1
+    return j
 
 
 def build_sys_path(front: Sequence[str], job_path: Sequence[str], own: Sequence[str], *,

@@ -26,8 +26,11 @@ possible for floods of tasks that take microseconds:
         seeder.rearm()
 
 While ``nothing_loaded`` (neither ``random`` nor NumPy is loaded), a loop over
-tiny tasks may instead set ``job_seed`` once and only ``_index`` per task (a
-store instead of a call): a module a task imports is then seeded from there.
+tiny tasks may instead set ``job_seed`` once and ``_live`` to a sequence whose
+first item is the running task's index, which it keeps up to date (the map of
+the running task: no store of its own per task); a module a task imports is
+then seeded from there. The loop looks at ``nothing_loaded`` before each task:
+once a task has loaded one, the next ones are seeded with ``begin``.
 
 ``random`` is not stubbed: tasks bind ``random.random`` to a local name for
 speed in hot loops, and a stub there would slow every draw. Kept free of heavy
@@ -64,6 +67,7 @@ class TaskSeeder:
         self._pending = _NO_SEED  # task index whose seed is not applied yet
         self.job_seed = 0
         self._index = _NO_SEED  # the task running now
+        self._live: Any = None  # or, while a loop of tiny tasks runs, its [0] (see the module)
         self._rinst: Any = None  # random's global generator, once random is loaded
         self._np_module: Any = None
         self._np_stubs: dict[str, Any] = {}
@@ -125,6 +129,13 @@ class TaskSeeder:
         ss = self._np_module.SeedSequence(self.job_seed, spawn_key=(index,))
         self._np_real["seed"](ss.generate_state(4))
 
+    def _running(self) -> int:
+        live = self._live
+        if live is None:
+            return self._index
+        index = int(live[0])
+        return index if index >= 0 else _NO_SEED
+
     # -- installing the stubs -----------------------------------------------------
     def _install_random(self, random: Any) -> None:
         inst = getattr(random, "_inst", None)
@@ -132,9 +143,10 @@ class TaskSeeder:
             return
         self._rinst = inst
         self.nothing_loaded = False
-        if self.armed and self._index != _NO_SEED:
+        index = self._running()
+        if self.armed and index != _NO_SEED:
             # imported by the running task: seeded for it, as if it had been loaded before
-            _c_seed(inst, self.job_seed + self._index)
+            _c_seed(inst, self.job_seed + index)
             inst.gauss_next = None
 
     def _install_numpy(self, np_random: Any) -> None:
@@ -158,8 +170,9 @@ class TaskSeeder:
         self.nothing_loaded = False
         if self.armed:  # NumPy fires its stubs itself, so it cannot have fired before they exist
             np_random.__dict__.update(self._np_stubs)
-            if self._index != _NO_SEED:
-                self._pending = self._index  # loaded by the running task: its seed is due
+            index = self._running()
+            if index != _NO_SEED:
+                self._pending = index  # loaded by the running task: its seed is due
 
     def _hook(self, names: list[str]) -> None:
         # If a task imports one of ``names``, put the stubs in right after it has
