@@ -2,6 +2,9 @@
 function from its last job; then an even share of the work outstanding between the workers that
 joined or are on their way."""
 
+import fcntl
+import os
+
 import pytest
 
 from elsewhere.folder.queue import new_queue, write_queue
@@ -77,3 +80,19 @@ def test_a_task_held_for_a_rerun_keeps_the_queue_from_being_drained(store):
         q.rerun_later(0, 1, 1e12, by="a")  # task 0 raised and runs again, much later
         q.take_next(900)
     assert c.claim(1e-6, 10) == range(901, 1000) and not c.drained
+
+
+def test_a_claim_that_finds_nothing_left_tells_first_then_leaves(store):
+    # A worker whose claim did not drain the queue may still be the last to end: it tells its
+    # client of its last results (on_empty) as soon as it sees nothing left, before the lost
+    # members are looked for and the queue is written, which took it 0.1-0.4 ms more
+    lock = os.path.join(store.dir, "a.cur")  # held, as a live worker's
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    c = Claims(store, "a")
+    assert c.join(pid=1, host="h", lock=lock, fifo="", mean_s=0.0, n_done=0, guess_s=1e-6) == range(0, 1000)
+    seen = []
+    c.on_empty = lambda: seen.append(store.queue().members["a"]["state"])
+    assert c.claim(1e-6, 1000) is None and c.left
+    assert seen == ["active"] and store.queue().members["a"]["state"] == "left"
+    os.close(fd)

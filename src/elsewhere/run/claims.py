@@ -73,6 +73,9 @@ class Claims:
         self.left = False  # the last claim found nothing left and recorded that the worker left
         self.drained = False  # the last claim took the queue's last tasks (none held for a rerun)
         self.wake_at: float | None = None  # a WAIT for a task held for a later rerun: when it is due
+        # Called (under the queue lock) when a claim finds no task left to take, before it looks
+        # for lost members and writes the queue: the worker tells its client of its last results
+        self.on_empty: Any = None
 
     def join(self, *, pid: int, host: str, lock: str, fifo: str, mean_s: float, n_done: int,
              guess_s: float = 0.0) -> Any:  # fmt: skip
@@ -154,6 +157,8 @@ class Claims:
                     return kept
                 q.set_member(wid, "active", [a, a + k])
                 return range(a, a + k)
+            if self.on_empty is not None:
+                self.on_empty()
             q.set_member(wid, m.get("state", "active"), [])
             if not reap(self.store, q):
                 break
