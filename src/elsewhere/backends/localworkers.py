@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..folder.housekeeping import process_alive
 from ..folder.journal import lock_is_free, reap
+from ..run.kit import remove_kit
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -135,6 +136,7 @@ def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
                 os.unlink(fifo)
             except OSError:
                 pass
+            remove_kit(pool, wid)
             continue
         taken.append((wid, fd))
     return taken
@@ -171,6 +173,7 @@ def _any_busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], It
                 with contextlib.suppress(OSError):
                     if time.time() - os.stat(path).st_ctime > 60:
                         os.unlink(path)
+                        remove_kit(pool, wid)
             continue
         return True
     return False

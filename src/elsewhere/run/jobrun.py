@@ -28,6 +28,7 @@ import time
 
 from ..folder.store import CUR, write_new
 from .claims import WAIT, Claims
+from .kit import open_new
 from .results import ResultWriter
 from .runner import JobSetup, TaskOutcome, flush_output
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from ..folder.store import JobStore
+    from .kit import FileKit
     from .runner import TaskRunner
 
     class JobWorker(Protocol):
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
         runner: TaskRunner
         mpi: dict[str, int]  # rank and size, in a communicating job
         stdio: tuple[int, int]  # copies of its own stdout and stderr
+        kit: FileKit | None  # its files made ahead for a job (a pool worker's)
 
         task_failed: bool  # a task it ran ended with an error (not run again)
         known: tuple[int, float, bool] | None  # its last job's function (common_check), s a task, quiet
@@ -149,12 +152,16 @@ class JobRun:
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
-        self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end, charge=self.runner.charge)
+        kit = w.kit
+        self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end, charge=self.runner.charge,
+                                fds=(open_new(kit, "results", store.results_path(wid)),
+                                     open_new(kit, "journal", store.journal_path(wid))))  # fmt: skip
+        self.claims.on_empty = self.out.tell_client  # (its results were written before it claims)
         if not self.out.j_end:
             # An empty first frame: the journal's first block is taken now, while there is room,
             # so that on a full disk this worker can still write there why it stopped.
             self.out.append_frame([])
-        log_fd = os.open(store.log_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        log_fd = open_new(kit, "log", store.log_path(wid))
         flush_output()
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)

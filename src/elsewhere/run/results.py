@@ -98,7 +98,8 @@ class ResultWriter:
     """
 
     def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord], *,
-                 tell_at_end: bool = False, charge: Callable[[int], Callable[[], None]] | None = None) -> None:  # fmt: skip
+                 tell_at_end: bool = False, charge: Callable[[int], Callable[[], None]] | None = None,
+                 fds: tuple[int, int] | None = None) -> None:  # fmt: skip
         self.store = store
         self.error = error
         self.charge = charge
@@ -106,9 +107,11 @@ class ResultWriter:
         # written (tell_client), not at every group of results (it looks every 0.1 s anyway)
         self.tell_at_end = tell_at_end
         self.untold = False  # results written that its client was not woken for
-        self.res_fd = os.open(store.results_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if fds is None:  # (else the two, opened for appending by the worker: see run/kit.py)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            fds = os.open(store.results_path(wid), flags, 0o600), os.open(store.journal_path(wid), flags, 0o600)
+        self.res_fd, self.jfd = fds
         self.res_end = os.fstat(self.res_fd).st_size
-        self.jfd = os.open(store.journal_path(wid), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self.j_end = os.fstat(self.jfd).st_size
         self.pending: list[TaskOutcome] = []
         self.rerun: set[tuple[int, int]] = set()  # (task, attempt) of pending errors run again

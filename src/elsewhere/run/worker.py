@@ -12,19 +12,19 @@ their outcomes to its own journal, then leaves::
 Modes:
 
 - ``--job DIR``: join that job, run until it has nothing left, exit.
-- ``--pool DIR``: a warm worker of the local backend. After a job it waits
-  (idle) for the next one on its own FIFO, and exits after ``--idle-timeout``
-  seconds without work. See ``clusters/local.py`` for the hand-over.
+- ``--pool DIR``: a warm worker of the local backend. After a job it waits (idle) for the
+  next one on its own FIFO (on a core of its own: ``idlecore.py``, its files for the next
+  job made: ``kit.py``), and exits after ``--idle-timeout`` seconds without work. See
+  ``backends/local.py`` for the hand-over.
 - ``--tasks SPEC`` with ``--job``: run exactly those tasks ("0:100" or
   "3,7,9") instead of claiming (array elements of batch schedulers).
 
-Environment variables read (all optional; flags win): ``ELSEWHERE_JOB_DIR``,
-``ELSEWHERE_TASKS``, ``ELSEWHERE_WORKER_ID``, and for array elements
-``ELSEWHERE_SUBMISSION`` (a JSON list of chunks) with ``ELSEWHERE_ARRAY_VAR``
-(the name of the scheduler's array index variable) and ``ELSEWHERE_ARRAY_BASE``:
-element k runs chunk k - base; an empty chunk means: claim tasks from the job's queue (a
-packed submission; ``ELSEWHERE_WALLTIME_S``, the element's walltime, makes it stop claiming
-while a task still fits). See docs/plugins.md.
+Environment variables read (all optional; flags win): ``ELSEWHERE_JOB_DIR``, ``ELSEWHERE_TASKS``,
+``ELSEWHERE_WORKER_ID``, and for array elements ``ELSEWHERE_SUBMISSION`` (a JSON list of chunks)
+with ``ELSEWHERE_ARRAY_VAR`` (the name of the scheduler's array index variable) and
+``ELSEWHERE_ARRAY_BASE``: element k runs chunk k - base; an empty chunk means: claim tasks from
+the job's queue (a packed submission; ``ELSEWHERE_WALLTIME_S``, the element's walltime, makes it
+stop claiming while a task still fits). See docs/plugins.md.
 
 It imports little: start-up time is part of every job's latency.
 """
@@ -42,6 +42,7 @@ from ..folder import records
 from ..folder.store import CUR, JobStore
 from .idlecore import IdleCore
 from .jobrun import JobRun
+from .kit import FileKit, open_new
 from .runner import TaskRunner
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
@@ -93,6 +94,7 @@ class Worker:
         self.fifo_path = ""
         self.fifo_fd = -1
         self.idle_core = IdleCore(pool) if pool else None  # its core and policy while idle
+        self.kit = FileKit(pool, wid) if pool else None  # its files for the next job (run/kit.py)
         if pool:
             self.fifo_path = os.path.join(pool, "fifo", wid)
             os.mkfifo(self.fifo_path, 0o600)
@@ -122,6 +124,8 @@ class Worker:
                 if job is None:
                     return
         finally:
+            if self.kit is not None:
+                self.kit.discard()
             if self.pool:
                 for p in (os.path.join(self.pool, "idle", self.wid), self.fifo_path):
                     try:
@@ -136,6 +140,8 @@ class Worker:
         os.close(fd)
         if self.idle_core is not None:
             self.idle_core.enter()
+        if self.kit is not None:
+            self.kit.fill()  # (a job handed over meanwhile waits in the FIFO: a moment)
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
             left = deadline - time.monotonic()
@@ -195,10 +201,9 @@ class Worker:
         return False
 
     def wait_for_work(self, timeout_s: float | None = None) -> None:
-        """Inside a job that may still get tasks: wait for a wake-up on the FIFO (a second at
-        most), or a moment without one; with ``timeout_s`` (a task held for a rerun is due
-        then), that long at most, with or without a FIFO. A job path that arrives meanwhile
-        is kept for later."""
+        """Inside a job that may still get tasks: wait for a wake-up on the FIFO (a second at most),
+        or a moment without one; with ``timeout_s`` (a task held for a rerun is due then), that
+        long at most, with or without a FIFO. A job path that arrives meanwhile is kept."""
         fd = self.fifo_fd
         if fd < 0:
             time.sleep(0.05 if timeout_s is None else timeout_s)
@@ -214,8 +219,7 @@ class Worker:
                 self._pending += b"\n".join(keep) + b"\n"
 
     def _reexec(self, job: str) -> None:
-        # The user's own modules changed since this warm worker imported
-        # them: start afresh (same pid, so the hand-over stays valid).
+        # The user's modules changed since this warm worker imported them: afresh, same pid
         os.dup2(self.stdio[0], 1)
         os.dup2(self.stdio[1], 2)
         if self.fifo_fd >= 0:
@@ -244,7 +248,7 @@ class Worker:
             # held while it lives, released by the kernel however it ends (taken at once: a
             # client that finds the file with its lock free takes the worker for gone).
             cur_path = store._p("workers", f"{self.wid}.cur")
-            cur_fd = os.open(cur_path, os.O_RDWR | os.O_CREAT, 0o600)
+            cur_fd = open_new(self.kit, "cur", cur_path)
             fcntl.flock(cur_fd, fcntl.LOCK_EX)
             os.pwrite(cur_fd, CUR.pack(-1, 0.0, 0), 0)  # (not cut to nothing first: see write_new)
             os.ftruncate(cur_fd, CUR.size)
@@ -311,8 +315,7 @@ def _quick_args(argv: list[str]) -> _Args | None:
     while i < len(argv):
         flag = argv[i]
         if flag == "--mpi":
-            a.mpi = True
-            i += 1
+            a.mpi, i = True, i + 1
             continue
         if flag not in _FLAGS or i + 1 >= len(argv):
             return None
