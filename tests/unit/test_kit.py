@@ -76,3 +76,16 @@ def test_a_worker_that_leaves_removes_its_kit_and_a_client_removes_a_killed_ones
     remove_kit(pool, "b")  # (b was killed: its descriptors died with it)
     assert _kit_files(b) == []
     b.discard()
+
+
+def test_a_kit_that_cannot_be_made_leaves_the_files_made_in_place_and_is_tried_again(kit, tmp_path):
+    (tmp_path / "pool").mkdir()
+    (tmp_path / "pool" / "kit").write_text("in the way")  # (a full disk, a folder not ours)
+    kit.fill()
+    assert kit.ready == {} and not kit.off
+    fd = open_new(kit, "log", str(tmp_path / "log"))
+    os.close(fd)
+    assert (tmp_path / "log").exists()
+    (tmp_path / "pool" / "kit").unlink()
+    kit.fill()  # the next idle spell: room again
+    assert sorted(kit.ready) == sorted(FILES)

@@ -42,7 +42,7 @@ class FileKit:
         self.folder = os.path.join(pool, "kit")
         self.wid = wid
         self.ready: dict[str, tuple[str, int]] = {}  # name: (path in the kit, open descriptor)
-        self.off = False  # no kits: the jobs are on another file system, or the folder is not writable
+        self.off = False  # no kits: the jobs are on another file system (or the worker leaves)
 
     def fill(self) -> None:
         """Make the files missing from the kit (none where kits are off)."""
@@ -62,8 +62,7 @@ class FileKit:
                     os.unlink(path)  # (left by a fill that failed midway: not known to be new)
                     fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
             except OSError:
-                self.off = True  # (a full disk, a folder not ours): as without a kit
-                return
+                return  # (a full disk, a folder not writable): as without a kit, this time
             self.ready[name] = (path, fd)
 
     def take(self, name: str, target: str) -> int:
