@@ -412,6 +412,23 @@ def test_a_worker_whose_rest_ends_is_asked_without_a_pass(monkeypatch: pytest.Mo
     assert _asks(c) == [ws[0], ws[3]] and c.stats["placing_narrow"] >= 2
 
 
+def test_the_turn_after_a_refusal_does_not_look_at_the_worker_that_rests(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A refused batch comes back (its worker freed) and its worker rests at once: the turn that
+    # followed looked at that worker, found it resting and placed nothing (bench/peer_scale.py:
+    # 252 such turns of 1660 that placed nothing, for the controller of the longest tasks).
+    # It is looked at when its rest ends, not before.
+    c, ws = _placed_once_then_no_pass(monkeypatch)
+    looked: list[Worker] = []
+    real = c._refill
+    monkeypatch.setattr(c, "_refill", lambda w, *a: (looked.append(w), real(w, *a)))
+    c._forget(next(iter(ws[3].batches.values())))
+    c._rest(ws[3], 1.05)
+    c._place(1.01)
+    assert looked == [] and _asks(c) == [ws[0]]
+    c._place(1.06)
+    assert looked == [ws[3]] and _asks(c) == [ws[0], ws[3]]
+
+
 def test_rests_that_ended_are_let_go_with_no_task_waiting() -> None:
     # an open Executor with nothing to place has its standing ASK refused again and again:
     # the rests must not pile up while no task waits

@@ -86,6 +86,9 @@ class Batching(ControllerState):
             connecting, known = blocked.connecting, blocked.known
             depth = 1 if connecting and len(self.pending) <= known else 2
             self.stats["placing_narrow"] += 1
+            if not freed:  # tasks came back from workers that rest now: none has room yet
+                self.blocked = Blocked(self.placing_epoch, len(self.pending), self.roster_epoch, connecting, known)
+                return
             if len(freed) == 1:  # the usual case under contention: one batch came back
                 self._refill(next(iter(freed)), depth, total, now)
                 return

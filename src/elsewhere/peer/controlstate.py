@@ -203,9 +203,11 @@ class ControllerState:
         self.finished = threading.Event()
 
     def _rest(self, w: Worker, until: float) -> None:
-        """Ask ``w`` nothing before ``until`` (monotonic); then a placing turn looks at it."""
+        """Ask ``w`` nothing before ``until`` (monotonic); then a placing turn looks at it (not
+        before: the batch it refused, just come back, does not make it one to look at now)."""
         w.busy_until = until
         heapq.heappush(self.resting, (until, w.seq, w))
+        self.freed.discard(w)
 
     def _roster_changed(self) -> None:
         """A worker was found, lost, connected, closed, or offers other than it did: which
