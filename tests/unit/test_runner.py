@@ -306,6 +306,95 @@ def test_the_late_writer_writes_and_fsyncs_results_while_a_long_task_runs(runner
         out.close()
 
 
+def test_a_job_left_is_closed_at_once_and_its_files_synced_then_closed_by_the_thread(
+        runner, cur, tmp_path, monkeypatch) -> None:  # fmt: skip
+    # A worker's fsyncs at the end of a job kept it from the next one (a map called right after
+    # another waited for them): the worker goes on, the late writer's thread syncs the results,
+    # then the journal, and closes them
+    go = threading.Event()
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        assert go.wait(10), "never let go"
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    with worker_log(tmp_path):
+        _store, out = _writer(tmp_path, runner)
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        out.pending.append(runner.run(0, 0, entry(1), 0))
+        out.flush(sync=False)
+        assert out.unsynced
+        fds = (out.res_fd, out.jfd)
+        out.close_later()  # returns with the fsyncs still to come
+        assert synced == [] and all(os.fstat(fd) for fd in fds)
+        go.set()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                for fd in fds:
+                    os.fstat(fd)
+            except OSError:
+                break  # closed
+            assert time.monotonic() < deadline, "the files of the job left were never closed"
+            time.sleep(0.001)
+        assert synced == list(fds)  # the bodies first, then the frames that point into them
+
+
+def test_the_files_of_a_job_purged_before_they_are_due_are_closed_unsynced(runner, cur, tmp_path,
+                                                                           monkeypatch) -> None:  # fmt: skip
+    # an ew.map's job is purged as soon as its values are read: its results need no disk
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    with worker_log(tmp_path):
+        _store, out = _writer(tmp_path, runner)
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        out.pending.append(runner.run(0, 0, entry(1), 0))
+        out.flush(sync=False)
+        fds = (out.res_fd, out.jfd)
+        out.close_later()
+        for sub in ("results", "journal"):  # the purge, within SYNC_S
+            for f in (tmp_path / "job" / sub).iterdir():
+                f.unlink()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.fstat(fds[1])
+            except OSError:
+                break
+            assert time.monotonic() < deadline, "never closed"
+            time.sleep(0.005)
+        assert synced == []
+
+
+def test_what_the_thread_has_not_synced_yet_is_synced_when_the_worker_ends(runner, cur, tmp_path,
+                                                                           monkeypatch) -> None:  # fmt: skip
+    from elsewhere.run import results as results_mod
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    late = results_mod._LateWriter()
+    late.pid = os.getpid()  # (its thread never started: the list waits for drain)
+    with worker_log(tmp_path):
+        _store, out = _writer(tmp_path, runner)
+        enter(runner, cur, tmp_path, fn=lambda x: x)
+        late.closing.append((1e18, (out.res_fd, out.jfd)))  # (due much later: drain does it now)
+        late.drain()
+        assert synced == [out.res_fd, out.jfd] and late.closing == []
+        try:
+            os.fstat(out.res_fd)
+            raise AssertionError("not closed")
+        except OSError:
+            pass
+        late.closing.append((0.0, (123456,)))
+        late.pid = -1  # a task's fork that exits: its parent's list is not its own
+        late.drain()
+        assert late.closing == [(0.0, (123456,))]
+
+
 def test_one_late_writer_thread_serves_a_workers_jobs_one_after_another(runner, cur, tmp_path) -> None:
     # a thread started for every job a warm worker runs cost it a thread start and a switch each
     def late_threads() -> list[threading.Thread]:
