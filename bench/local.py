@@ -21,7 +21,9 @@ its workers detached, ``on=ew.local(cores=2)``:
    This machine's pace moves 2x within minutes, so the lead over
    ProcessPoolExecutor is also measured *paired*: a warm ProcessPoolExecutor(2)
    in elsewhere's own process runs its ``map`` right after each ``ew.map``
-   job, and the median of those pairs' ratios is judged too.
+   job, and the median of those pairs' ratios is judged too. And, as a loop of
+   maps calls them, an ``ew.map`` right after another (its workers still leaving
+   that one) against a warm pool's ``map`` right after another (for information).
 4. ``first``: submit to the first result with no workers running, against
    dask.distributed ``LocalCluster(n_workers=2, processes=True,
    threads_per_worker=1)`` start-up to first result (and ProcessPoolExecutor's).
@@ -70,7 +72,7 @@ from _tasks import arr_sum, noop, spin_cpu
 # -- measurements (run in a fresh child process each) ------------------------------
 pc = time.perf_counter
 W = 2  # workers / cores everywhere
-WARM_REPS = 20  # warm jobs per round and side (their median; elsewhere's 3 variants take turns)
+WARM_REPS = 20  # warm jobs per round and side (their median; elsewhere's 4 variants take turns)
 COLD_REPS = 3  # cold 10k jobs per round and side, each in a fresh process (the figure: their median)
 
 
@@ -143,6 +145,11 @@ def _ew_run(ew, cl, variant: str, fn, xs) -> tuple[float, list, dict]:
         kw = {"seed": False} if variant == "map_noseed" else {}
         t0 = pc()
         vals = ew.map(fn, xs, on=cl, progress=False, **kw)
+        t = pc() - t0
+    elif variant == "map_b2b":  # right after another, as a loop of maps calls it: its workers
+        ew.map(fn, xs, on=cl, progress=False)  # are still leaving that one
+        t0 = pc()
+        vals = ew.map(fn, xs, on=cl, progress=False)
         t = pc() - t0
     elif variant == "submit":
         t0 = pc()
@@ -302,15 +309,19 @@ def m_pool_warm(system: str, n: int) -> dict:
     xs = list(range(n))
     p = start()
     pmap(p, xs, _chunk(n))
-    ts = []
+    ts, b2b = [], []
     for _ in range(WARM_REPS):
         time.sleep(0.01)  # idle between jobs, as elsewhere's workers are (waiting until idle)
         t0 = pc()
         vals = pmap(p, xs, _chunk(n))
         ts.append(pc() - t0)
         _check(vals, n)
+        t0 = pc()  # and one right after it, as a loop of maps calls them
+        vals = pmap(p, xs, _chunk(n))
+        b2b.append(pc() - t0)
+        _check(vals, n)
     close(p)
-    return {"t": sorted(ts)[len(ts) // 2]}
+    return {"t": sorted(ts)[len(ts) // 2], "t_b2b": sorted(b2b)[len(b2b) // 2]}
 
 
 def m_ppe_first() -> dict:
@@ -485,7 +496,7 @@ def plan(quick: bool, calls: int = 200_000) -> list[tuple[str, str, dict, bool]]
         m.append((f"cold100k/ew/{v}", "ew_cold", {"n": n100, "variant": v}, True))
     for s in pools:
         m.append((f"cold100k/{s}/map", "pool_cold", {"system": s, "n": n100, "mode": "map"}, False))
-    m.append(("warm10k/ew", "ew_warm", {"n": n10, "variants": ["map", "map_noseed", "submit"]}, True))
+    m.append(("warm10k/ew", "ew_warm", {"n": n10, "variants": ["map", "map_noseed", "submit", "map_b2b"]}, True))
     for s in pools:
         m.append((f"warm10k/{s}/map", "pool_warm", {"system": s, "n": n10}, False))
     for v in ("submit", "map", "executor"):
@@ -543,6 +554,7 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
 
     labels = {
         "ew/map": "elsewhere ew.map", "ew/map_noseed": "elsewhere ew.map(seed=False)",
+        "ew/map_b2b": "elsewhere ew.map right after another",
         "ew/submit": "elsewhere ew.submit().wait(); get()", "ew/executor": "elsewhere Executor.submit().result()",
         "ppe/each": "ProcessPoolExecutor, submit per task", "ppe/map": "ProcessPoolExecutor.map(chunksize)",
         "mp/each": "mp.Pool apply_async per task", "mp/map": "mp.Pool.map(chunksize)",
@@ -563,8 +575,10 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
         if group in EXECUTOR_GROUPS + SIZE_GROUPS:
             continue  # their own tables (_executors.report, report_sizes)
         if key == "warm10k/ew":
-            for v in ("map", "map_noseed", "submit"):
+            for v in ("map", "map_noseed", "submit", "map_b2b"):
                 x = t(key, v)
+                if x != x:
+                    continue  # (a record of before the variant)
                 fig_rows.append([group, labels[f"ew/{v}"], fmt_time(x), spread(key, v), fmt_rate(10_000 / x),
                                  others(key)])
             lost = sum(r.get("lost", 0) for r in warm)
@@ -622,6 +636,9 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
           "warm PPE.map, paired", 1.0, ">= 1.0", median(r["paired_map"] for r in warm if "paired_map" in r))
     for s, lab in (("mp/map", "warm mp.Pool.map"), ("loky/map", "warm loky map")):
         ratio("3. 10k no-op, warm", t("warm10k/ew", "map"), "map", t(f"warm10k/{s}"), lab, None, "")
+    # a loop of maps: each called right after the one before, its workers still leaving it
+    ratio("3. 10k no-op, warm", t("warm10k/ew", "map_b2b"), "map right after another", t("warm10k/ppe/map", "t_b2b"),
+          "warm PPE.map right after another", None, "")
     for v, lab in (("submit", "submit+wait"), ("map", "map([x])"), ("executor", "Executor")):
         ratio("4. first result, cold", t(f"first/ew/{v}"), lab, t("first/dask"), "dask LocalCluster", 10,
               ">= 10 (0.1x)")
@@ -697,6 +714,9 @@ def figures_json(fig, got: dict[str, list[dict]]) -> None:
                 variants=[("ew.map(seed=False)", t("warm10k/ew", "map_noseed")),
                           ("ew.submit().wait(); get()", t("warm10k/ew", "submit"))],
                 ratios={"warm PPE.map(chunksize), each job right after one of ew.map's, paired": paired})  # fmt: skip
+    fig.compare("warm10k_b2b", "10 000 no-op tasks on warm workers, each map right after another",
+                ("ew.map", t("warm10k/ew", "map_b2b")),
+                [("warm PPE.map(chunksize)", t("warm10k/ppe/map", "t_b2b"))], "s")  # fmt: skip
     fig.compare("first", "First result from cold (a job of one task)", ("ew.map([x])", t("first/ew/map")),
                 [("dask LocalCluster, start to first result", t("first/dask")),
                  ("PPE, start to first result", t("first/ppe"))], "s",

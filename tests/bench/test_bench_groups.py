@@ -63,6 +63,7 @@ CASES = [
         "warm10k": {"ew.map", "ew.map(seed=False)", "ew.submit().wait(); get()", "warm PPE.map(chunksize)",
                     "warm PPE.map(chunksize), each job right after one of ew.map's, paired",
                     "warm mp.Pool.map(chunksize)", "warm loky map(chunksize)"},
+        "warm10k_b2b": {"ew.map", "warm PPE.map(chunksize)"},
         "first": {"ew.map([x])", "ew.submit().wait(); results()", "ew.Executor().submit().result()",
                   "PPE, start to first result", "dask LocalCluster, start to first result"},
         "big": {"ew.map", "ew.submit().wait(); get()", "warm PPE"},
