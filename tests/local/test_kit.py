@@ -45,6 +45,7 @@ def test_a_warm_workers_job_files_are_its_kits_new_each_job_and_gone_when_it_exi
     # idle again: its kit made, a new file for each of a job's
     inodes = _until("the idle worker's kit", lambda: all(p.exists() for p in names.values())
                     and {n: p.stat().st_ino for n, p in names.items()})  # fmt: skip
+    first_marker = (cl.pool_dir() / "idle" / wid).stat().st_ino
     second = ew.submit(_pid, range(3), on=cl)
     second.wait(timeout=60, progress=False)
     assert JobStore(second.path).queue().members.keys() == {wid}  # the same warm worker
@@ -55,8 +56,13 @@ def test_a_warm_workers_job_files_are_its_kits_new_each_job_and_gone_when_it_exi
     assert second.results() == [second.results()[0]] * 3 and "out 2" in second.log(2)
     assert _until("a new kit", lambda: all(p.exists() and p.stat().st_ino not in inodes.values()
                                             for p in names.values()))  # fmt: skip
+    # its idle marker is renamed to taken/ by the client that takes it, and back by the worker
+    # (no file made and removed for every job)
+    marker = cl.pool_dir() / "idle" / wid
+    assert _until("idle again", marker.exists) and marker.stat().st_ino == first_marker
     assert cl.shutdown() == 1
     _until("the kit gone with its worker", lambda: not any(p.exists() for p in names.values()))
+    _until("its marker gone", lambda: not marker.exists() and not (cl.pool_dir() / "taken" / wid).exists())
     first.purge()
     second.purge()
 

@@ -91,3 +91,12 @@ def test_the_jobs_own_busy_workers_are_not_waited_for(pool: Path) -> None:
         assert time.monotonic() - t0 < 30 and asked == [1]
     finally:
         os.close(reader)
+
+
+def test_a_dead_workers_marker_fifo_and_kit_are_removed_when_a_client_finds_it(pool: Path) -> None:
+    os.mkfifo(pool / "fifo" / "w1", 0o600)  # no reader: its worker was killed
+    (pool / "idle" / "w1").touch()
+    (pool / "kit").mkdir()
+    (pool / "kit" / "w1.log").touch()
+    assert localworkers.take_idle(pool) == []
+    assert [p.name for p in pool.rglob("*") if p.is_file() or p.is_fifo()] == []

@@ -4,14 +4,16 @@ Workers are kept warm between jobs in a *pool* folder per interpreter and
 elsewhere version (``<home>/local/<key>/``)::
 
     idle/<wid>    exists while worker <wid> waits for a job
+    taken/<wid>   ... and there once a client took it (until it is idle again)
     fifo/<wid>    the worker's FIFO: a job folder path + newline hands it a job
+    kit/, cores/  its files for the next job (run/kit.py), the core it waits on (run/idlecore.py)
     pool.log      what workers print outside any job
 
-Hand-over without a lock: a client *takes* an idle worker by unlinking its
-``idle/<wid>`` marker (only one unlink can succeed), then writes the job's
-path into ``fifo/<wid>``. A worker that times out unlinks its own marker
-before exiting; if that unlink fails, a client took it, and it waits for the
-message. A worker that died leaves a FIFO with no reader: the client's
+Hand-over without a lock: a client *takes* an idle worker by renaming its
+``idle/<wid>`` marker to ``taken/<wid>`` (only one rename can succeed), then writes the job's
+path into ``fifo/<wid>``; the worker renames it back when it is idle again. A worker that
+times out unlinks its own marker before exiting; if that unlink fails, a client took it, and
+it waits for the message. A worker that died leaves a FIFO with no reader: the client's
 non-blocking open fails with ENXIO, and it cleans up and tries the next.
 
 When no idle worker is left, new ones are started detached (own session,
@@ -51,6 +53,7 @@ from .localworkers import (
     lost_at_start,
     note_dispatched,
     note_spawned,
+    put_back,
     reap_children,
     take_idle,
     take_idle_or_returning,
@@ -189,13 +192,13 @@ class LocalCluster(Cluster):
 
         home = paths.home()
         d = _pools.get((str(home), self.command.text))
-        if d is not None and os.path.isdir(os.path.join(d, "fifo")):
+        if d is not None and os.path.isdir(os.path.join(d, "taken")):
             return d
         ident = f"{self.command.text}\0{__version__}\0{package_root()}".encode()
         key = f"{zlib.crc32(ident):08x}{zlib.adler32(ident):08x}"  # no hashlib: it loads OpenSSL
         d = home / "local" / key
-        if not (d / "fifo").is_dir():
-            for sub in ("idle", "fifo"):
+        if not (d / "taken").is_dir():
+            for sub in ("idle", "fifo", "taken"):
                 paths.private_dir(d / sub)  # and home, local, the pool: 0700 whatever the umask
         _pools[(str(home), self.command.text)] = d
         return d
@@ -250,13 +253,8 @@ class LocalCluster(Cluster):
             finally:
                 os.close(fd)
         for wid, fd in spare:
-            # Taken but not needed: put back.
             os.close(fd)
-            try:
-                fd2 = os.open(pool / "idle" / wid, os.O_WRONLY | os.O_CREAT, 0o600)
-                os.close(fd2)
-            except OSError:
-                pass
+            put_back(pool, wid)  # taken but not needed
         if new:
             # One new process; it forks the others once it has started up.
             pid = self._spawn(pool, new[0], job, also=new[1:])

@@ -113,9 +113,11 @@ def killed_by_signal(pid: int) -> bool:
 
 def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
     """Take idle workers of the pool folder ``pool`` (at most ``limit``): [(wid, fifo fd)];
-    each is ours alone (the unlink of its ``idle/<wid>`` marker succeeded here only)."""
+    each is ours alone (the rename of its marker ``idle/<wid>`` to ``taken/<wid>`` succeeded here
+    only; the worker renames it back when it is idle again: ``run/idlecore.py``)."""
     taken: list[tuple[str, int]] = []
     idle, fifos = os.path.join(pool, "idle"), os.path.join(pool, "fifo")  # (strings: a Path a name costs)
+    took = os.path.join(pool, "taken")
     try:
         names = os.listdir(idle)
     except FileNotFoundError:
@@ -123,23 +125,55 @@ def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
     for wid in names:
         if limit is not None and len(taken) >= limit:
             break
-        try:
-            os.unlink(os.path.join(idle, wid))
-        except FileNotFoundError:
+        if not _take(os.path.join(idle, wid), took, wid):
             continue  # another client, or the worker itself, was first
         fifo = os.path.join(fifos, wid)
         try:
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             # No reader: the worker died. Clean up after it.
-            try:
-                os.unlink(fifo)
-            except OSError:
-                pass
-            remove_kit(pool, wid)
+            forget_worker(pool, wid)
             continue
         taken.append((wid, fd))
     return taken
+
+
+def _take(marker: str, took: str, wid: str) -> bool:
+    """Rename ``marker`` into the folder ``took``; False if it is gone (taken by another)."""
+    try:
+        os.rename(marker, os.path.join(took, wid))
+        return True
+    except FileNotFoundError:
+        if not os.path.exists(marker):
+            return False
+    os.makedirs(took, mode=0o700, exist_ok=True)  # a pool folder of before taken/
+    try:
+        os.rename(marker, os.path.join(took, wid))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def forget_worker(pool: str | os.PathLike[str], wid: str) -> None:
+    """Remove what worker ``wid`` of pool folder ``pool`` left, found dead (killed): its FIFO, its
+    marker, its kit of files for a next job."""
+    for path in (os.path.join(pool, "fifo", wid), os.path.join(pool, "taken", wid)):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    remove_kit(pool, wid)
+
+
+def put_back(pool: str | os.PathLike[str], wid: str) -> None:
+    """Worker ``wid``, taken but not needed, is idle again (its marker back in ``idle/``)."""
+    try:
+        os.rename(os.path.join(pool, "taken", wid), os.path.join(pool, "idle", wid))
+    except OSError:
+        try:
+            os.close(os.open(os.path.join(pool, "idle", wid), os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass
 
 
 RETURNING_S = 0.05
@@ -172,8 +206,7 @@ def _any_busy(pool: Path, taken: list[tuple[str, int]], exclude: Callable[[], It
             if exc.errno == errno.ENXIO:
                 with contextlib.suppress(OSError):
                     if time.time() - os.stat(path).st_ctime > 60:
-                        os.unlink(path)
-                        remove_kit(pool, wid)
+                        forget_worker(pool, wid)
             continue
         return True
     return False

@@ -40,7 +40,7 @@ import time
 
 from ..folder import records
 from ..folder.store import CUR, JobStore
-from .idlecore import IdleCore
+from .idlecore import IdleCore, mark_idle
 from .jobrun import JobRun
 from .kit import FileKit, open_new
 from .results import drain_late
@@ -129,7 +129,7 @@ class Worker:
             if self.kit is not None:
                 self.kit.discard()
             if self.pool:
-                for p in (os.path.join(self.pool, "idle", self.wid), self.fifo_path):
+                for p in (*(os.path.join(self.pool, d, self.wid) for d in ("idle", "taken")), self.fifo_path):
                     try:
                         os.unlink(p)
                     except OSError:
@@ -137,9 +137,7 @@ class Worker:
 
     def _wait_for_job(self) -> str | None:
         assert self.pool is not None
-        marker = os.path.join(self.pool, "idle", self.wid)
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.close(fd)
+        marker = mark_idle(self.pool, self.wid)
         if self.idle_core is not None:
             self.idle_core.enter()
         if self.kit is not None:  # (until a job comes: it waits for no file)
