@@ -89,16 +89,3 @@ def test_a_kit_that_cannot_be_made_leaves_the_files_made_in_place_and_is_tried_a
     (tmp_path / "pool" / "kit").unlink()
     kit.fill()  # the next idle spell: room again
     assert sorted(kit.ready) == sorted(FILES)
-
-
-def test_a_kit_being_made_stops_when_a_job_comes(kit):
-    asked = []
-
-    def job_came() -> bool:  # (a job in the FIFO after the second file)
-        asked.append(1)
-        return len(asked) > 2
-
-    kit.fill(job_came)
-    assert len(kit.ready) == 2  # the job's other files are made in it
-    kit.fill()
-    assert sorted(kit.ready) == sorted(FILES)

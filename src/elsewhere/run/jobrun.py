@@ -4,9 +4,8 @@ Tasks run one by one through the worker's :class:`~.runner.TaskRunner`, each wit
 outcome and byte range of output, until enough in a row took microseconds and printed
 nothing; the rest of a claim then runs on the fast path, one loop per payload chunk
 (:meth:`~.runner.TaskRunner.run_quiet`) and one range record per 10 ms. Outcomes are
-written in task order, grouped per 10 ms, and fsynced 50 ms after they were written at the
-latest: when the worker waits, and when it leaves the job by a thread while it goes on (not
-at all for a job purged by then: ``results.py``). Claims and their sizes: ``claims.py``.
+written in task order, grouped per 10 ms, and fsynced at least every 50 ms and before the
+worker waits or leaves (``results.py``). Claims and their sizes: ``claims.py``.
 
 However the loop ends, the worker accounts for its claim before it goes (:meth:`JobRun.run`):
 done, it leaves; interrupted (KeyboardInterrupt, SystemExit) or out of memory or descriptors,
@@ -179,13 +178,13 @@ class JobRun:
             lambda: os.dup2(w.stdio[1], 2),
         ]
         if out is not None:
-            if failure is None:  # written now, on disk in a moment: see ResultWriter.close_later
-                steps[:0] = [lambda: out.flush(sync=False), out.tell_client]
-                steps.append(out.close_later)
-            else:
-                steps.append(out.close)
-                if not _disk_full(failure):
-                    steps[:0] = [out.flush, out.tell_client]
+            steps.append(out.close)
+            if not _disk_full(failure):
+                # The job of an ew.map, which its caller purges once it has read the values, is
+                # not synced at its end (during it, within SYNC_S as ever): nothing of it is kept,
+                # and the fsyncs kept the worker from the next map half a millisecond and more
+                end = self.tell_at_end and failure is None
+                steps[:0] = [(lambda: out.flush(sync=False)) if end else out.flush, out.tell_client]
         if cur is not None:
             steps.append(cur.close)
         if self.payload is not None:
@@ -232,7 +231,7 @@ class JobRun:
             if claim is _NO_CLAIM:
                 claim = self.claims.claim(self.mean_s, self.n_done)
             if claim is None:
-                self.out.tell_client()  # (before the queue is written: see Claims.on_empty)
+                self.out.tell_client()  # (before the fsyncs of the end: see _close)
                 return
             if claim is WAIT:
                 self.out.flush()
@@ -247,7 +246,7 @@ class JobRun:
                 claim = _NO_CLAIM
                 continue
             self._run_batch(claim)
-            # Durable within SYNC_S of being written (see results.SYNC_S).
+            # Durable within SYNC_S of being written, and before the worker waits or leaves.
             self.out.flush(sync=self.out.sync_due(time.time()))
             if self.claims.drained:  # the queue's last tasks: a client waiting for the end hears
                 self.out.tell_client()  # of them now, not after a claim that finds nothing left

@@ -24,10 +24,6 @@ from __future__ import annotations
 import errno
 import os
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
 __all__ = ["FileKit", "open_new", "remove_kit"]
 
 #: the files of a kit, and how the worker opens each
@@ -48,16 +44,13 @@ class FileKit:
         self.ready: dict[str, tuple[str, int]] = {}  # name: (path in the kit, open descriptor)
         self.off = False  # no kits: the jobs are on another file system (or the worker leaves)
 
-    def fill(self, stop: Callable[[], bool] | None = None) -> None:
-        """Make the files missing from the kit (none where kits are off); until ``stop()``, asked
-        before each file, says a job came (its missing files are then made in the job)."""
+    def fill(self) -> None:
+        """Make the files missing from the kit (none where kits are off)."""
         if self.off:
             return
         for name, flags in FILES.items():
             if name in self.ready:
                 continue
-            if stop is not None and stop():
-                return
             path = os.path.join(self.folder, f"{self.wid}.{name}")
             try:
                 try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import _thread
 import math
 import os
-import sys
 import time
 
 from ..folder import records
@@ -29,12 +28,11 @@ if TYPE_CHECKING:
     from ..folder.errorrecord import ErrorRecord
     from ..folder.store import JobStore
 
-__all__ = ["LATE_S", "SYNC_S", "ResultWriter", "drain_late", "dump_values", "peak_rss"]
+__all__ = ["LATE_S", "SYNC_S", "ResultWriter", "dump_values", "peak_rss"]
 
 SYNC_S = 0.05
-"""Results are fsynced once the oldest of them not yet on disk is this old (and when the worker
-waits for work; when it leaves the job, by the late writer's thread while it goes on, unless the
-job was purged meanwhile: :meth:`ResultWriter.close_later`): see :meth:`ResultWriter.sync_due`."""
+"""Results are fsynced once the oldest of them not yet on disk is this old (and before the
+worker waits for work or leaves): see :meth:`ResultWriter.sync_due`."""
 
 LATE_S = 0.0002
 """How long finished outcomes wait for the next task of their group before they are written
@@ -52,40 +50,25 @@ class _LateWriter:
         self.wake: Any = None  # a threading.Condition of ``lock``, made with the thread
         self.writer: ResultWriter | None = None  # the writer served
         self.waits_until = 0.0  # when the thread wakes (monotonic; inf: when woken)
-        self.closing: list[tuple[float, tuple[int, ...]]] = []  # jobs left: (when, files to sync and close)
-        self.pid = 0  # the process whose thread it is (a fork's child has none: see drain)
 
     def start(self) -> None:
         import threading
 
         self.wake = threading.Condition(self.lock)
-        self.pid = os.getpid()
         threading.Thread(target=self._run, name="elsewhere-late-writer", daemon=True).start()
 
     def _run(self) -> None:
         wake = self.wake
         with self.lock:
             while True:
-                closing = self.closing
-                now = time.monotonic()
-                if closing and closing[0][0] <= now:
-                    fds = closing.pop(0)[1]
-                    self.lock.release()  # (the worker goes on meanwhile: a task may begin)
-                    try:
-                        _sync_and_close(fds)
-                    finally:
-                        self.lock.acquire()
-                    continue
-                close_in = closing[0][0] - now if closing else math.inf
                 w = self.writer
                 if w is None or not w.in_task or w.stuck or not (w.pending or w.unsynced):
-                    self.waits_until = now + close_in
-                    wake.wait(None if close_in == math.inf else close_in)  # until a task begins
+                    self.waits_until = math.inf
+                    wake.wait()  # until a task begins
                     continue
-                delay = w.due - now if w.pending else SYNC_S
+                delay = w.due - time.monotonic() if w.pending else SYNC_S
                 if w.unsynced:
                     delay = min(delay, w.dirty_since + SYNC_S - time.time())
-                delay = min(delay, close_in)
                 if delay > 0:
                     self.waits_until = time.monotonic() + delay
                     wake.wait(delay)
@@ -94,54 +77,6 @@ class _LateWriter:
                     w.flush(sync=not w.pending or w.sync_due(time.time()))
                 except OSError:
                     w.stuck = True  # the worker's own write after the task meets it again, and says so
-
-
-    def sync_and_close(self, fds: tuple[int, ...], due: float) -> None:
-        """On the thread, at ``due`` (monotonic): fsync the files ``fds`` that are still in a
-        folder (in order), then close them all."""
-        with self.lock:
-            if self.wake is None:
-                self.start()
-                import atexit
-
-                atexit.register(self.drain)  # (a worker that ends normally: what is left)
-            self.closing.append((due, fds))
-            if self.waits_until > due:
-                self.wake.notify()
-
-    def drain(self) -> None:
-        """Do now, on the calling thread, what :meth:`sync_and_close` left to the thread (in
-        the process that made it: a task's fork that exits runs its parent's exit hooks)."""
-        if os.getpid() != self.pid:
-            return
-        with self.lock:
-            todo, self.closing = self.closing, []
-        for _due, fds in todo:
-            _sync_and_close(fds)
-
-
-def _sync_and_close(fds: tuple[int, ...]) -> None:
-    """fsync ``fds`` in order, but not a file removed meanwhile (a job purged as soon as its
-    values were read, as ``ew.map``'s: nothing of it is kept, nothing to keep safe); close them."""
-    try:
-        for fd in fds:
-            if os.fstat(fd).st_nlink:
-                os.fsync(fd)
-    except OSError as exc:  # the job is left: said in the worker's own log, for whoever looks
-        print(f"elsewhere worker: the results of a job left could not be synced to disk: {exc}",
-              file=sys.stderr, flush=True)  # fmt: skip
-    finally:
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-def drain_late() -> None:
-    """The fsyncs of the jobs this process left that its late writer has not made yet, now (a
-    worker that ends: it may end without running its exit hooks, as a forked one does)."""
-    _late.drain()
 
 
 def _after_fork() -> None:
@@ -197,23 +132,6 @@ class ResultWriter:
                 late.writer = None  # the late writer waits for the next task, of another job
         for fd in (self.res_fd, self.jfd):
             os.close(fd)
-
-    def close_later(self) -> None:
-        """Close, what is written put on disk within :data:`SYNC_S` of being written, as ever: by
-        the late writer's thread, which fsyncs the results and then the journal, and closes
-        them, while the worker goes on (the fsyncs of a job it leaves kept it from the next
-        for half a millisecond and more: a map called right after another waited for them).
-        The files of a job purged by then (``ew.map``'s, read at once) are not synced at all."""
-        if not self.unsynced:
-            self.close()
-            return
-        late = _late
-        with late.lock:
-            if late.writer is self:
-                late.writer = None
-        self.unsynced = False
-        due = time.monotonic() + max(0.0, self.dirty_since + SYNC_S - time.time())
-        late.sync_and_close((self.res_fd, self.jfd), due)
 
     def sync_due(self, now: float) -> bool:
         """Whether the next flush should fsync: results written and not synced are

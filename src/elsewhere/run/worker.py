@@ -43,7 +43,6 @@ from ..folder.store import CUR, JobStore
 from .idlecore import IdleCore, mark_idle
 from .jobrun import JobRun
 from .kit import FileKit, open_new
-from .results import drain_late
 from .runner import TaskRunner
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
@@ -125,7 +124,6 @@ class Worker:
                 if job is None:
                     return
         finally:
-            drain_late()  # the fsyncs of the job it left, if still to come (see results.py)
             if self.kit is not None:
                 self.kit.discard()
             if self.pool:
@@ -140,15 +138,16 @@ class Worker:
         marker = mark_idle(self.pool, self.wid)
         if self.idle_core is not None:
             self.idle_core.enter()
-        if self.kit is not None:  # (until a job comes: it waits for no file)
-            self.kit.fill(lambda: bool(select.select([self.fifo_fd], [], [], 0)[0]))
+        if self.kit is not None:
+            self.kit.fill()  # (a job handed over meanwhile waits in the FIFO: a moment)
         deadline = time.monotonic() + self.idle_timeout_s
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 try:
                     os.unlink(marker)
-                except FileNotFoundError:  # a client took us just now: its message is on its way
+                except FileNotFoundError:
+                    # A client took us just now: its message is on its way.
                     return self._read_job(timeout_s=5.0)
                 return None
             job = self._read_job(timeout_s=min(left, 5.0))
@@ -177,7 +176,8 @@ class Worker:
         return line.decode() or None
 
     def _user_code_changed(self) -> bool:
-        """Whether a user module it loaded, or elsewhere itself, changed on disk since it started."""
+        """Whether a user module this worker has loaded, or elsewhere itself, changed on disk
+        since it started."""
         if len(sys.modules) != self._watched_n:  # modules were loaded (or dropped) since
             from ..folder.serial import installed_prefixes
 
