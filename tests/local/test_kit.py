@@ -4,25 +4,19 @@ the job's files are those, renamed in, new in every job, and they go when the wo
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 
 import elsewhere as ew
+from conformance.contract import wait_until
 from elsewhere.folder.store import JobStore
 from elsewhere.run.kit import FILES
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def _until(what, check, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.01)
+def _until(what, check):
+    return wait_until(check, 20, what, step=0.01)
 
 
 def _pid(x):
