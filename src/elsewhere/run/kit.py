@@ -7,9 +7,9 @@ still holds one of a job's open (a task's child that outlived it, writing to its
 cannot write into another job's.
 
 Making a file is the slowest step of joining a job on some file systems: measured on a
-virtual disk with ext4 without a journal, where the kernel looks past every inode freed in
-the last seconds for each new one, 100 to 300 us each while jobs are purged around it,
-against 10 to 20 us for a rename. So, once idle, a pool worker makes the four files ahead,
+virtual disk with ext4 without a journal, where the kernel looks past every inode of the group
+freed in the last minute (six, while its block is not written back) for each new one, 100 us
+to 1 ms each while jobs are purged around it, against 15 to 20 us for a rename. So, once idle, a pool worker makes the four files ahead,
 in ``<pool>/kit/`` (:meth:`FileKit.fill`), keeps them open, and when it joins a job renames
 each into place (:meth:`FileKit.take`): the files are as new as ever, and made while the
 worker had nothing else to do. Where there is no kit file (a rename across file systems, a
