@@ -197,7 +197,8 @@ def m_ew_warm(n: int, variants: list[str]) -> dict:
         ts: dict[str, list[float]] = {v: [] for v in variants}
         pairs: list[tuple[float, float]] = []  # (ew.map, the PPE.map just after it)
         spaced = [v for v in variants if v != "map_b2b"]  # (those right after another come last:
-        # what they leave, kits cut short, would weigh on the job after them)
+        # what a pair leaves, its workers still making their files for the next job, would weigh
+        # on the job after it)
         for rep in range(WARM_REPS):  # the variants in turn, each first as often: the jobs just
             # after the warm-up run beside its purge and the folders made to replace it
             for v in spaced[rep % len(spaced) :] + spaced[: rep % len(spaced)]:
@@ -593,7 +594,7 @@ def report(got: dict[str, list[dict]]) -> tuple[str, str]:
                                  others(key)])
             lost = sum(r.get("lost", 0) for r in warm)
             if lost:
-                fig_rows.append([group, f"  (the pool had lost a worker before {lost} of {13 * WARM_REPS // 4 * len(warm)} timed jobs: "
+                fig_rows.append([group, f"  (the pool had lost a worker before {lost} of {(3 * WARM_REPS + WARM_REPS // 4) * len(warm)} timed jobs: "
                                  "warmed again first)", "", "", "", ""])
             continue
         if group == "cpu":

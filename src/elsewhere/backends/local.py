@@ -31,6 +31,7 @@ as for every backend: ``core/handover.py``.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -43,6 +44,7 @@ from ..folder.housekeeping import is_disk_full, no_space
 from ..folder.journal import reap
 from ..folder.records import claim_holds
 from ..run.claims import write_off
+from ..run.idlecore import mark_idle
 from ..util import paths
 from ..util.command import PythonCommand
 from ..util.errors import ConfigError, JobError
@@ -53,7 +55,6 @@ from .localworkers import (
     lost_at_start,
     note_dispatched,
     note_spawned,
-    put_back,
     reap_children,
     take_idle,
     take_idle_or_returning,
@@ -254,7 +255,8 @@ class LocalCluster(Cluster):
                 os.close(fd)
         for wid, fd in spare:
             os.close(fd)
-            put_back(pool, wid)  # taken but not needed
+            with contextlib.suppress(OSError):
+                mark_idle(str(pool), wid)  # taken but not needed: idle again, as it says itself
         if new:
             # One new process; it forks the others once it has started up.
             pid = self._spawn(pool, new[0], job, also=new[1:])

@@ -165,17 +165,6 @@ def forget_worker(pool: str | os.PathLike[str], wid: str) -> None:
     remove_kit(pool, wid)
 
 
-def put_back(pool: str | os.PathLike[str], wid: str) -> None:
-    """Worker ``wid``, taken but not needed, is idle again (its marker back in ``idle/``)."""
-    try:
-        os.rename(os.path.join(pool, "taken", wid), os.path.join(pool, "idle", wid))
-    except OSError:
-        try:
-            os.close(os.open(os.path.join(pool, "idle", wid), os.O_WRONLY | os.O_CREAT, 0o600))
-        except OSError:
-            pass
-
-
 RETURNING_S = 0.05
 """How long a client waits for busy workers of the pool to come back idle before it starts new
 ones: a worker that has just left a finished job (the one before, submitted back to back) is

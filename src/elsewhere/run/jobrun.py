@@ -152,16 +152,14 @@ class JobRun:
             # Written once, by this worker alone: no temporary file (a reader that
             # finds it half written takes it as unknown: JobStore.worker_info).
             write_new(store._p("workers", f"{wid}.json"), info)
-        kit = w.kit
         self.out = ResultWriter(store, wid, self.runner.error, tell_at_end=self.tell_at_end, charge=self.runner.charge,
-                                fds=(open_new(kit, "results", store.results_path(wid)),
-                                     open_new(kit, "journal", store.journal_path(wid))))  # fmt: skip
+                                kit=w.kit)  # fmt: skip
         self.claims.on_empty = self.out.tell_client  # (its results were written before it claims)
         if not self.out.j_end:
             # An empty first frame: the journal's first block is taken now, while there is room,
             # so that on a full disk this worker can still write there why it stopped.
             self.out.append_frame([])
-        log_fd = open_new(kit, "log", store.log_path(wid))
+        log_fd = open_new(w.kit, "log", store.log_path(wid))
         flush_output()
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)

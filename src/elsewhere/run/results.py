@@ -18,6 +18,7 @@ import time
 from ..folder import records
 from ..folder.records import Kind, Record
 from ..folder.store import SEVERAL, writev_all
+from .kit import open_new
 from .runner import TaskOutcome
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from ..folder.errorrecord import ErrorRecord
     from ..folder.store import JobStore
+    from .kit import FileKit
 
 __all__ = ["LATE_S", "SYNC_S", "ResultWriter", "dump_values", "peak_rss"]
 
@@ -99,7 +101,7 @@ class ResultWriter:
 
     def __init__(self, store: JobStore, wid: str, error: Callable[[BaseException, int], ErrorRecord], *,
                  tell_at_end: bool = False, charge: Callable[[int], Callable[[], None]] | None = None,
-                 fds: tuple[int, int] | None = None) -> None:  # fmt: skip
+                 kit: FileKit | None = None) -> None:  # fmt: skip
         self.store = store
         self.error = error
         self.charge = charge
@@ -107,10 +109,8 @@ class ResultWriter:
         # written (tell_client), not at every group of results (it looks every 0.1 s anyway)
         self.tell_at_end = tell_at_end
         self.untold = False  # results written that its client was not woken for
-        if fds is None:  # (else the two, opened for appending by the worker: see run/kit.py)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-            fds = os.open(store.results_path(wid), flags, 0o600), os.open(store.journal_path(wid), flags, 0o600)
-        self.res_fd, self.jfd = fds
+        self.res_fd = open_new(kit, "results", store.results_path(wid))  # (the kit's: see run/kit.py)
+        self.jfd = open_new(kit, "journal", store.journal_path(wid))
         self.res_end = os.fstat(self.res_fd).st_size
         self.j_end = os.fstat(self.jfd).st_size
         self.pending: list[TaskOutcome] = []
