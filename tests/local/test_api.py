@@ -556,8 +556,16 @@ def test_workers_that_ended_are_not_left_as_zombies(ew_home):
     while not all(state(p) in ("Z", "gone") for p in pids):  # they time out and exit
         assert time.monotonic() < deadline, [state(p) for p in pids]
         time.sleep(0.05)
-    cluster.shutdown()  # (any dispatch, poll or shutdown collects them)
-    assert [state(p) for p in pids] == ["gone"] * len(pids)
+    # any dispatch, poll or shutdown collects them: at once, but for a process whose last
+    # threads are still going (its leader shows Z before they have: it cannot be collected yet;
+    # once in the full suite), then at the next one
+    deadline = time.monotonic() + 30
+    while True:
+        cluster.shutdown()
+        if [state(p) for p in pids] == ["gone"] * len(pids):
+            break
+        assert time.monotonic() < deadline, [state(p) for p in pids]
+        time.sleep(0.05)
 
 
 def test_workers_start_where_posix_spawn_cannot_make_a_session(ew_home, monkeypatch):
