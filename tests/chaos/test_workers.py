@@ -213,3 +213,31 @@ def test_crashes_inside_tasks(ew_home, tally):
         elif want != "lost" and want not in (got.type_name or "") + got.message:
             tally.lose(1, f"task {i} ({kind}): {got.type_name}: {got.message[:200]}")
     job.purge()
+
+
+_FLOOD_N, _FLOOD_CULPRIT = 20_000, 12_345
+
+
+def _segfault_at_culprit(x):
+    if x == _FLOOD_CULPRIT:
+        import ctypes
+
+        ctypes.string_at(0)
+    return x
+
+
+def test_a_task_that_kills_its_worker_inside_a_flood_is_the_one_charged(ew_home):
+    """A flood of tiny tasks runs in one loop in C (seed=False: nothing to seed), whose map
+    names no task: a task that kills its worker there costs none of the others. The claim
+    goes back whole, its tasks run again each alone, and the culprit, which kills again, is
+    the one lost; every other task has its value."""
+    job = ew.submit(_segfault_at_culprit, range(_FLOOD_N), on=ew.local(cores=2), seed=False, name="flood-crash")
+    try:
+        job.wait(timeout=120)
+        res = job.results()
+        failed = [i for i, v in enumerate(res) if isinstance(v, ew.TaskError)]
+        assert failed == [_FLOOD_CULPRIT], failed[:10]
+        assert res[_FLOOD_CULPRIT].reason == "lost" and res[_FLOOD_CULPRIT].index == _FLOOD_CULPRIT
+        assert all(v == i for i, v in enumerate(res) if i != _FLOOD_CULPRIT)
+    finally:
+        job.purge()

@@ -13,7 +13,7 @@ from elsewhere.folder import records
 from elsewhere.folder.journal import JournalReader, reap
 from elsewhere.folder.queue import new_queue, write_queue
 from elsewhere.folder.records import Kind
-from elsewhere.folder.store import CUR, JobStore
+from elsewhere.folder.store import CUR, SEVERAL, JobStore
 
 
 @pytest.fixture
@@ -110,3 +110,23 @@ def test_what_comes_back_from_a_copy_holds_its_journals_but_never_this_sides_con
         assert matches(rel, compiled), rel
     assert not matches("journal/_control.rec", compiled)
     assert not matches("queue.json", compiled)
+
+
+def test_a_worker_dead_inside_a_flood_s_loop_costs_no_task_and_its_claim_goes_back_whole(store):
+    # The map says SEVERAL while a flood's loop runs in C: which task killed the worker is not
+    # known, so none is charged (no attempt counted); all go back, to be run each alone. The
+    # worker counts as running every task of its claim, for a cancel that stops it.
+    with store.locked_queue() as q:
+        q.submit()
+        q.join("w1", {"pid": 1, "host": "h", "lock": ""})
+        q.set_member("w1", "active", [q.take_next(3), 3])
+    _running(store, "w1", SEVERAL)
+    member = store.queue().members["w1"]
+    assert [store.runs_task("w1", member, t) for t in (0, 2, 3)] == [True, True, False]
+    _journal(store, "w1", [records.make_record(Kind.OK, 0)])  # (task 0 ran, its value written)
+    with store.locked_queue() as q:
+        assert reap(store, q, dead={"w1"}) == ["w1"]
+        assert q.to_rerun == [1, 2] and q.lost_by(1) is None and q.lost_by(2) is None
+        assert q.attempt(1) == 0 and q.attempt(2) == 0
+    _running(store, "w2", 1)
+    assert [store.runs_task("w2", member, t) for t in (0, 1, 2)] == [False, True, False]

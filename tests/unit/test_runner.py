@@ -25,7 +25,7 @@ import elsewhere as ew
 from elsewhere.folder import records
 from elsewhere.folder.errorrecord import MARK, ErrorRecord
 from elsewhere.folder.journal import read_body
-from elsewhere.folder.store import CUR, JobStore
+from elsewhere.folder.store import CUR, SEVERAL, JobStore
 from elsewhere.run.results import SYNC_S, ResultWriter, dump_values
 from elsewhere.run.runner import JobSetup, TaskRunner, build_sys_path
 
@@ -197,19 +197,24 @@ def test_a_flood_of_quiet_tasks_runs_in_one_loop_and_stops_at_the_first_error(ru
         assert (j, err["type"], err["index"]) == (1, "ZeroDivisionError", 1) and values[-1] == 1.0
 
 
-def test_tasks_of_a_flood_see_their_own_index_and_seed_and_one_that_loads_random_seeds_the_rest(tmp_path) -> None:
-    # In a process where random is not loaded (a worker that never drew a number), the loop of
-    # a flood writes each task's index to the map alone: ew.task() reads it from there, and a
-    # task that imports random mid-flood gets its own seed, as do the tasks after it.
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_tasks_of_a_flood_see_their_own_index_and_seed_and_one_that_loads_random_seeds_the_rest(tmp_path,
+                                                                                                loop) -> None:
+    # In a process where random is not loaded (a worker that never drew a number), a flood's
+    # tasks run in a loop in C (values to a list: the map says SEVERAL, ew.task() counts the
+    # values) or in Python (values to a function, as a peer's: each task's index in the map
+    # alone); either way ew.task() tells each its index and seed, a task that imports random
+    # mid-flood gets its own seed, and so do the tasks after it, seeded one by one.
     script = textwrap.dedent("""
         import mmap, sys
         import elsewhere as ew
-        from elsewhere.folder.store import CUR
+        from elsewhere.folder.store import CUR, SEVERAL
         from elsewhere.run.runner import JobSetup, TaskRunner
         assert "random" not in sys.modules
         cur = mmap.mmap(-1, CUR.size)
         r = TaskRunner("here")
         r.enter(JobSetup(name="j", job_id="i", seed=100), cur=cur, fallback_cwd=lambda: "/", common=None)
+        in_c = sys.argv[1] == "c"
 
         def probe(x):
             t = ew.task()
@@ -220,21 +225,43 @@ def test_tasks_of_a_flood_see_their_own_index_and_seed_and_one_that_loads_random
             return x, t.index, t.seed, CUR.unpack_from(cur)[0], drew
 
         values = []
-        assert r.run_quiet(probe, list(range(6)), True, 10, 10, 16, values.append, 0.0) is None
+        add = values.append if in_c else (lambda v: values.append(v))
+        assert r.run_quiet(probe, list(range(6)), True, 10, 10, 16, add, 0.0) is None
         import random
-        want = [(x, 10 + x, 110 + x, 10 + x, random.Random(110 + x).random() if x >= 3 else None)
-                for x in range(6)]
+        want = [(x, 10 + x, 110 + x, SEVERAL if in_c and x <= 3 else 10 + x,
+                 random.Random(110 + x).random() if x >= 3 else None) for x in range(6)]
         assert values == want, values
         assert (ew.task().index, ew.task().seed) == (15, 115)
-        j, err = r.run_quiet(lambda x: 1 / x, [2, 1, 0, 4], True, 0, 0, 4, values.append, 0.0)
+        j, err = r.run_quiet(lambda x: 1 / x, [2, 1, 0, 4], True, 0, 0, 4, add, 0.0)
         assert (j, err["index"], err["seed"], ew.task().index) == (2, 2, 102, 2), (j, err)
         print("ok")
     """)
     log = tmp_path / "log"  # (a worker's output goes to a file: its tasks' byte ranges are read)
     with open(log, "w") as f:
-        out = subprocess.run([sys.executable, "-c", script], stdout=f, stderr=subprocess.PIPE, text=True,
+        out = subprocess.run([sys.executable, "-c", script, loop], stdout=f, stderr=subprocess.PIPE, text=True,
                              timeout=60)  # fmt: skip
     assert log.read_text().strip() == "ok", out.stderr
+
+
+def test_a_flood_in_c_counts_its_values_for_the_index_and_cuts_short_at_a_module_loaded(runner, cur,
+                                                                                          tmp_path) -> None:
+    # With seed=None nothing is seeded: the loop in C runs the whole chunk, after values
+    # already in the list (the index counts from those); a task that raises stops it there,
+    # the values before it kept; with tuples of arguments, fn(*a).
+    with worker_log(tmp_path):
+        enter(runner, cur, tmp_path, seed=None)
+        values: list[Any] = ["earlier"]
+        seen: list[int] = []
+
+        def f(x: int) -> int:
+            seen.append(ew.task().index)
+            return 10 // x
+
+        assert runner.run_quiet(f, [9, 1, 2, 5], True, 100, 101, 104, values.append, 0.0) is None
+        assert values == ["earlier", 10, 5, 2] and seen == [101, 102, 103] and ew.task().index == 103
+        assert CUR.unpack_from(cur)[0] == SEVERAL
+        j, err = runner.run_quiet(lambda a, b: a // b, [(4, 2), (1, 0), (3, 1)], False, 7, 7, 10, values.append, 0.0)
+        assert (j, err["index"], ew.task().index) == (8, 8, 8) and values[-1] == 2 and len(values) == 5
 
 
 def test_a_job_setup_names_what_it_cannot_use() -> None:

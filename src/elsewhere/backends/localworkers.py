@@ -285,7 +285,7 @@ def stop_running_here(job: JobHandle, index: int) -> None:
     here = os.uname().nodename
     with job.store.locked_queue() as q:
         hit = [m for wid, m in q.members.items() if m.get("state") == "active" and m.get("host") == here
-               and job.store.read_running(wid)[0] == index]  # fmt: skip
+               and job.store.runs_task(wid, m, index)]  # fmt: skip
         for m in hit:
             kill(m)
         if hit:

@@ -56,7 +56,7 @@ def is_control(wid: str) -> bool:
     return wid == CONTROL or wid.startswith(CONTROL + ".")
 
 CUR = struct.Struct("<qdq")  # task now running (-1: none), since (unix time), its log offset
-SEVERAL = -2  # CUR's task while a peer's task process loads or pickles for several tasks at once
+SEVERAL = -2  # CUR's task while a process runs (a flood's loop), loads or pickles for several tasks at once
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -361,6 +361,12 @@ class JobStore:
             return -1, 0.0, 0
         idx, since, log_off = CUR.unpack(data)
         return int(idx), float(since), int(log_off)
+
+    def runs_task(self, wid: str, member: dict[str, Any], index: int) -> bool:
+        """Whether worker ``wid`` (its queue entry ``member``) runs task ``index`` now, as far as
+        its map tells: it names the task, or says SEVERAL (a flood's loop) while its claim holds it."""
+        idx = self.read_running(wid)[0]
+        return idx == index or (idx == SEVERAL and records.claim_holds(member.get("claim") or [], index))
 
     def worker_info(self, wid: str) -> dict[str, Any]:
         """Who worker ``wid`` is (host, pid, python): its queue member entry, or, for a

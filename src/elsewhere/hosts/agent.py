@@ -130,7 +130,7 @@ def cancel_task(job: Path, task: int) -> dict[str, Any]:
         q.cancel_task(task)
         dead = set()
         for wid, m in q.members.items():
-            if m.get("state") == "active" and store.read_running(wid)[0] == task:
+            if m.get("state") == "active" and store.runs_task(wid, m, task):
                 killed += _kill(m)
                 dead.add(wid)
         if dead:

@@ -3,7 +3,8 @@
 A process that runs tasks has one :class:`TaskRunner`. It enters a job once
 (:meth:`~TaskRunner.enter`, with the job's :class:`JobSetup`), runs its tasks one by one
 (:meth:`~TaskRunner.run`, which returns a :class:`TaskOutcome`) or, for a flood of tiny tasks
-that print nothing, a chunk in one loop (:meth:`~TaskRunner.run_quiet`), and leaves it
+that print nothing, a chunk in one loop (:meth:`~TaskRunner.run_quiet`, its loops in
+``flood.py``: a worker's in C, the map saying SEVERAL meanwhile), and leaves it
 (:meth:`~TaskRunner.leave`), the process as it was before::
 
     runner = TaskRunner(host)                                # once per process
@@ -44,6 +45,7 @@ from collections import namedtuple
 
 from ..folder.store import CUR, SEVERAL
 from .context import TaskContext, _current
+from .flood import run_flood
 from .threads import ThreadLimits
 
 TYPE_CHECKING = False  # typing is not imported at run time: workers start faster without it
@@ -318,54 +320,9 @@ class TaskRunner:
         """Run tasks ``start .. end-1`` of a flood of tiny tasks that print nothing, in one loop:
         task ``j`` calls ``fn(args[j - first])`` (``single``) or ``fn(*args[j - first])``,
         and its value goes to ``append``. None when all ran; else ``(j, error)`` for the task
-        ``j`` that raised (the tasks after it did not run). The map says the chunk runs since
-        ``t0``, its output from here: its tasks have no output of their own."""
-        ctx = self.ctx
-        cur_index = self._cur_index
-        js = self.job_seed
-        seeder = self._seeds
-        _pack_cur(self._cur, 0, start, t0, self.log_pos)
-        ctx.attempt = 0
-        j = start
-        if seeder is not None:
-            seeder.job_seed = js
-        if seeder is None or seeder.nothing_loaded:
-            # The map's index is all a task of the loop costs: ew.task() and the seeder (for a
-            # module a task loads) read it from there while it runs (see seeding.py)
-            ctx._live = cur_index
-            if seeder is not None:
-                seeder._live = cur_index
-            try:
-                j = _quiet_loop(fn, args[start - first:end - first], single, start, cur_index, append, seeder)
-            except BaseException as exc:
-                j = cur_index[0]  # the task that raised
-                return j, self.error(exc, j).to_value()
-            finally:
-                ctx._live = None
-                k = cur_index[0]
-                ctx.index = k
-                ctx.seed = js + k
-                if seeder is not None:
-                    seeder._live = None
-                    seeder._index = k
-            if j == end:
-                return None
-        # A task loaded random or NumPy: the rest seeded one by one
-        assert seeder is not None
-        begin = seeder.begin
-        rest = range(j, end)
-        try:
-            for j in rest:
-                cur_index[0] = j
-                ctx.index = j
-                ctx.seed = js + j
-                if seeder.fired:
-                    seeder.rearm()
-                begin(js, j)
-                append(fn(args[j - first]) if single else fn(*args[j - first]))
-        except BaseException as exc:
-            return j, self.error(exc, j).to_value()
-        return None
+        ``j`` that raised (the tasks after it did not run). Its tasks have no output of their
+        own: the map says the chunk runs since ``t0``, its output from here (see ``flood.py``)."""
+        return run_flood(self, fn, args, single, first, start, end, append, t0)
 
     def mark(self, index: int) -> None:
         """The process works for task ``index`` now, outside its call: loading its inputs,
@@ -414,38 +371,6 @@ class TaskRunner:
         from ..folder.errorrecord import ErrorRecord
 
         return ErrorRecord.of_exception(exc, self.host, index, self.job_seed + index)
-
-
-class _NoSeeder:
-    nothing_loaded = True
-
-
-_NO_SEEDER = _NoSeeder()
-
-
-def _quiet_loop(fn: Callable[..., Any], args: Sequence[Any], single: bool, j: int, cur_index: Any,
-                append: Callable[[Any], Any], watch: Any) -> int:
-    """Call ``fn`` on each of ``args`` (``single``: ``fn(a)``, else ``fn(*a)``; task ``j``
-    first), each task's index in the map; until a task loads a module that ``watch`` (the
-    job's seeder, or None) seeds: then the tasks after it are seeded one by one. Returns the
-    task that runs next. The loop is what a flood of no-op tasks costs: keep it this short."""
-    if watch is None:
-        watch = _NO_SEEDER
-    if single:
-        for a in args:
-            if not watch.nothing_loaded:
-                break
-            cur_index[0] = j
-            append(fn(a))
-            j += 1
-    else:
-        for a in args:
-            if not watch.nothing_loaded:
-                break
-            cur_index[0] = j
-            append(fn(*a))
-            j += 1
-    return j
 
 
 def build_sys_path(front: Sequence[str], job_path: Sequence[str], own: Sequence[str], *,

@@ -28,9 +28,11 @@ possible for floods of tasks that take microseconds:
 While ``nothing_loaded`` (neither ``random`` nor NumPy is loaded), a loop over
 tiny tasks may instead set ``job_seed`` once and ``_live`` to a sequence whose
 first item is the running task's index, which it keeps up to date (the map of
-the running task: no store of its own per task); a module a task imports is
-then seeded from there. The loop looks at ``nothing_loaded`` before each task:
-once a task has loaded one, the next ones are seeded with ``begin``.
+the running task, or the count of values of a loop in C: no store of its own per
+task); a module a task imports is then seeded from there. A loop in Python looks
+at ``nothing_loaded`` before each task; a loop in C sets ``stop_loop``, which the
+seeder calls once a task has loaded one (it ends the loop after that task): the
+next ones are seeded with ``begin`` (``flood.py``).
 
 ``random`` is not stubbed: tasks bind ``random.random`` to a local name for
 speed in hot loops, and a stub there would slow every draw. Kept free of heavy
@@ -68,6 +70,7 @@ class TaskSeeder:
         self.job_seed = 0
         self._index = _NO_SEED  # the task running now
         self._live: Any = None  # or, while a loop of tiny tasks runs, its [0] (see the module)
+        self.stop_loop: Any = None  # ... and, for a loop in C, what ends it after the running task
         self._rinst: Any = None  # random's global generator, once random is loaded
         self._np_module: Any = None
         self._np_stubs: dict[str, Any] = {}
@@ -143,6 +146,8 @@ class TaskSeeder:
             return
         self._rinst = inst
         self.nothing_loaded = False
+        if self.stop_loop is not None:
+            self.stop_loop()  # the tasks after this one are seeded one by one
         index = self._running()
         if self.armed and index != _NO_SEED:
             # imported by the running task: seeded for it, as if it had been loaded before
@@ -168,6 +173,8 @@ class TaskSeeder:
             return
         self._np_module = np_random
         self.nothing_loaded = False
+        if self.stop_loop is not None:
+            self.stop_loop()  # the tasks after this one are seeded one by one
         if self.armed:  # NumPy fires its stubs itself, so it cannot have fired before they exist
             np_random.__dict__.update(self._np_stubs)
             index = self._running()
