@@ -85,6 +85,17 @@ def _pread_all(fd: int) -> bytes:
     return b"".join(parts)
 
 
+def _generation(data: bytes) -> int:
+    """The generation a slot's header says (its body unchecked); -1 if it has no header."""
+    if data[:1] == b"{":
+        return 0
+    head = data[: data.find(b"\n")].split()
+    try:
+        return int(head[1]) if len(head) == 4 and head[0] == _QUEUE_MAGIC else -1
+    except ValueError:
+        return -1
+
+
 def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
     """(generation, state, JSON body) of one slot's bytes; None if not whole."""
     if data[:1] == b"{":  # a plain JSON file (job folders from before the slots)
@@ -107,9 +118,10 @@ def _parse_slot(data: bytes) -> tuple[int, dict[str, Any], bytes] | None:
 
 
 def read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
-    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none."""
-    best: tuple[int, int, dict[str, Any], bytes] | None = None
-    found = False
+    """(generation, slot, state, JSON body) of the newest whole queue state; FileNotFoundError if none.
+    The slot whose header says it is newer is checked and decoded first: the other only if that
+    one is not whole (torn by a crash, or being written)."""
+    slots: list[tuple[int, int, bytes]] = []
     held = store._held
     for slot, name in ((0, QUEUE), (1, QUEUE_B)):
         if held:
@@ -123,15 +135,16 @@ def read_newest(store: JobStore) -> tuple[int, int, dict[str, Any], bytes]:
                 data = _pread_all(fd)
             finally:
                 os.close(fd)
-        found = True
-        got = _parse_slot(data)
-        if got is not None and (best is None or got[0] > best[0]):
-            best = (got[0], slot, got[1], got[2])
-    if best is None:
-        if found:
-            raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
+        slots.append((_generation(data), slot, data))
+    if not slots:
         raise FileNotFoundError(store._p(QUEUE))
-    return best
+    if len(slots) == 2 and slots[1][0] > slots[0][0]:
+        slots.reverse()
+    for _, slot, data in slots:
+        got = _parse_slot(data)
+        if got is not None:
+            return got[0], slot, got[1], got[2]
+    raise ValueError(f"the queue of job folder {store.dir} is damaged (no slot whole)")
 
 
 def read_queue(store: JobStore) -> tuple[int, int, dict[str, Any]]:
