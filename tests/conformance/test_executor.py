@@ -27,7 +27,7 @@ import pytest
 import elsewhere as ew
 from conformance import executor_tasks as et
 from conformance.contract import Backend, lacks, wait_until
-from elsewhere.folder.housekeeping import process_alive
+from elsewhere.util.system import process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

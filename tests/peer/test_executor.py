@@ -21,10 +21,10 @@ import elsewhere as ew
 from conformance.executor_tasks import pid_then_sleep
 from elsewhere.backends.peer import PeerCluster
 from elsewhere.folder import serial
-from elsewhere.folder.housekeeping import process_alive
 from elsewhere.peer import batching as peer_batching
 from elsewhere.peer.keys import write_key
 from elsewhere.util.errors import ElsewhereError
+from elsewhere.util.system import process_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

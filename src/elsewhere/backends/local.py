@@ -40,7 +40,6 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..folder.housekeeping import is_disk_full, no_space
 from ..folder.journal import reap
 from ..folder.records import claim_holds
 from ..run.claims import write_off
@@ -48,6 +47,7 @@ from ..run.idlecore import mark_idle
 from ..util import paths
 from ..util.command import PythonCommand
 from ..util.errors import ConfigError, JobError
+from ..util.system import is_disk_full, no_space
 from .base import Cluster, Property, ensure_post_constructed, refuse_unknown
 from .localworkers import (
     kill,

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..folder.housekeeping import process_alive
 from ..folder.journal import lock_is_free, reap
 from ..run.kit import remove_kit
+from ..util.system import process_alive
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable

@@ -13,9 +13,9 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..folder import housekeeping
 from ..folder.registry import Registry
 from ..util.errors import ConfigError, JobError
+from ..util.system import process_alive
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
@@ -51,7 +51,7 @@ def orphaned(handle: JobHandle, meta: Mapping[str, Any] | None = None) -> bool:
     if meta.get("after") and handle.store.queue().held:
         return False  # held for the jobs it waits for (after=): released by dependencies.settle
     pid = client.get("pid")
-    if client.get("host") != os.uname().nodename or not isinstance(pid, int) or housekeeping.process_alive(pid):
+    if client.get("host") != os.uname().nodename or not isinstance(pid, int) or process_alive(pid):
         return False
     return bool(Registry().find(handle.id))  # registered: its inputs are whole
 

@@ -45,6 +45,7 @@ from ..folder.payload import PayloadWriter
 from ..folder.registry import Registry
 from ..folder.store import META, JobStore
 from ..util.errors import JobError
+from ..util.system import is_disk_full, no_space
 from . import control, dependencies
 from .handover import hand_over
 from .opening import FORMAT, check_format, open_job
@@ -74,9 +75,9 @@ def making(path: Path, name: str) -> Iterator[None]:
         yield
     except BaseException as exc:
         remove_folder(path)
-        if housekeeping.is_disk_full(exc):
+        if is_disk_full(exc):
             where = path.parent if isinstance(exc, OSError) else Registry().path.parent
-            raise JobError(f"cannot submit job {name!r}: {housekeeping.no_space(where)}; nothing of it "
+            raise JobError(f"cannot submit job {name!r}: {no_space(where)}; nothing of it "
                            "was kept: free some space, then submit again") from exc  # fmt: skip
         raise
 
@@ -98,8 +99,8 @@ def sweep_unsubmitted(root: Path, grace_s: float = UNSUBMITTED_GRACE_S,
     An ``ew.map`` job whose client was killed in its first second (submitted, registered only
     once it runs a second: see :func:`submit_job`) is registered instead, as it would have
     been: its workers run it to its end, and it is listed, recovered and purged by name."""
-    from ..folder.housekeeping import process_alive
     from ..folder.queue import QUEUE, QUEUE_B, QUEUE_LOCK
+    from ..util.system import process_alive
 
     now = time.time()
     try:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..util.states import JobState
+from ..util.system import process_alive
 from . import records
-from .housekeeping import process_alive
 from .journal import JournalReader, Outcomes, lock_is_free
 from .payload import read_damage
 from .records import Kind

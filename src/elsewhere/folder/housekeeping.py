@@ -13,8 +13,9 @@ costs as much again. So a client process
   away (the rename is what makes the job gone; see ``lifecycle.remove_folder``); or,
   where its storage holds fewer than ``SPARES_KEPT`` spares, makes it the next spare:
   emptied, its files made anew (new files: a process that still holds one of the old
-  ones open cannot write into the next job), which costs the disk about half as much as
-  removing it and building a spare (a loop of ``ew.map`` calls makes no folder at all);
+  ones open cannot write into the next job; but for its lock, FIFO and job.json, which such
+  a process cannot harm: see ``KEPT``), which costs the disk about a third of removing it
+  and building a spare (a loop of ``ew.map`` calls makes no folder at all);
 - purges the job an ``ew.map`` call returned the values of (on the local backend: see
   ``api/functions.py``), after it returned them;
 - makes a submitted job's ``job.json`` and ``payload.log`` durable (fsync)
@@ -29,8 +30,9 @@ killed (``.<id>.purged-*``, ``.spare/.building-*``) are swept by the next proces
 a spare, and other sweeps run once per process in the background (:func:`call_later`: the folders of jobs
 whose client was killed inside ``submit``, see ``core/submit.py``).
 
-Also here: telling a full disk (:func:`is_disk_full`, :func:`no_space`) and a live process
-(:func:`process_alive`), for the workers and clients that meet one.
+Telling a full disk and a live process, which the background work needs too, is
+``util/system.py``'s (:func:`~elsewhere.util.system.is_disk_full`, ``no_space``,
+``process_alive``).
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..util.system import process_alive
+
 SPARES = ".spare"
 SUBDIRS = ("journal", "results", "logs", "workers")
 QUEUE_LOCK = "queue.lock"
 NOTIFY = "notify.fifo"
+META = "job.json"
 #: made empty ahead of time too: the client writes into them (creating a file is the cost)
-FILES = (QUEUE_LOCK, "job.json", "queue.json", "queue.b.json", "payload.log")
+FILES = (QUEUE_LOCK, META, "queue.json", "queue.b.json", "payload.log")
+#: ... of which a purged folder made a spare keeps these (job.json emptied): nobody holds
+#: job.json open, and a process of the purged job that still holds the lock or the FIFO only
+#: takes the lock a moment or wakes the next job's client for nothing. The queue's slots, the
+#: payload and the workers' files, which such a process reads or writes, are made new.
+KEPT = {QUEUE_LOCK: stat.S_IFREG, META: stat.S_IFREG, NOTIFY: stat.S_IFIFO}
 
 _lock = threading.Lock()
 _todo: list[tuple[str, Any]] = []  # (kind, a path; for "call" and "soon", a function; for "later", a key)
@@ -85,7 +95,7 @@ class hot:
         global _busy
         with _lock:
             _busy -= 1
-            if not _busy:
+            if not _busy and _todo:
                 _wake.notify()
 
 
@@ -234,11 +244,13 @@ def _build(path: Path) -> None:
     _fill(str(path))
 
 
-def _fill(folder: str) -> None:
-    """The empty files of a job folder, and its FIFO, made new."""
+def _fill(folder: str, kept: frozenset[str] = frozenset()) -> None:
+    """The empty files of a job folder, and its FIFO, made new (but those ``kept``)."""
     for name in FILES:
-        os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    os.mkfifo(os.path.join(folder, NOTIFY), 0o600)
+        if name not in kept:
+            os.close(os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    if NOTIFY not in kept:
+        os.mkfifo(os.path.join(folder, NOTIFY), 0o600)
 
 
 def _remove(path: Path, *, recycle: bool = True) -> None:
@@ -264,8 +276,7 @@ def _recycled(grave: Path) -> bool:
     except OSError:
         return False
     try:
-        _empty(building)
-        _fill(building)
+        _fill(building, _empty(building))
         _publish(building, spares)
     except OSError:
         shutil.rmtree(building, ignore_errors=True)
@@ -276,10 +287,11 @@ def _as_built(st: os.stat_result) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
 
 
-def _empty(folder: str) -> None:
-    """Empty a job folder down to its subfolders, having checked that it and they are as
-    :func:`_build` made them (a task may have changed what it found there: a link in place
-    of a subfolder is not followed); OSError if not."""
+def _empty(folder: str) -> frozenset[str]:
+    """Empty a job folder down to its subfolders and the files it keeps (:data:`KEPT`, as
+    :func:`_build` made them: job.json cut to nothing), having checked that it and its
+    subfolders are as made (a task may have changed what it found there: a link in place of
+    a subfolder is not followed); OSError if not. Returns the names kept."""
     if not _as_built(os.lstat(folder)):
         raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
     with os.scandir(folder) as it:
@@ -287,13 +299,29 @@ def _empty(folder: str) -> None:
     subs = [e for e in entries if e.name in SUBDIRS]
     if len(subs) != len(SUBDIRS) or not all(_as_built(e.stat(follow_symlinks=False)) for e in subs):
         raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
+    kept = []
     for e in entries:
-        if e.name not in SUBDIRS:
+        if e.name in SUBDIRS:
+            continue
+        if e.name in KEPT and _as_made(e.stat(follow_symlinks=False), KEPT[e.name]):
+            if e.name == META:
+                fd = os.open(e.path, os.O_WRONLY | os.O_NOFOLLOW)
+                try:
+                    os.ftruncate(fd, 0)
+                finally:
+                    os.close(fd)
+            kept.append(e.name)
+        else:
             _unlink(e)
     for e in subs:
         with os.scandir(e.path) as inner:
             for f in inner:
                 _unlink(f)
+    return frozenset(kept)
+
+
+def _as_made(st: os.stat_result, kind: int) -> bool:
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o600
 
 
 def _unlink(entry: os.DirEntry[str]) -> None:
@@ -343,52 +371,19 @@ def _sweep(root: Path) -> None:
                     pass
 
 
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine is running (a zombie is not)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's: it exists
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True  # no /proc: kill(0) is all we know
-
-
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` says a file system is full (or the user's quota used up)."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    # sqlite3 (the registry): SQLITE_FULL
-    return getattr(exc, "sqlite_errorcode", None) == 13 or "database or disk is full" in str(exc)
-
-
-def no_space(path: str | os.PathLike[str]) -> str:
-    """The reason given for a full disk: "no space left on <path> (<n> bytes free)"."""
-    try:
-        st = os.statvfs(path)
-        free = f"{st.f_bavail * st.f_frsize} bytes free"
-    except OSError:
-        free = "free space unknown"
-    return f"no space left on {os.fspath(path)} ({free})"
-
-
 def _later(kind: str, path: Any) -> None:
     global _thread, _thread_pid
     with _lock:
         if kind == "spare" and ("spare", path) in _todo:
             return
+        idle = not _todo  # (the thread then waits without a timeout)
         _todo.append((kind, path))
         if _thread is None or _thread_pid != os.getpid():  # none yet, or we are a fork's child
             _thread_pid = os.getpid()
             _thread = threading.Thread(target=_run, name="elsewhere-housekeeping", daemon=True)
             _thread.start()
-        _wake.notify()
+        if idle or not _busy:  # (else, in a hot section, the thread looks again by itself)
+            _wake.notify()
 
 
 def _run() -> None:

@@ -203,7 +203,7 @@ class Claims:
         pid, host = self.client.get("pid"), self.client.get("host")
         if not isinstance(pid, int) or host != os.uname().nodename:
             return False
-        from ..folder.housekeeping import process_alive
+        from ..util.system import process_alive
 
         return not process_alive(pid)
 

@@ -469,7 +469,7 @@ def own_trouble(exc: BaseException) -> bool:
 def _disk_full(exc: BaseException | None) -> bool:
     if exc is None:
         return False
-    from ..folder.housekeeping import is_disk_full  # (only now: a worker imports little)
+    from ..util.system import is_disk_full  # (only now: a worker imports little)
 
     return is_disk_full(exc)
 
@@ -477,7 +477,7 @@ def _disk_full(exc: BaseException | None) -> bool:
 def failure_reason(exc: BaseException, folder: str, w: Any) -> str:
     """Why a worker failed, as its tasks' TaskError will say: a full disk names the folder
     and its free bytes; anything else, the worker and the error."""
-    from ..folder.housekeeping import is_disk_full, no_space
+    from ..util.system import is_disk_full, no_space
 
     if is_disk_full(exc):
         return no_space(folder)

@@ -15,14 +15,15 @@ FileNotFoundError of ``/proc/meminfo`` from deep inside.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 # (util.errors, and the typing it imports, only where one is raised: the worker imports this
 # module at its start, through the job folder's package, and pays for every import there)
 
-__all__ = ["CoreWatch", "aes_in_hardware", "missing_fcntl", "parse_aes_flag", "process_started", "require_fcntl",
-           "require_proc"]
+__all__ = ["CoreWatch", "aes_in_hardware", "is_disk_full", "missing_fcntl", "no_space", "parse_aes_flag",
+           "process_alive", "process_started", "require_fcntl", "require_proc"]
 
 _SUPPORTED = "it runs on Linux (see the README's Platforms)"
 
@@ -162,3 +163,38 @@ class CoreWatch:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is running (a zombie is not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's: it exists
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) is all we know
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says a file system is full (or the user's quota used up)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    # sqlite3 (the registry): SQLITE_FULL
+    return getattr(exc, "sqlite_errorcode", None) == 13 or "database or disk is full" in str(exc)
+
+
+def no_space(path: str | os.PathLike[str]) -> str:
+    """The reason given for a full disk: "no space left on <path> (<n> bytes free)"."""
+    try:
+        st = os.statvfs(path)
+        free = f"{st.f_bavail * st.f_frsize} bytes free"
+    except OSError:
+        free = "free space unknown"
+    return f"no space left on {os.fspath(path)} ({free})"
