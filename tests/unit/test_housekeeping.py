@@ -176,15 +176,21 @@ def test_a_purged_job_folder_is_made_the_next_spare(tmp_path):
     assert len(spares(tmp_path)) == housekeeping.SPARES_KEPT
 
 
-def test_a_purged_folder_its_tasks_changed_is_removed_and_no_link_in_it_followed(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "keep.txt").write_text("the user's")
+def _a_job_and_a_spare(tmp_path):
+    """(the storage, a job folder made in it), once the next spare is made."""
     root = tmp_path / "jobs"
     root.mkdir()
     job = root / "job"
     housekeeping.make_job_folder(job)
     wait_for(lambda: len(spares(root)) == 1)
+    return root, job
+
+
+def test_a_purged_folder_its_tasks_changed_is_removed_and_no_link_in_it_followed(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("the user's")
+    root, job = _a_job_and_a_spare(tmp_path)
     os.rmdir(job / "logs")
     os.symlink(outside, job / "logs")  # a subfolder made a link by a task
     remove_folder(job)
@@ -196,11 +202,7 @@ def test_a_purged_folder_its_tasks_changed_is_removed_and_no_link_in_it_followed
 def test_a_kept_file_a_task_replaced_by_a_link_is_made_new_and_the_link_not_followed(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("the user's")
-    root = tmp_path / "jobs"
-    root.mkdir()
-    job = root / "job"
-    housekeeping.make_job_folder(job)
-    wait_for(lambda: len(spares(root)) == 1)
+    root, job = _a_job_and_a_spare(tmp_path)
     os.unlink(job / "job.json")
     os.symlink(outside, job / "job.json")  # made a link to a file of the user's by a task
     remove_folder(job)
