@@ -81,6 +81,28 @@ def test_cancelling_a_task_claimed_and_not_started_stops_the_worker_that_claimed
     job.cancel()
 
 
+def hang_at(x, at, marker):
+    if x == at:
+        open(marker, "w").close()
+        time.sleep(60)
+    return x
+
+
+def test_a_task_cancelled_while_it_hangs_inside_a_flood_s_loop_stops_and_the_rest_run(ew_home, tmp_path):
+    # A flood of quiet tiny tasks runs in one loop whose map names no task (SEVERAL): cancelling
+    # the one that hangs there stops its worker all the same (its claim holds the task); the
+    # claim's other tasks run again, each alone, and keep their values.
+    n, at, marker = 20_000, 12_345, tmp_path / "hanging"
+    job = ew.submit(hang_at, range(n), [at] * n, [str(marker)] * n, on=ew.local(cores=1), seed=False)
+    _until(marker.exists, job.check)
+    assert job.tasks[at].cancel() is True
+    job.wait(timeout=40)
+    res = job.results()
+    assert isinstance(res[at], ew.TaskError) and res[at].reason == "cancelled"
+    assert [i for i, v in enumerate(res) if v != i] == [at]
+    assert job.check().state is ew.JobState.FINISHED
+
+
 def test_retry_of_given_tasks_checks_their_states(ew_home, tmp_path):
     job = ew.submit(fail_once, [str(tmp_path / "a"), str(tmp_path / "b")], on=ew.local(cores=2))
     job.wait(timeout=30)
