@@ -24,7 +24,7 @@ import pytest
 
 from elsewhere.folder.taskmap import TaskSet
 from elsewhere.peer.announce import Announcement, PeerState
-from elsewhere.peer.batching import Batching
+from elsewhere.peer.batching import RECORD_BACKLOG_BYTES, Batching
 from elsewhere.peer.links import Links
 from elsewhere.peer.peertable import PeerInfo
 from elsewhere.peer.placement import Batch, Candidates, ControllerSettings, Worker
@@ -382,6 +382,20 @@ def test_a_skipped_turn_places_when_tasks_come_or_a_while_passed() -> None:
     assert _asks(c) == []
     c._place(1.3)
     assert _asks(c) == [w, w]
+
+
+def test_no_task_is_placed_while_the_results_waiting_for_the_disk_pass_their_bound() -> None:
+    # Results that come faster than the job folder's disk takes them wait in the controller's
+    # memory: past RECORD_BACKLOG_BYTES (with a window of 100 calls returning 1 MB each, 64 MB
+    # of them held 100 MB more at the peak than 16), no new task goes out until they are written.
+    c = _Controller([_worker(1, free=1, state=PeerState.IDLE)])
+    c.pending.extend(range(3))
+    c.recorder = types.SimpleNamespace(backlog_bytes=RECORD_BACKLOG_BYTES + 1)
+    c._place(1.0)
+    assert _asks(c) == [] and list(c.pending) == [0, 1, 2]
+    c.recorder.backlog_bytes = RECORD_BACKLOG_BYTES  # written down to the bound: placing goes on
+    c._place(1.01)
+    assert _asks(c) and len(c.pending) < 3
 
 
 def test_a_worker_that_refused_is_asked_again_when_its_wait_ends() -> None:
