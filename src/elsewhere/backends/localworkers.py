@@ -140,18 +140,15 @@ def take_idle(pool: Path, limit: int | None = None) -> list[tuple[str, int]]:
 
 def _take(marker: str, took: str, wid: str) -> bool:
     """Rename ``marker`` into the folder ``took``; False if it is gone (taken by another)."""
-    try:
-        os.rename(marker, os.path.join(took, wid))
-        return True
-    except FileNotFoundError:
-        if not os.path.exists(marker):
-            return False
-    os.makedirs(took, mode=0o700, exist_ok=True)  # a pool folder of before taken/
-    try:
-        os.rename(marker, os.path.join(took, wid))
-        return True
-    except FileNotFoundError:
-        return False
+    for first in (True, False):
+        try:
+            os.rename(marker, os.path.join(took, wid))
+            return True
+        except FileNotFoundError:
+            if not first or not os.path.exists(marker):
+                return False
+            os.makedirs(took, mode=0o700, exist_ok=True)  # a pool folder of before taken/
+    return False
 
 
 def forget_worker(pool: str | os.PathLike[str], wid: str) -> None:

@@ -283,8 +283,11 @@ def _recycled(grave: Path) -> bool:
     return True
 
 
-def _as_built(st: os.stat_result) -> bool:
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+def _as_made(st: os.stat_result, kind: int = stat.S_IFDIR) -> bool:
+    """Whether ``st`` (not followed) is of a file of ``kind`` as this module makes them: ours,
+    0700 for a folder, 0600 for anything else."""
+    mode = 0o700 if kind == stat.S_IFDIR else 0o600
+    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == mode
 
 
 def _empty(folder: str) -> frozenset[str]:
@@ -292,12 +295,12 @@ def _empty(folder: str) -> frozenset[str]:
     :func:`_build` made them: job.json cut to nothing), having checked that it and its
     subfolders are as made (a task may have changed what it found there: a link in place of
     a subfolder is not followed); OSError if not. Returns the names kept."""
-    if not _as_built(os.lstat(folder)):
+    if not _as_made(os.lstat(folder)):
         raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
     with os.scandir(folder) as it:
         entries = list(it)
     subs = [e for e in entries if e.name in SUBDIRS]
-    if len(subs) != len(SUBDIRS) or not all(_as_built(e.stat(follow_symlinks=False)) for e in subs):
+    if len(subs) != len(SUBDIRS) or not all(_as_made(e.stat(follow_symlinks=False)) for e in subs):
         raise OSError(errno.ENOTDIR, "not a job folder as built", folder)
     kept = []
     for e in entries:
@@ -318,10 +321,6 @@ def _empty(folder: str) -> frozenset[str]:
             for f in inner:
                 _unlink(f)
     return frozenset(kept)
-
-
-def _as_made(st: os.stat_result, kind: int) -> bool:
-    return stat.S_IFMT(st.st_mode) == kind and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o600
 
 
 def _unlink(entry: os.DirEntry[str]) -> None:
